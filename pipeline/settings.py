@@ -1,0 +1,119 @@
+"""The one settings object of voicebus.
+
+`Settings` is frozen and is built once per process by `Settings.from_env()`; this module is the
+only place that reads the environment (prefix ``VOICEBUS_``). Every other module takes a
+`Settings` (or the few values it needs) as an argument, so tests build their own with
+`Settings(...)` or `settings.replace(...)` instead of patching the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV_PREFIX = "VOICEBUS_"
+
+
+class SettingsError(ValueError):
+    """A ``VOICEBUS_*`` variable could not be parsed into its field's type."""
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "voicebus"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- bus -------------------------------------------------------------------------------
+    bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers (``VOICEBUS_BOOTSTRAP``)."""
+    partitions: int = 6
+    replication_factor: int = 1
+    text_topic_prefix: str = "voicebus.text."
+    """Agents publish to ``<prefix><agent_id>``; the gate subscribes to the prefix by pattern."""
+    control_topic: str = "voicebus.control"
+    synthesis_topic: str = "voicebus.synthesis"
+    audio_topic: str = "voicebus.audio"
+    playback_topic: str = "voicebus.playback"
+    deadletter_topic: str = "voicebus.deadletter"
+    gate_changelog_topic: str = "voicebus-gate-gate_sessions-changelog"
+    max_text_bytes: int = 16 * 1024
+    """A text field longer than this (UTF-8 bytes) is rejected as oversized and dead-lettered."""
+    max_message_bytes: int = 1024 * 1024
+
+    # --- local broker (voicebus kafka start|status|stop) -----------------------------------
+    cache_dir: Path = field(default_factory=_default_cache_dir)
+    kafka_version: str = "4.1.1"
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+
+    # --- gate ----------------------------------------------------------------------------------
+    gate_app_id: str = "voicebus-gate"
+    default_language: str = "en"
+    default_voice: str = "af_heart"
+    default_speed: float = 1.0
+    first_clause_min_words: int = 0
+    """Release a long first sentence early at a clause boundary once it has this many words
+    (0 disables it)."""
+    hold_timeout_s: float = 10.0
+    hold_timeout_policy: str = "release"
+    """What happens to text held behind a pending evidence mark when the hold times out:
+    ``release`` or ``drop``."""
+
+    # --- synthesis -----------------------------------------------------------------------------
+    weights_path: Path | None = None
+    """An explicit local Kokoro weights directory (config.json, kokoro-v1_0.pth, voices/)."""
+    device: str = "auto"
+    """``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda``."""
+    worker_max_in_flight: int = 8
+    chunk_ms: int = 150
+
+    # --- edge ----------------------------------------------------------------------------------
+    edge_host: str = "127.0.0.1"
+    edge_port: int = 8765
+    edge_secret: str = "voicebus-dev-secret-change-me"
+    token_ttl_s: int = 3600
+    client_queue_frames: int = 256
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Build settings from ``VOICEBUS_<FIELD>`` variables, then apply ``overrides``."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def kafka_dir(self) -> Path:
+        return self.cache_dir / "kafka"
+
+    @property
+    def weights_cache_dir(self) -> Path:
+        return self.cache_dir / "weights"
+
+
+def _parse(f: dataclasses.Field, raw: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            return raw.strip().lower() in {"1", "true", "yes", "on"}
+        if kind.startswith("Path"):
+            return Path(raw).expanduser() if raw else None
+        return raw
+    except ValueError as exc:
+        raise SettingsError(f"{ENV_PREFIX}{f.name.upper()}={raw!r}: not a valid {kind}") from exc
