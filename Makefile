@@ -1,0 +1,49 @@
+# voicebus: `make demo` and `make test` set up everything they need (idempotently) on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.voicebus-installed
+
+.PHONY: setup system-deps venv kafka-jars weights demo test bench clean
+
+setup: system-deps venv kafka-jars weights
+
+# Debian's chromium (the browser tests drive it headless) and docker-compose (validates
+# docker-compose.yml without an engine). Installed only where missing; needs root or sudo.
+system-deps:
+	@missing=""; \
+	for p in chromium chromium-driver docker-compose; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+kafka-jars: venv
+	$(BIN)/voicebus kafka fetch
+
+weights: venv
+	$(BIN)/voicebus weights prepare
+
+demo: setup
+	$(BIN)/voicebus demo
+
+test: setup
+	$(BIN)/python -m pytest -ra
+
+bench: setup
+	$(BIN)/voicebus bench bus
+	$(BIN)/voicebus bench segment
+	$(BIN)/voicebus bench synth
+	$(BIN)/voicebus bench edge
+	$(BIN)/voicebus bench ttfa --quick --json out/ttfa.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis out
