@@ -1,0 +1,31 @@
+"""`voicebus bench <name>`: benchmarks that print numbers and ratios (never timed tests).
+
+Each module in `BENCH_MODULES` exposes `register(bench_subparsers)`, adding one benchmark with
+`set_defaults(func=...)`; `func(args, settings) -> int`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+BENCH_MODULES = [
+    "pipeline.bench.bus",
+    "pipeline.bench.segment",
+    "pipeline.bench.synth",
+    "pipeline.bench.edge",
+    "pipeline.bench.ttfa",
+]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="run a benchmark and print its figures")
+    bench = p.add_subparsers(dest="bench", metavar="BENCH")
+    for name in BENCH_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue  # not built yet
+            raise
+        module.register(bench)
+    p.set_defaults(func=lambda args, settings: (p.print_help(), 2)[1])
