@@ -47,7 +47,7 @@ class Settings:
 
     # --- local broker (voicebus kafka start|status|stop) -----------------------------------
     cache_dir: Path = field(default_factory=_default_cache_dir)
-    kafka_version: str = "4.1.1"
+    kafka_version: str = "4.4.0"
     kafka_port: int = 9092
     kafka_controller_port: int = 9093
 
@@ -56,9 +56,9 @@ class Settings:
     default_language: str = "en"
     default_voice: str = "af_heart"
     default_speed: float = 1.0
-    first_clause_min_words: int = 0
+    first_clause_min_words: int = 8
     """Release a long first sentence early at a clause boundary once it has this many words
-    (0 disables it)."""
+    (0 disables it). 8 was chosen by measurement: docs/segmentation.md."""
     hold_timeout_s: float = 10.0
     hold_timeout_policy: str = "release"
     """What happens to text held behind a pending evidence mark when the hold times out:
@@ -69,8 +69,15 @@ class Settings:
     """An explicit local Kokoro weights directory (config.json, kokoro-v1_0.pth, voices/)."""
     device: str = "auto"
     """``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda``."""
+    weights_hub: str = "auto"
+    """Hugging Face hub use: ``auto`` (cache, then the hub when it answers a quick check),
+    ``cache`` (cache only) or ``off`` (straight to the offline pack)."""
     worker_max_in_flight: int = 8
     chunk_ms: int = 150
+    worker_cancel_lookback_s: float = 300.0
+    """A starting worker applies the cancels of this many seconds back before fetching requests."""
+    worker_session_timeout_ms: int = 10_000
+    """Consumer-group session timeout: how soon a dead worker's partitions move to another."""
 
     # --- edge ----------------------------------------------------------------------------------
     edge_host: str = "127.0.0.1"
@@ -93,6 +100,15 @@ class Settings:
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as ``VOICEBUS_*`` variables, for a child process (gate or worker
+        subprocess) that must see exactly the same configuration."""
+        env: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            env[ENV_PREFIX + f.name.upper()] = "" if value is None else str(value)
+        return env
 
     @property
     def kafka_dir(self) -> Path:

@@ -1,0 +1,547 @@
+"""The streaming sentence segmenter: text pieces in, speakable utterances out, each released as
+soon as its end is certain.
+
+Owns `StreamingSegmenter` (one per turn) and `Sentence`. The segmenter is fed pieces of any size,
+split anywhere (inside a word, a number, a URL); it scans each character once and decides every
+candidate end (a stop, a line break, a run-in list marker, a clause mark for the early first
+clause) from the text before it plus the least lookahead that settles it, usually the next
+non-space character ("U.S. How" against "U.S. Government" needs the next word). When the lookahead
+has not arrived yet the decision waits; it is never taken on a guess, so any way of splitting the
+same text gives the same utterances. `flush()` ends the turn: the end of text settles everything.
+
+Offsets count characters of everything fed since the segmenter was created:
+
+- ``start``: the utterance's first raw character (its block marker included, e.g. ``- `` or ``1. ``);
+- ``end``: just past its last raw character (the stop and any closing quote, bracket or emphasis);
+- ``complete_at``: how many characters had been fed when it was released (``end <= complete_at``).
+  **Release lag** = ``complete_at - end``: characters received after the utterance's last character
+  before it was released. It is 0 when the piece that finished the utterance also settled it.
+
+Rules are in docs/segmentation.md. State is plain data (`to_state`/`from_state`), so the gate can
+keep it in a faust Table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.gate.abbreviations import LanguageRules, rules_for
+from pipeline.gate.markdown import speakable_text
+
+STOPS = ".!?…"
+CLOSERS = "\"'”’»)]}*_"
+OPENERS = "\"'“‘«([{¿¡*_"
+RUN_IN_BULLETS = "•⁃▪◦‣"
+MARKDOWN_BULLETS = "-*+"
+CLAUSE_MARKS = ",;:"
+# After a stop, these signs continue the sentence ("la ave solitaria. / [...]", "x. + y").
+CONTINUING_SIGNS = set("/&+=<>|\\~^%-–—:;,.)]}")
+
+END = "\x00"  # what lies past the end of a flushed turn (matches no class of characters)
+
+KINDS = ("sentence", "heading", "list_item", "clause", "code")
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One released utterance. See the module docstring for the meaning of the offsets."""
+
+    text: str
+    """Speakable text: markup removed, whitespace normalised (a placeholder for a code block)."""
+    start: int
+    end: int
+    kind: str
+    """"sentence" | "heading" | "list_item" | "clause" (early first clause) | "code"."""
+    complete_at: int
+
+    @property
+    def lag(self) -> int:
+        """Release lag in characters: characters fed after `end` before the release."""
+        return self.complete_at - self.end
+
+
+class SegmenterStateError(ValueError):
+    """A saved segmenter state cannot be restored (wrong version or missing fields)."""
+
+
+class _NeedMore(Exception):
+    """The decision at the scan position needs characters that have not arrived yet."""
+
+
+_DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")
+
+
+class StreamingSegmenter:
+    """Turns one turn's text, fed piece by piece, into `Sentence`s (see the module docstring)."""
+
+    def __init__(self, language: str = "en", first_clause_min_words: int = 0) -> None:
+        if first_clause_min_words < 0:
+            raise ValueError("first_clause_min_words must be >= 0 (0 disables early clauses)")
+        self._rules: LanguageRules = rules_for(language)
+        self.language = language
+        self.first_clause_min_words = first_clause_min_words
+        self._fed = 0
+        self._base = 0  # absolute offset of _buf[0]
+        self._buf = ""
+        self._final = False
+        self._reset_turn()
+
+    # ----------------------------------------------------------------------------- public API
+    @property
+    def fed(self) -> int:
+        """Characters fed so far."""
+        return self._fed
+
+    def feed(self, piece: str) -> list[Sentence]:
+        """Add `piece`; return the utterances whose end became certain, in order."""
+        if not piece:
+            return []
+        self._buf += piece
+        self._fed += len(piece)
+        return self._drain()
+
+    def flush(self) -> list[Sentence]:
+        """End of turn: release everything still buffered. The segmenter is then ready for a new
+        turn (offsets keep counting)."""
+        self._final = True
+        try:
+            out = self._drain()
+            if self._sent is not None:
+                out.extend(self._emit(self._last_non_space_before(len(self._buf))))
+            self._buf = ""
+            self._base = self._fed
+            self._pos = 0
+        finally:
+            self._final = False
+        self._reset_turn()
+        return out
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything needed to go on after a restart, as JSON-serialisable data."""
+        return {
+            "v": _STATE_VERSION,
+            "language": self.language,
+            "first_clause_min_words": self.first_clause_min_words,
+            "fed": self._fed,
+            "base": self._base,
+            "buf": self._buf,
+            "pos": self._pos,
+            "sent": self._sent,
+            "kind": self._kind,
+            "content": self._content,
+            "enum": list(self._enum) if self._enum is not None else None,
+            "words": self._words,
+            "in_word": self._in_word,
+            "code_span": self._code_span,
+            "fence": self._fence,
+            "line_start": self._line_start,
+            "first_done": self._first_done,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "StreamingSegmenter":
+        """Rebuild a segmenter saved by `to_state`."""
+        if state.get("v") != _STATE_VERSION:
+            raise SegmenterStateError(f"unknown segmenter state version {state.get('v')!r}")
+        try:
+            seg = cls(state["language"], state["first_clause_min_words"])
+            seg._fed = state["fed"]
+            seg._base = state["base"]
+            seg._buf = state["buf"]
+            seg._pos = state["pos"]
+            seg._sent = state["sent"]
+            seg._kind = state["kind"]
+            seg._content = state["content"]
+            seg._enum = tuple(state["enum"]) if state["enum"] is not None else None
+            seg._words = state["words"]
+            seg._in_word = state["in_word"]
+            seg._code_span = state["code_span"]
+            seg._fence = state["fence"]
+            seg._line_start = state["line_start"]
+            seg._first_done = state["first_done"]
+        except KeyError as exc:
+            raise SegmenterStateError(f"segmenter state lacks {exc.args[0]!r}") from None
+        return seg
+
+    # ----------------------------------------------------------------------------- internals
+    def _reset_turn(self) -> None:
+        self._pos = 0
+        self._line_start = True  # the scan position is at the start of a line
+        self._first_done = False  # an utterance was released in this turn
+        self._reset_utterance()
+
+    def _reset_utterance(self) -> None:
+        self._sent: int | None = None  # buffer index of the utterance's first raw character
+        self._kind = "sentence"
+        self._content = 0  # buffer index just past the block marker
+        self._enum: tuple | None = None  # run-in list marker style: ("bullet", "•") / ("num", 1, ".") / ("alpha", "a", ")")
+        self._words = 0
+        self._in_word = False
+        self._code_span = False
+        self._fence: str | None = None
+
+    def _at(self, j: int) -> str:
+        """The character at buffer index j; END past the end of a flushed turn; waits otherwise."""
+        if j < len(self._buf):
+            return self._buf[j]
+        if self._final:
+            return END
+        raise _NeedMore
+
+    def _last_non_space_before(self, j: int) -> int:
+        buf = self._buf
+        while j > 0 and buf[j - 1].isspace():
+            j -= 1
+        return j
+
+    def _drain(self) -> list[Sentence]:
+        out: list[Sentence] = []
+        while self._pos < len(self._buf):
+            try:
+                released = self._step()
+            except _NeedMore:
+                break
+            if released:
+                out.extend(released)
+        return out
+
+    def _emit(self, end: int, kind: str | None = None) -> list[Sentence]:
+        """Release buffer[_sent:end] and start a new utterance at `end`."""
+        kind = kind or self._kind
+        if self._fence is not None or kind == "code":
+            text = self._rules.code_placeholder
+        else:
+            text = speakable_text(self._buf[self._content : end], heading=kind == "heading")
+        out = []
+        if text:
+            out.append(Sentence(text, self._base + self._sent, self._base + end, kind, self._fed))
+            self._first_done = True
+        self._buf = self._buf[end:]
+        self._base += end
+        self._pos = 0
+        self._reset_utterance()
+        return out
+
+    def _step(self) -> list[Sentence] | None:
+        """Examine the character at the scan position. Either advance past it (and maybe past a
+        few more), or release an utterance. Raises _NeedMore before changing anything."""
+        i = self._pos
+        c = self._buf[i]
+
+        if self._sent is None:  # between utterances: skip space, then classify the start
+            if c.isspace():
+                self._pos = i + 1
+                if c == "\n":
+                    self._line_start = True
+                return None
+            self._start_utterance(i)
+            return None
+
+        if self._fence is not None:
+            return self._step_in_fence(i, c)
+
+        if c == "\n":
+            return self._at_newline(i)
+        if c == "`":
+            self._code_span = not self._code_span
+            self._advance(i, c)
+            return None
+        if self._code_span:
+            self._advance(i, c)
+            return None
+        if c in STOPS and self._kind != "heading":
+            return self._at_stop(i)
+        if (
+            c in CLAUSE_MARKS
+            and self.first_clause_min_words
+            and not self._first_done
+            and self._kind in ("sentence", "list_item")
+            and self._words >= self.first_clause_min_words
+        ):
+            if self._at(i + 1).isspace():
+                return self._emit(i + 1, "clause")
+        if c.isspace() and self._enum is not None and self._next_enumerator_at(i + 1):
+            return self._emit(self._last_non_space_before(i))
+        self._advance(i, c)
+        return None
+
+    def _advance(self, i: int, c: str) -> None:
+        if c.isalnum():
+            if not self._in_word:
+                self._words += 1
+                self._in_word = True
+        else:
+            self._in_word = False
+        self._pos = i + 1
+
+    # ---- utterance starts: block markers ------------------------------------------------
+    def _start_utterance(self, i: int) -> None:
+        kind, content, enum, fence = self._classify_start(i)
+        self._sent = i
+        self._kind = kind
+        self._content = content
+        self._enum = enum
+        self._fence = fence
+        self._line_start = False
+        self._pos = content
+
+    def _classify_start(self, i: int) -> tuple[str, int, tuple | None, str | None]:
+        """(kind, content start, run-in marker style, code fence) of an utterance starting at i."""
+        at = self._at
+        j = i
+        kind = "sentence"
+        if self._line_start:
+            c = at(j)
+            if c == ">":  # block quote: read its content
+                while at(j) == ">" or at(j) in " \t":
+                    j += 1
+                c = at(j)
+            if c in "`~" and at(j + 1) == c and at(j + 2) == c:
+                return "code", j + 3, None, c * 3
+            if c == "#":
+                k = j
+                while at(k) == "#":
+                    k += 1
+                if k - j <= 6 and at(k) in " \t":
+                    while at(k) in " \t":
+                        k += 1
+                    return "heading", k, None, None
+            if c in MARKDOWN_BULLETS and at(j + 1) in " \t":
+                k = j + 1
+                while at(k) in " \t":
+                    k += 1
+                return "list_item", self._skip_ordinal(k)[0], None, None
+        bullet = None
+        if at(j) in RUN_IN_BULLETS:
+            bullet = at(j)
+            j += 1
+            while at(j) in " \t":
+                j += 1
+        k, ordinal = self._skip_ordinal(j)
+        if bullet is not None:
+            return "list_item", k, ("bullet", bullet), None
+        if ordinal is not None:
+            return "list_item", k, ordinal, None
+        return kind, j, None, None
+
+    def _skip_ordinal(self, j: int) -> tuple[int, tuple | None]:
+        """If an ordinal list marker (12. / 12) / 12.) / a. / b)) followed by space starts at j,
+        return (index past it and its spaces, its style); else (j, None)."""
+        at = self._at
+        k = j
+        while at(k).isdigit() and k - j < 9:
+            k += 1
+        if k > j:
+            value: Any = int(self._buf[j:k])
+            style = "num"
+        elif at(k).isalpha() and at(k).islower() and at(k).isascii():
+            value = at(k)
+            style = "alpha"
+            k += 1
+        else:
+            return j, None
+        if at(k) == "." and at(k + 1) == ")":
+            suffix = ".)"
+        elif at(k) in ".)":
+            suffix = at(k)
+        else:
+            return j, None
+        k += len(suffix)
+        if not at(k).isspace() or at(k) == "\n":
+            return j, None
+        while at(k) in " \t":
+            k += 1
+        return k, (style, value, suffix)
+
+    def _next_enumerator_at(self, j: int) -> bool:
+        """Whether the next marker of the current run-in list ("2." after "1.", "b)" after "a)",
+        the same bullet) starts at j."""
+        enum = self._enum
+        at = self._at
+        if enum[0] == "bullet":
+            return at(j) == enum[1]
+        style, value, suffix = enum
+        expected = str(value + 1) if style == "num" else chr(ord(value) + 1)
+        for k, ch in enumerate(expected + suffix):
+            if at(j + k) != ch:
+                return False
+        after = at(j + len(expected) + len(suffix))
+        return after in " \t"
+
+    # ---- code fences ------------------------------------------------------------------------
+    def _step_in_fence(self, i: int, c: str) -> list[Sentence] | None:
+        if c != "\n":
+            self._pos = i + 1
+            return None
+        at = self._at
+        k = i + 1
+        while at(k) in " \t" and k - i <= 4:
+            k += 1
+        if at(k) == self._fence[0] and at(k + 1) == self._fence[0] and at(k + 2) == self._fence[0]:
+            m = k + 3
+            while at(m) not in ("\n", END):
+                m += 1
+            return self._emit(m)
+        self._pos = i + 1
+        return None
+
+    # ---- line breaks ------------------------------------------------------------------------
+    def _at_newline(self, i: int) -> list[Sentence] | None:
+        """A line break ends the utterance unless the next line continues it (starts lowercase:
+        a soft wrap). A heading always ends at its line break."""
+        end = self._last_non_space_before(i)
+        if self._kind == "heading":
+            return self._emit(end)
+        k = i + 1
+        while (ch := self._at(k)) in " \t":
+            k += 1
+        if ch == END or ch == "\n" or not ch.islower():
+            return self._emit(end)
+        self._code_span = False
+        self._advance(i, " ")
+        return None
+
+    # ---- stops ------------------------------------------------------------------------------
+    def _at_stop(self, i: int) -> list[Sentence] | None:
+        at = self._at
+        buf = self._buf
+        # The cluster: stops, closing quotes/brackets/emphasis, spaced dots (". . .").
+        marks: list[str] = []
+        first_dot_spaced = False
+        j = i
+        while True:
+            ch = at(j)
+            if ch in STOPS:
+                marks.append(ch)
+                j += 1
+            elif ch in CLOSERS:
+                j += 1
+            elif ch == " " and marks and marks[-1] == "." and at(j + 1) == ".":
+                if len(marks) == 1:
+                    first_dot_spaced = True
+                j += 1
+            else:
+                break
+        cluster_end = j
+        only_dots = all(m in ".…" for m in marks)
+        dots = sum(3 if m == "…" else 1 for m in marks)
+
+        def advance_past_cluster() -> None:
+            self._in_word = False
+            self._pos = cluster_end
+
+        # "[...]" and "(...)" mark an omission, never an end.
+        if only_dots and i > 0 and buf[i - 1] in "[(" and at(i + len(marks)) in ")]":
+            advance_past_cluster()
+            return None
+        # Nothing said yet ("1." markers are cut off already; a leading ". . ."): not an end.
+        if not self._has_content_before(i):
+            advance_past_cluster()
+            return None
+
+        # What follows: space (a line break?), then openers, then the first character.
+        k = cluster_end
+        newline = False
+        while (ch := at(k)).isspace():
+            newline = newline or ch == "\n"
+            k += 1
+        if ch == END:
+            return self._emit(cluster_end)
+        if k == cluster_end:  # glued to the next character: 3.14, e.g, example.com, Jr.'s
+            advance_past_cluster()
+            return None
+        m = k
+        while (first := at(m)) in OPENERS:
+            m += 1
+        if first == END:
+            return self._emit(cluster_end)
+        if first.islower():
+            advance_past_cluster()
+            return None
+        if newline:
+            return self._emit(cluster_end)
+
+        # A period attached to a word and followed by an ellipsis (". . . ."): the period ends
+        # the sentence and the ellipsis opens the next one.
+        if only_dots and dots == 4 and first_dot_spaced and i > 0 and not buf[i - 1].isspace():
+            if first.isalpha():
+                return self._emit(i + 1)
+
+        if first.isdigit() or first in "$€£¥":
+            if marks == ["."] and self._token_class(i) != "plain":
+                advance_past_cluster()
+                return None
+            return self._emit(cluster_end)
+        if first.isalpha():
+            if marks == ["."]:
+                cls = self._token_class(i)
+                if cls == "title":
+                    advance_past_cluster()
+                    return None
+                if cls == "general":
+                    word = self._word_at(m)
+                    if word.lower() in self._rules.starters:
+                        return self._emit(cluster_end)
+                    advance_past_cluster()
+                    return None
+                return self._emit(cluster_end)
+            if only_dots and dots <= 3:  # an ellipsis: "is . . . I didn't" goes on
+                if self._word_at(m) == "I":
+                    advance_past_cluster()
+                    return None
+            return self._emit(cluster_end)
+        if first in RUN_IN_BULLETS or first == "#":
+            return self._emit(cluster_end)
+        if first in CONTINUING_SIGNS:
+            advance_past_cluster()
+            return None
+        return self._emit(cluster_end)  # emoji, other scripts' signs: a new sentence
+
+    def _has_content_before(self, i: int) -> bool:
+        buf = self._buf
+        for j in range(self._content, i):
+            if buf[j].isalnum():
+                return True
+        return False
+
+    def _word_at(self, m: int) -> str:
+        """The letters starting at m (waits until a non-letter settles the word)."""
+        k = m
+        while self._at(k).isalpha():
+            k += 1
+        return self._buf[m:k]
+
+    def _token_class(self, i: int) -> str:
+        """What the word ending just before the stop at i is: "title", "numeric", "general"
+        (abbreviation, dotted acronym, initial) or "plain"."""
+        buf = self._buf
+        k = i
+        lo = self._content
+        while k > lo and not buf[k - 1].isspace():
+            k -= 1
+        token = buf[k:i].lstrip(OPENERS)
+        if not token or "@" in token or "/" in token:
+            return "plain"
+        low = token.lower()
+        rules = self._rules
+        if low in rules.titles:
+            return "title"
+        if low in rules.numeric:
+            return "numeric"
+        if low in rules.general:
+            return "general"
+        if _DOTTED.fullmatch(token):
+            return "general"
+        if len(token) == 1 and token.isalpha():
+            if token == "I" and rules.code == "en":
+                prev = buf[lo:k].split()
+                if prev and prev[-1][:1].islower():
+                    return "plain"  # the pronoun: "you and I."
+            return "general"  # an initial: "Jonas E. Smith"
+        if rules.doubled_letter_plurals and len(token) in (2, 4) and token.isupper() and token[0] == token[1]:
+            return "general"  # EE. UU.
+        return "plain"
