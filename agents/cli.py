@@ -1,0 +1,139 @@
+"""`voicebus record`, `voicebus replay`, `voicebus say` and `voicebus ask`: the agents' commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("record", help="record the text and control topics to a conversation file (JSONL)")
+    p.add_argument("out", type=Path, help="the .jsonl file to write")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--turns", type=int, metavar="N", help="stop once N turns are over (ended or cancelled)")
+    p.add_argument("--title", default="", help="title written in the file's header")
+    p.set_defaults(func=run_record)
+
+    p = subparsers.add_parser("replay", help="publish a conversation file at its recorded timing")
+    p.add_argument("file", help="a .jsonl path, or the name of a shipped conversation (e.g. support)")
+    p.add_argument("--speed", type=float, default=1.0, help="time scale: 2 plays twice as fast (default 1)")
+    p.add_argument("--sessions", type=int, default=1, metavar="N", help="N copies at once, distinct session ids")
+    p.add_argument("--keep-session-ids", action="store_true",
+                   help="publish under the recorded session ids (one copy only)")
+    p.set_defaults(func=run_replay)
+
+    p = subparsers.add_parser("say", help="stream a text as one agent turn (LLM-like tokens)")
+    p.add_argument("text")
+    p.add_argument("--agent", default="assistant")
+    p.add_argument("--session", required=True)
+    p.add_argument("--turn", help="turn id (default: a new one)")
+    p.add_argument("--language")
+    p.add_argument("--voice")
+    p.add_argument("--token-ms", type=float, default=30.0, help="pause between tokens (default 30 ms)")
+    p.set_defaults(func=run_say)
+
+    p = subparsers.add_parser("ask", help="stream an OpenAI-compatible chat completion as one agent turn")
+    p.add_argument("prompt")
+    p.add_argument("--url", required=True, help="the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", required=True)
+    p.add_argument("--api-key", help="bearer token, when the server wants one")
+    p.add_argument("--system", help="a system message")
+    p.add_argument("--agent", default="assistant")
+    p.add_argument("--session", required=True)
+    p.add_argument("--language")
+    p.add_argument("--voice")
+    p.add_argument("--stall-timeout", type=float, default=10.0, metavar="S")
+    p.add_argument("--on-interrupted", choices=("end", "cancel"), default="end",
+                   help="after a stall or a broken stream: end the turn with what arrived, or cancel it")
+    p.set_defaults(func=run_ask)
+
+
+def _resolve_conversation_path(name: str) -> Path:
+    from agents.corpus import corpus_path
+
+    path = Path(name)
+    if path.exists():
+        return path
+    shipped = corpus_path(name)
+    if shipped.exists():
+        return shipped
+    raise FileNotFoundError(f"no conversation file {name!r} (nor a shipped one at {shipped})")
+
+
+def run_record(args: argparse.Namespace, settings) -> int:
+    from agents.conversation_file import save
+    from agents.recorder import RecordError, record
+
+    try:
+        conversation = asyncio.run(record(settings, duration_s=args.duration, turns=args.turns, title=args.title))
+    except RecordError as exc:
+        print(f"voicebus record: {exc}", file=sys.stderr)
+        return 2
+    save(conversation, args.out)
+    print(f"wrote {args.out}: {len(conversation.events)} events, {len(conversation.turns())} turns, "
+          f"{conversation.duration_ms / 1000:.2f} s")
+    return 0
+
+
+def run_replay(args: argparse.Namespace, settings) -> int:
+    from agents.conversation_file import ConversationFormatError, load
+    from agents.replay import ReplayError, replay
+
+    try:
+        conversation = load(_resolve_conversation_path(args.file))
+        report = asyncio.run(replay(settings, conversation.events, args.speed, args.sessions,
+                                    keep_session_ids=args.keep_session_ids))
+    except (FileNotFoundError, ConversationFormatError, ReplayError) as exc:
+        print(f"voicebus replay: {exc}", file=sys.stderr)
+        return 2
+    print(f"replayed {report.events_sent} events in {len(report.copies)} copies (run {report.run_id}); "
+          f"max lateness {report.max_lateness_ms:.1f} ms")
+    for copy in report.copies:
+        print("  " + ", ".join(f"{old} -> {new}" for old, new in copy.session_ids.items()))
+    return 0
+
+
+def run_say(args: argparse.Namespace, settings) -> int:
+    from agents.sdk import Publisher
+    from agents.tokens import split_like_llm
+
+    async def say() -> str:
+        async with Publisher(settings, args.agent) as agent:
+            async with agent.turn(args.session, args.turn, language=args.language, voice=args.voice) as turn:
+                for i, piece in enumerate(split_like_llm(args.text)):
+                    if i:
+                        await asyncio.sleep(args.token_ms / 1000.0)
+                    await turn.token(piece)
+            return turn.turn_id
+
+    turn_id = asyncio.run(say())
+    print(f"published turn {turn_id} of session {args.session} to agent {args.agent}")
+    return 0
+
+
+def run_ask(args: argparse.Namespace, settings) -> int:
+    import aiohttp
+
+    from agents.openai_adapter import UpstreamError, speak_chat_completion
+    from agents.sdk import Publisher
+
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+
+    async def ask():
+        async with Publisher(settings, args.agent) as agent, aiohttp.ClientSession() as http:
+            return await speak_chat_completion(
+                agent, http, args.session, base_url=args.url, model=args.model, messages=messages,
+                api_key=args.api_key, language=args.language, voice=args.voice,
+                stall_timeout_s=args.stall_timeout, on_interrupted=args.on_interrupted,
+            )
+
+    try:
+        result = asyncio.run(ask())
+    except UpstreamError as exc:
+        print(f"voicebus ask: {exc}", file=sys.stderr)
+        return 1
+    print(f"turn {result.turn_id}: {result.outcome}, {result.tokens} tokens")
+    return 0 if result.outcome == "done" else 1

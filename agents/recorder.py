@@ -1,0 +1,190 @@
+"""Recording conversations from the bus: every agent's text topic plus the control topic.
+
+Pure core: `TurnTracker` decides when a turn is over (END_OF_TURN seen and every claim pending
+in it resolved, or the turn cancelled) and `to_conversation` turns decoded records into the file
+format, times taken from the records' own `produced_at_us`/`issued_at_us` relative to the first
+one. Thin shell: `record` subscribes by pattern (so an agent that appears mid-recording is picked
+up), starts each partition at the recording's start time (`offsets_for_times`), and stops after a
+duration or once N turns are over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine
+from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
+from pipeline.clock import now_us
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class RecordError(ValueError):
+    """Bad recording parameters."""
+
+
+@dataclass(frozen=True)
+class RecordedRecord:
+    """A decoded record as it came off the bus: its type, fields and consumption order."""
+
+    message_type: str  # TextEvent or ControlEvent
+    value: dict[str, Any]
+    order: int
+
+    @property
+    def at_us(self) -> int:
+        return self.value["produced_at_us"] if self.message_type == "TextEvent" else self.value["issued_at_us"]
+
+
+@dataclass
+class _TurnState:
+    ended: bool = False
+    pending: set[str] = field(default_factory=set)
+    first_at_us: int = 0
+
+
+class TurnTracker:
+    """Counts finished turns. A turn is over when its END_OF_TURN arrived and no claim is still
+    pending (a slow retrieval may resolve after the speaker ended), or when it was cancelled."""
+
+    def __init__(self) -> None:
+        self._turns: dict[tuple[str, str], _TurnState] = {}
+        self.finished: set[tuple[str, str]] = set()
+
+    def observe(self, message_type: str, value: dict[str, Any]) -> None:
+        if message_type == "ControlEvent":
+            if value.get("action") != "CANCEL":
+                return
+            session = value["session_id"]
+            if value.get("turn_id") is not None:
+                self.finished.add((session, value["turn_id"]))
+                self._turns.setdefault((session, value["turn_id"]), _TurnState())
+            else:
+                for key, state in self._turns.items():
+                    if key[0] == session and state.first_at_us <= value["issued_at_us"]:
+                        self.finished.add(key)
+            return
+        key = (value["session_id"], value["turn_id"])
+        state = self._turns.get(key)
+        if state is None:
+            state = self._turns[key] = _TurnState(first_at_us=value["produced_at_us"])
+        kind = value["kind"]
+        if kind == EVIDENCE_PENDING:
+            state.pending.add(value["claim_id"])
+        elif kind in (EVIDENCE_READY, EVIDENCE_FAILED):
+            state.pending.discard(value["claim_id"])
+        elif kind == END_OF_TURN:
+            state.ended = True
+        if state.ended and not state.pending:
+            self.finished.add(key)
+
+
+def to_conversation(records: list[RecordedRecord], title: str = "", description: str = "") -> Conversation:
+    """Order records by their own timestamps (ties: consumption order, which is production order
+    within a partition) and express times as offsets from the first."""
+    ordered = sorted(records, key=lambda r: (r.at_us, r.order))
+    origin = ordered[0].at_us if ordered else 0
+    events: list[ConversationEvent] = []
+    for r in ordered:
+        v = r.value
+        t_ms = (r.at_us - origin) / 1000.0
+        if r.message_type == "TextEvent":
+            events.append(TextLine(
+                t_ms=t_ms, agent_id=v["agent_id"], session_id=v["session_id"], turn_id=v["turn_id"], kind=v["kind"],
+                text=v.get("text") or "", claim_id=v.get("claim_id"), language=v.get("language"), voice=v.get("voice"),
+            ))
+        else:
+            events.append(ControlLine(t_ms=t_ms, session_id=v["session_id"], turn_id=v.get("turn_id"),
+                                      action=v["action"], reason=v.get("reason") or "", source=v.get("source") or ""))
+    return Conversation(events, title, description)
+
+
+def recorded_topics_pattern(settings: Settings) -> str:
+    return "^(?:" + re.escape(settings.text_topic_prefix) + r"[A-Za-z0-9._-]+|" + re.escape(settings.control_topic) + ")$"
+
+
+async def record(
+    settings: Settings,
+    *,
+    duration_s: float | None = None,
+    turns: int | None = None,
+    since_us: int | None = None,
+    ready: asyncio.Event | None = None,
+    title: str = "",
+    description: str = "",
+) -> Conversation:
+    """Record text and control events produced since `since_us` (default: now) until
+    `duration_s` passed or `turns` turns are over, whichever comes first (at least one bound is
+    required). `ready` is set once the consumer has its partitions. Records that fail to decode
+    are logged and skipped (the pipeline's own consumers dead-letter them)."""
+    from aiokafka import ConsumerRebalanceListener
+
+    from pipeline.bus import ensure_topics, make_consumer
+    from pipeline.codecs import Codec, CodecError
+
+    if duration_s is None and turns is None:
+        raise RecordError("give a duration or a number of turns to stop after")
+    if turns is not None and turns < 1:
+        raise RecordError(f"turns must be >= 1, got {turns}")
+    since_us = now_us() if since_us is None else since_us
+    since_ms = since_us // 1000
+    await ensure_topics(settings, [settings.control_topic])
+    codec = Codec(max_text_bytes=settings.max_text_bytes)
+    consumer = make_consumer(
+        settings, group_id=f"voicebus-record-{uuid.uuid4().hex[:12]}", enable_auto_commit=False,
+        auto_offset_reset="earliest", metadata_max_age_ms=500,  # short: see new agent topics fast
+    )
+
+    class StartAtRecordingStart(ConsumerRebalanceListener):
+        async def on_partitions_revoked(self, revoked):
+            pass
+
+        async def on_partitions_assigned(self, assigned):
+            if assigned:
+                offsets = await consumer.offsets_for_times({tp: since_ms for tp in assigned})
+                for tp in assigned:
+                    found = offsets.get(tp)
+                    if found is not None:
+                        consumer.seek(tp, found.offset)
+                    else:
+                        await consumer.seek_to_end(tp)
+            if ready is not None and any(tp.topic == settings.control_topic for tp in consumer.assignment()):
+                ready.set()
+
+    consumer.subscribe(pattern=recorded_topics_pattern(settings), listener=StartAtRecordingStart())
+    await consumer.start()
+    records: list[RecordedRecord] = []
+    tracker = TurnTracker()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + duration_s if duration_s is not None else None
+    try:
+        while True:
+            if deadline is not None and loop.time() >= deadline:
+                break
+            if turns is not None and len(tracker.finished) >= turns:
+                break
+            batch = await consumer.getmany(timeout_ms=100)
+            for tp, messages in batch.items():
+                for message in messages:
+                    try:
+                        decoded = codec.decode(message.value)
+                    except CodecError as exc:
+                        log.warning("skipping undecodable record %s[%s]@%s: %s", tp.topic, tp.partition,
+                                    message.offset, exc)
+                        continue
+                    if decoded.type not in ("TextEvent", "ControlEvent"):
+                        continue
+                    record_ = RecordedRecord(decoded.type, decoded.value, len(records))
+                    if record_.at_us < since_us:
+                        continue  # offsets_for_times works in ms; drop the sub-ms earlier ones
+                    records.append(record_)
+                    tracker.observe(decoded.type, decoded.value)
+    finally:
+        await consumer.stop()
+    return to_conversation(records, title, description)

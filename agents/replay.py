@@ -1,0 +1,162 @@
+"""Replaying a recorded conversation onto the bus at its recorded timing, N copies at once.
+
+Pure core: `plan_replay` turns a conversation's events into one schedule per copy (session ids
+made distinct per copy, `seq` numbered per agent and turn from 0 like the SDK does). Thin shell:
+`replay` publishes each copy's schedule in its own task, sleeping until each event's deadline
+(start + t_ms / speed, against absolute deadlines so a slow send does not push later events
+back), stamping `produced_at_us`/`issued_at_us` when it sends. The demo and the benchmarks call
+`replay(settings, events, speed, sessions)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from agents.conversation_file import ControlLine, ConversationEvent, TextLine
+from agents.sdk import Publisher, cancel_event, text_event
+from pipeline.clock import now_us
+from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ReplayError(ValueError):
+    """Bad replay parameters (speed, number of sessions)."""
+
+
+@dataclass(frozen=True)
+class ScheduledEvent:
+    """One record to publish `t_ms` (recorded time, before speed) after the start."""
+
+    t_ms: float
+    message_type: str  # "TextEvent" or "ControlEvent"
+    value: dict[str, Any]  # the record without its timestamp, which is stamped on send
+
+
+@dataclass
+class ReplayCopy:
+    index: int
+    session_ids: dict[str, str]  # recorded session id -> this copy's session id
+    schedule: list[ScheduledEvent]
+
+
+@dataclass
+class ReplayReport:
+    """What a replay did: each copy's session ids, when it started, and how late sends were."""
+
+    run_id: str
+    started_at_us: int
+    copies: list[ReplayCopy]
+    events_sent: int = 0
+    lateness_ms: list[float] = field(default_factory=list)  # per event: send time - deadline
+
+    @property
+    def session_ids(self) -> list[str]:
+        return [sid for copy in self.copies for sid in copy.session_ids.values()]
+
+    @property
+    def max_lateness_ms(self) -> float:
+        return max(self.lateness_ms, default=0.0)
+
+
+def copy_session_id(session_id: str, run_id: str, index: int) -> str:
+    return f"{session_id}.{run_id}.{index}"
+
+
+def plan_replay(events: Sequence[ConversationEvent], sessions: int = 1, run_id: str | None = None,
+                keep_session_ids: bool = False) -> tuple[str, list[ReplayCopy]]:
+    """One schedule per copy. Copy i's session ids are `<recorded id>.<run_id>.<i>` (or the
+    recorded ids unchanged when `keep_session_ids` and a single copy)."""
+    if sessions < 1:
+        raise ReplayError(f"sessions must be >= 1, got {sessions}")
+    if keep_session_ids and sessions != 1:
+        raise ReplayError("keep_session_ids needs sessions == 1 (copies must not share a session)")
+    run_id = run_id or uuid.uuid4().hex[:8]
+    recorded_sessions = list(dict.fromkeys(e.session_id for e in events))
+    copies = []
+    for index in range(sessions):
+        mapping = {s: (s if keep_session_ids else copy_session_id(s, run_id, index)) for s in recorded_sessions}
+        seq: dict[tuple[str, str, str], int] = defaultdict(int)
+        schedule = []
+        for e in events:
+            session_id = mapping[e.session_id]
+            if isinstance(e, TextLine):
+                key = (e.agent_id, session_id, e.turn_id)
+                value = text_event(
+                    session_id=session_id, turn_id=e.turn_id, agent_id=e.agent_id, seq=seq[key], kind=e.kind,
+                    text=e.text, claim_id=e.claim_id, language=e.language, voice=e.voice, produced_at_us=0,
+                )
+                seq[key] += 1
+                schedule.append(ScheduledEvent(e.t_ms, "TextEvent", value))
+            elif isinstance(e, ControlLine):
+                value = cancel_event(session_id, e.turn_id, reason=e.reason, source=e.source or "replay",
+                                     issued_at_us=0)
+                schedule.append(ScheduledEvent(e.t_ms, "ControlEvent", value))
+        copies.append(ReplayCopy(index, mapping, schedule))
+    return run_id, copies
+
+
+async def replay(
+    settings: Settings,
+    events: Sequence[ConversationEvent],
+    speed: float = 1.0,
+    sessions: int = 1,
+    *,
+    publisher: Publisher | None = None,
+    run_id: str | None = None,
+    keep_session_ids: bool = False,
+    on_send: Callable[[int, ScheduledEvent, int], None] | None = None,
+) -> ReplayReport:
+    """Publish `events` at their recorded timing divided by `speed`, `sessions` copies at once.
+
+    Uses `publisher` when given (it stays open), else owns one for the duration. `on_send(copy
+    index, event, sent_at_us)` is called after each record is handed to the producer (benchmarks
+    take the first token's time from it). Returns once every record was acked."""
+    if not speed > 0:
+        raise ReplayError(f"speed must be > 0, got {speed}")
+    run_id, copies = plan_replay(events, sessions, run_id, keep_session_ids)
+    if publisher is None:
+        async with Publisher(settings) as owned:
+            return await _run(owned, copies, run_id, speed, on_send)
+    return await _run(publisher, copies, run_id, speed, on_send)
+
+
+async def _run(publisher: Publisher, copies: list[ReplayCopy], run_id: str, speed: float,
+               on_send: Callable[[int, ScheduledEvent, int], None] | None) -> ReplayReport:
+    # Create every agent topic before the clock starts, so the first send is not late by a
+    # topic creation.
+    for agent_id in dict.fromkeys(e.value["agent_id"] for c in copies for e in c.schedule
+                                  if e.message_type == "TextEvent"):
+        await publisher.ensure_agent_topic(agent_id)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    report = ReplayReport(run_id, now_us(), copies)
+
+    async def run_copy(copy: ReplayCopy) -> list[asyncio.Future]:
+        deliveries = []
+        for item in copy.schedule:
+            deadline = start + item.t_ms / 1000.0 / speed
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent_at_us = now_us()
+            if item.message_type == "TextEvent":
+                value = {**item.value, "produced_at_us": sent_at_us}
+                deliveries.append(await publisher.publish_text_event(value, wait=False))
+            else:
+                value = {**item.value, "issued_at_us": sent_at_us}
+                deliveries.append(await publisher.publish_control_event(value, wait=False))
+            report.lateness_ms.append((loop.time() - deadline) * 1000.0)
+            report.events_sent += 1
+            if on_send is not None:
+                on_send(copy.index, item, sent_at_us)
+        return deliveries
+
+    results = await asyncio.gather(*(run_copy(c) for c in copies))
+    await asyncio.gather(*(f for deliveries in results for f in deliveries))
+    return report

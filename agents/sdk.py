@@ -1,0 +1,355 @@
+"""The agent producer SDK: how an agent streams a turn onto its text topic.
+
+Owns the `TextEvent`/`ControlEvent` records an agent publishes and the Kafka producer that sends
+them. A few lines stream a turn:
+
+    async with Publisher(settings, agent_id="assistant") as agent:
+        async with agent.turn("session-1") as turn:
+            await turn.token("Hello")
+            await turn.token(" world.")
+        # END_OF_TURN is published when the block exits
+
+Pure core: `TurnEvents` numbers a turn's events (`seq` from 0) and refuses events after the end
+of the turn; it builds the record dicts without touching Kafka. Thin shell: `Publisher` (an async
+context manager that owns one producer) sends them, each agent to its own topic
+(`pipeline.topics.text_topic`, created on first use), keyed by session id. One `Publisher` can
+speak for several agents at once (`agent_id=` on `turn` / `evidence_source`).
+
+`seq` counts per (agent, session, turn): each agent numbers only the events it produces, so a
+retrieval agent that resolves a claim of the assistant's turn has its own sequence from 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, AsyncIterable, Iterable
+
+from pipeline.clock import now_us
+from pipeline.codecs import Codec
+from pipeline.settings import Settings
+from pipeline.topics import text_topic
+
+log = logging.getLogger(__name__)
+
+TOKEN = "TOKEN"
+EVIDENCE_PENDING = "EVIDENCE_PENDING"
+EVIDENCE_READY = "EVIDENCE_READY"
+EVIDENCE_FAILED = "EVIDENCE_FAILED"
+END_OF_TURN = "END_OF_TURN"
+TEXT_EVENT_KINDS = (TOKEN, EVIDENCE_PENDING, EVIDENCE_READY, EVIDENCE_FAILED, END_OF_TURN)
+EVIDENCE_KINDS = (EVIDENCE_PENDING, EVIDENCE_READY, EVIDENCE_FAILED)
+
+
+class AgentError(RuntimeError):
+    """Base of the SDK's errors."""
+
+
+class TurnEndedError(AgentError):
+    """An event was added to a turn after its END_OF_TURN."""
+
+
+class InvalidEventError(AgentError, ValueError):
+    """An event is missing what its kind needs (a claim id for evidence, ...)."""
+
+
+class PublisherNotStartedError(AgentError):
+    """The publisher was used outside its `async with` block (or after `stop()`)."""
+
+
+def new_turn_id() -> str:
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+def new_session_id() -> str:
+    return "s-" + uuid.uuid4().hex[:12]
+
+
+def text_event(
+    *,
+    session_id: str,
+    turn_id: str,
+    agent_id: str,
+    seq: int,
+    kind: str,
+    text: str = "",
+    claim_id: str | None = None,
+    language: str | None = None,
+    voice: str | None = None,
+    produced_at_us: int | None = None,
+) -> dict[str, Any]:
+    """A TextEvent record (schemas/text_event.avsc), checked for what its kind needs."""
+    if kind not in TEXT_EVENT_KINDS:
+        raise InvalidEventError(f"unknown TextEvent kind {kind!r}; expected one of {TEXT_EVENT_KINDS}")
+    if kind in EVIDENCE_KINDS and not claim_id:
+        raise InvalidEventError(f"{kind} needs a claim_id")
+    if kind != TOKEN and text:
+        raise InvalidEventError(f"{kind} carries no text (got {text!r})")
+    if seq < 0:
+        raise InvalidEventError(f"seq must be >= 0, got {seq}")
+    return {
+        "session_id": session_id,
+        "turn_id": turn_id,
+        "agent_id": agent_id,
+        "seq": seq,
+        "kind": kind,
+        "text": text,
+        "claim_id": claim_id,
+        "language": language,
+        "voice": voice,
+        "produced_at_us": now_us() if produced_at_us is None else produced_at_us,
+    }
+
+
+def cancel_event(
+    session_id: str, turn_id: str | None = None, *, reason: str = "", source: str = "agent",
+    issued_at_us: int | None = None,
+) -> dict[str, Any]:
+    """A CANCEL ControlEvent; `turn_id=None` cancels every turn of the session issued before it."""
+    return {
+        "session_id": session_id,
+        "turn_id": turn_id,
+        "action": "CANCEL",
+        "reason": reason,
+        "source": source,
+        "issued_at_us": now_us() if issued_at_us is None else issued_at_us,
+    }
+
+
+class TurnEvents:
+    """Pure core of one agent's part of a turn: numbers events from 0, stamps them, and refuses
+    anything after END_OF_TURN. `ended` tells whether the end was produced."""
+
+    def __init__(self, session_id: str, turn_id: str, agent_id: str,
+                 language: str | None = None, voice: str | None = None) -> None:
+        text_topic(Settings(), agent_id)  # validates the agent id early, with a clear message
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.agent_id = agent_id
+        self.language = language
+        self.voice = voice
+        self.next_seq = 0
+        self.ended = False
+
+    def make(self, kind: str, text: str = "", claim_id: str | None = None,
+             produced_at_us: int | None = None) -> dict[str, Any]:
+        if self.ended:
+            raise TurnEndedError(
+                f"turn {self.turn_id} of session {self.session_id} (agent {self.agent_id}) already ended; "
+                f"cannot add {kind}"
+            )
+        event = text_event(
+            session_id=self.session_id, turn_id=self.turn_id, agent_id=self.agent_id, seq=self.next_seq,
+            kind=kind, text=text, claim_id=claim_id, language=self.language, voice=self.voice,
+            produced_at_us=produced_at_us,
+        )
+        self.next_seq += 1
+        if kind == END_OF_TURN:
+            self.ended = True
+        return event
+
+
+async def _wait_until_partitions_lead(settings: Settings, topic: str, partitions: Iterable[int]) -> None:
+    """Return once every partition's leader serves requests. Right after a topic is created the
+    metadata already names leaders that still answer NotLeaderForPartition for a few hundred
+    milliseconds, and the producer would retry (with back-off) on the first tokens."""
+    from aiokafka import TopicPartition
+
+    from pipeline.bus import make_consumer
+
+    probe = make_consumer(settings)
+    await probe.start()
+    try:
+        await probe.end_offsets([TopicPartition(topic, p) for p in partitions])  # retries until led
+    finally:
+        await probe.stop()
+
+
+class Publisher:
+    """Owns one Kafka producer and publishes agents' events. Use as `async with`.
+
+    `agent_id` is the default agent; `turn(..., agent_id=...)` speaks for another one. Each
+    agent's text topic is created (idempotently) the first time this publisher uses it.
+    """
+
+    def __init__(self, settings: Settings, agent_id: str = "assistant", *, codec: Codec | None = None,
+                 producer_options: dict[str, Any] | None = None) -> None:
+        text_topic(settings, agent_id)  # validate early
+        self.settings = settings
+        self.agent_id = agent_id
+        self.codec = codec or Codec(max_text_bytes=settings.max_text_bytes)
+        self._producer_options = producer_options or {}
+        self._producer = None
+        self._ready_topics: set[str] = set()
+
+    async def __aenter__(self) -> "Publisher":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        from pipeline.bus import ensure_topics, make_producer
+
+        if self._producer is not None:
+            return
+        await ensure_topics(self.settings, [self.settings.control_topic])
+        self._ready_topics.add(self.settings.control_topic)
+        producer = make_producer(self.settings, **self._producer_options)
+        await producer.start()
+        self._producer = producer
+        await self.ensure_agent_topic(self.agent_id)
+
+    async def stop(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    def _require_producer(self):
+        if self._producer is None:
+            raise PublisherNotStartedError("use the Publisher inside `async with` (or call start() first)")
+        return self._producer
+
+    async def ensure_agent_topic(self, agent_id: str) -> str:
+        """The agent's text topic, created if missing and its metadata loaded into the producer
+        (once per publisher). Call it before the clock matters: on a new topic this takes a few
+        hundred milliseconds (creation, leader election) that would otherwise delay the first
+        token and everything queued behind it."""
+        from pipeline.bus import ensure_topics
+
+        topic = text_topic(self.settings, agent_id)
+        if topic not in self._ready_topics:
+            await ensure_topics(self.settings, [topic])
+            partitions = await self._require_producer().partitions_for(topic)
+            await _wait_until_partitions_lead(self.settings, topic, partitions)
+            self._ready_topics.add(topic)
+        return topic
+
+    async def publish_text_event(self, event: dict[str, Any], *, wait: bool = True):
+        """Send one TextEvent record to its agent's topic, keyed by its session id.
+
+        `wait=True` returns once the broker acked; `wait=False` returns the delivery future once
+        the record is queued (per-partition order is kept either way)."""
+        producer = self._require_producer()
+        topic = await self.ensure_agent_topic(event["agent_id"])
+        return await self._send(producer, topic, "TextEvent", event, wait)
+
+    async def publish_control_event(self, event: dict[str, Any], *, wait: bool = True):
+        producer = self._require_producer()
+        return await self._send(producer, self.settings.control_topic, "ControlEvent", event, wait)
+
+    async def _send(self, producer, topic: str, message_type: str, value: dict[str, Any], wait: bool):
+        from pipeline.topics import session_key
+
+        data = self.codec.encode(message_type, value)
+        if wait:
+            return await producer.send_and_wait(topic, data, key=session_key(value["session_id"]))
+        return await producer.send(topic, data, key=session_key(value["session_id"]))
+
+    def turn(self, session_id: str, turn_id: str | None = None, *, agent_id: str | None = None,
+             language: str | None = None, voice: str | None = None) -> "Turn":
+        """A turn of `agent_id` (default: this publisher's agent) for `session_id`."""
+        events = TurnEvents(session_id, turn_id or new_turn_id(), agent_id or self.agent_id, language, voice)
+        return Turn(self, events)
+
+    def evidence_source(self, session_id: str, turn_id: str, *, agent_id: str) -> "EvidenceSource":
+        """A side agent (retrieval, a tool) that resolves claims of someone else's turn."""
+        return EvidenceSource(self, TurnEvents(session_id, turn_id, agent_id))
+
+    async def cancel(self, session_id: str, turn_id: str | None = None, *, reason: str = "",
+                     source: str = "agent") -> dict[str, Any]:
+        """Publish a CANCEL on the control topic (barge-in); returns the event sent."""
+        event = cancel_event(session_id, turn_id, reason=reason, source=source)
+        await self.publish_control_event(event)
+        return event
+
+
+class EvidenceSource:
+    """Publishes EVIDENCE_* events for a claim of a turn; never tokens, never END_OF_TURN (the
+    turn's speaking agent owns its end)."""
+
+    def __init__(self, publisher: Publisher, events: TurnEvents) -> None:
+        self._publisher = publisher
+        self.events = events
+
+    async def _emit(self, kind: str, claim_id: str) -> dict[str, Any]:
+        event = self.events.make(kind, claim_id=claim_id)
+        await self._publisher.publish_text_event(event)
+        return event
+
+    async def evidence_pending(self, claim_id: str) -> dict[str, Any]:
+        return await self._emit(EVIDENCE_PENDING, claim_id)
+
+    async def evidence_ready(self, claim_id: str) -> dict[str, Any]:
+        return await self._emit(EVIDENCE_READY, claim_id)
+
+    async def evidence_failed(self, claim_id: str) -> dict[str, Any]:
+        return await self._emit(EVIDENCE_FAILED, claim_id)
+
+
+class Turn(EvidenceSource):
+    """One agent's turn for a session. Use as `async with`: END_OF_TURN is published on exit,
+    also when the block raises (the gate then speaks what arrived instead of holding it), and the
+    error propagates."""
+
+    @property
+    def session_id(self) -> str:
+        return self.events.session_id
+
+    @property
+    def turn_id(self) -> str:
+        return self.events.turn_id
+
+    @property
+    def ended(self) -> bool:
+        return self.events.ended
+
+    async def __aenter__(self) -> "Turn":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self.events.ended:
+            return
+        if exc_type is None:
+            await self.end()
+            return
+        try:
+            await self.end()
+        except Exception:  # the original error matters more; say why the end was not sent
+            log.exception("could not publish END_OF_TURN for %s/%s after %s",
+                          self.session_id, self.turn_id, exc_type.__name__)
+
+    async def token(self, text: str) -> dict[str, Any] | None:
+        """Publish one token (a word piece with its spaces). Empty text is ignored: streaming
+        APIs often send empty deltas."""
+        if not text:
+            return None
+        return await self._emit_text(text)
+
+    async def _emit_text(self, text: str) -> dict[str, Any]:
+        event = self.events.make(TOKEN, text=text)
+        await self._publisher.publish_text_event(event)
+        return event
+
+    async def tokens(self, pieces: Iterable[str] | AsyncIterable[str]) -> int:
+        """Publish every piece of a (sync or async) iterable; returns how many were sent."""
+        sent = 0
+        if hasattr(pieces, "__aiter__"):
+            async for piece in pieces:  # type: ignore[union-attr]
+                sent += await self.token(piece) is not None
+        else:
+            for piece in pieces:  # type: ignore[union-attr]
+                sent += await self.token(piece) is not None
+        return sent
+
+    async def end(self) -> dict[str, Any]:
+        event = self.events.make(END_OF_TURN)
+        await self._publisher.publish_text_event(event)
+        return event
+
+    async def cancel(self, reason: str = "", source: str = "agent") -> dict[str, Any]:
+        """Cancel this turn everywhere (the turn is then over: no END_OF_TURN follows)."""
+        event = await self._publisher.cancel(self.session_id, self.turn_id, reason=reason, source=source)
+        self.events.ended = True
+        return event

@@ -1,0 +1,103 @@
+import json
+
+import pytest
+
+from agents import corpus
+from agents.conversation_file import (
+    ControlLine, ConversationFormatError, TextLine, dump_lines, load, parse_lines,
+)
+from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY, TOKEN
+
+
+def _line(**fields):
+    base = {"t_ms": 0, "type": "text", "agent_id": "assistant", "session_id": "s1", "turn_id": "t1",
+            "kind": "TOKEN", "text": "Hi"}
+    return json.dumps({**base, **fields})
+
+
+def test_round_trip_keeps_every_field():
+    text = [
+        '{"voicebus_conversation": 1, "title": "x"}',
+        _line(t_ms=10, language="es", voice="ef_dora"),
+        _line(t_ms=20, kind="EVIDENCE_PENDING", text="", claim_id="c1"),
+        json.dumps({"t_ms": 30, "type": "control", "session_id": "s1", "turn_id": None, "action": "CANCEL",
+                    "reason": "barge-in", "source": "user"}),
+    ]
+    conversation = parse_lines(text)
+    assert conversation.title == "x"
+    assert conversation.events[0] == TextLine(10.0, "assistant", "s1", "t1", TOKEN, "Hi", None, "es", "ef_dora")
+    assert conversation.events[2] == ControlLine(30.0, "s1", None, "CANCEL", "barge-in", "user")
+    assert parse_lines(list(dump_lines(conversation))).events == conversation.events
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "not JSON"),
+    (_line(t_ms=-1), "t_ms"),
+    (_line(kind="SHOUT"), "'kind' must be one of"),
+    (_line(text=""), "needs a non-empty 'text'"),
+    (_line(kind="EVIDENCE_READY", text=""), "needs a 'claim_id'"),
+    (_line(agent_id="bad agent"), "agent id"),
+    (_line(colour="red"), "unknown keys"),
+    (json.dumps({"t_ms": 0, "type": "control", "session_id": "s", "action": "PAUSE"}), "'action' must be"),
+    (json.dumps({"t_ms": 0, "type": "audio"}), "'type' must be"),
+])
+def test_bad_lines_are_rejected_with_file_and_line(line, message):
+    with pytest.raises(ConversationFormatError, match=message) as info:
+        parse_lines(["", line], source="f.jsonl")
+    assert str(info.value).startswith("f.jsonl:2:")
+
+
+def test_time_going_back_and_events_after_the_end_are_rejected():
+    with pytest.raises(ConversationFormatError, match=r"f:2: .*goes back in time"):
+        parse_lines([_line(t_ms=5), _line(t_ms=4)], source="f")
+    with pytest.raises(ConversationFormatError, match=r"f:3: .*after its END_OF_TURN"):
+        parse_lines([_line(t_ms=1), _line(t_ms=2, kind="END_OF_TURN", text=""), _line(t_ms=3)], source="f")
+
+
+def test_shipped_corpus_parses_and_is_what_the_builder_makes():
+    built = corpus.build()
+    assert set(built) == {p.name for p in corpus.CORPUS_DIR.glob("*.jsonl")}
+    for name, expected in built.items():
+        shipped = load(corpus.CORPUS_DIR / name)
+        assert shipped.title and shipped.description
+        assert len(shipped.events) == len(expected.events)
+        for got, want in zip(shipped.events, expected.events):
+            assert got == type(want)(**{**want.__dict__, "t_ms": round(want.t_ms, 3)}), name
+
+
+def _turn_text(conversation, turn_id):
+    return "".join(e.text for e in conversation.events if isinstance(e, TextLine) and e.turn_id == turn_id)
+
+
+def test_corpus_timing_is_llm_like():
+    for name in corpus.BUILDERS:
+        conversation = load(corpus.corpus_path(name))
+        spoken = [e for e in conversation.events if isinstance(e, TextLine) and e.agent_id == "assistant"]
+        gaps = [b.t_ms - a.t_ms for a, b in zip(spoken, spoken[1:]) if a.turn_id == b.turn_id]
+        assert spoken[0].t_ms >= 250 and spoken[0].kind == TOKEN
+        assert all(20 <= g <= 60.01 for g in gaps), name
+
+
+def test_corpus_covers_what_the_issue_lists():
+    rag = load(corpus.corpus_path("rag_slow_retrieval"))
+    pending = {e.claim_id: e.t_ms for e in rag.events if isinstance(e, TextLine) and e.kind == EVIDENCE_PENDING}
+    resolved = {e.claim_id: (e.kind, e.t_ms, e.agent_id) for e in rag.events
+                if isinstance(e, TextLine) and e.kind in (EVIDENCE_READY, EVIDENCE_FAILED)}
+    assert set(pending) == set(resolved) == {"c1", "c2", "c3"}
+    assert all(agent == "retrieval" for _, _, agent in resolved.values())
+    end = next(e.t_ms for e in rag.events if isinstance(e, TextLine) and e.kind == END_OF_TURN)
+    assert resolved["c1"][1] - pending["c1"] > 2000 and resolved["c1"][1] > end  # the slow retrieval
+    assert resolved["c3"][0] == EVIDENCE_FAILED
+
+    markdown = _turn_text(load(corpus.corpus_path("markdown_long")), "t1")
+    for feature in ("## ", "\n- ", "**", "*producer*", "```python\n"):
+        assert feature in markdown
+    assert {e.language for e in load(corpus.corpus_path("spanish")).events} == {"es"}
+    assert {e.language for e in load(corpus.corpus_path("portuguese")).events} == {"pt"}
+
+    interrupted = load(corpus.corpus_path("interrupted"))
+    cancels = [e for e in interrupted.events if isinstance(e, ControlLine)]
+    assert [(c.turn_id, c.action) for c in cancels] == [("t1", "CANCEL")]
+    t1_kinds = [e.kind for e in interrupted.events if isinstance(e, TextLine) and e.turn_id == "t1"]
+    assert END_OF_TURN not in t1_kinds and t1_kinds.count(TOKEN) > 10
+    assert _turn_text(interrupted, "t2").endswith(".")

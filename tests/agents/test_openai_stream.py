@@ -1,0 +1,87 @@
+"""The adapter's stream reading against a local fake OpenAI-compatible server (no Kafka)."""
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from agents.openai_adapter import (
+    SseDecoder, StreamBroken, StreamStalled, UpstreamError, chat_completions_url, stream_deltas,
+)
+from tests.agents.fake_openai import FakeChatServer, Script
+
+TOKENS = ["Hello", " there", ".", " How", " can", " I", " help", "?"]
+
+
+@pytest.fixture
+async def fake_server():
+    server = FakeChatServer(Script(TOKENS))
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def _collect(server, **kwargs):
+    got, at = [], []
+    async with aiohttp.ClientSession() as http:
+        async for text in stream_deltas(http, chat_completions_url(server.url), {"model": "m", "messages": []},
+                                        **kwargs):
+            got.append(text)
+            at.append(time.monotonic())
+    return got, at
+
+
+def test_sse_decoder_handles_any_chunking_comments_and_multiline_data():
+    stream = b": keep-alive\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\nevent: x\ndata: [DONE]\n\n"
+    for size in (1, 2, 5, len(stream)):
+        decoder = SseDecoder()
+        payloads = []
+        for i in range(0, len(stream), size):
+            payloads += decoder.feed(stream[i:i + size])
+        assert payloads + decoder.close() == ['{"a":\n1}', "[DONE]"]
+
+
+async def test_tokens_arrive_as_they_are_streamed(fake_server):
+    fake_server.script.interval_s = 0.05
+    got, at = await _collect(fake_server)
+    assert got == TOKENS
+    assert fake_server.requests[0]["stream"] is True
+    # each token was yielded after the server wrote it, the first long before the stream finished
+    assert all(a >= s for a, s in zip(at, fake_server.sent_at))
+    assert at[0] < fake_server.sent_at[-1] - 0.2
+
+
+async def test_a_stall_raises_stream_stalled_after_the_tokens_that_arrived(fake_server):
+    fake_server.script.stall_after = 3
+    got = []
+    started = time.monotonic()
+    with pytest.raises(StreamStalled, match="no data"):
+        async with aiohttp.ClientSession() as http:
+            async for text in stream_deltas(http, chat_completions_url(fake_server.url), {"model": "m"},
+                                            stall_timeout_s=0.3):
+                got.append(text)
+    assert got == TOKENS[:3]
+    assert 0.3 <= time.monotonic() - started < 2.0
+
+
+async def test_a_dropped_connection_raises_stream_broken(fake_server):
+    fake_server.script.break_after = 2
+    with pytest.raises(StreamBroken, match="broke"):
+        await _collect(fake_server)
+
+
+async def test_http_errors_and_unreachable_servers_raise_upstream_error(fake_server):
+    fake_server.script.status = 503
+    with pytest.raises(UpstreamError, match="HTTP 503"):
+        await _collect(fake_server)
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(UpstreamError, match="cannot reach"):
+            async for _ in stream_deltas(http, "http://127.0.0.1:9/v1/chat/completions", {"model": "m"}):
+                pass
+
+
+async def test_a_stream_without_done_ends_at_close(fake_server):
+    fake_server.script.send_done = False
+    got, _ = await _collect(fake_server)
+    assert got == TOKENS

@@ -1,0 +1,39 @@
+import pytest
+
+from agents.sdk import (
+    END_OF_TURN, EVIDENCE_PENDING, TOKEN, InvalidEventError, TurnEndedError, TurnEvents, cancel_event, text_event,
+)
+from pipeline.codecs import Codec
+
+
+def test_turn_events_number_from_zero_and_refuse_events_after_the_end():
+    turn = TurnEvents("s1", "t1", "assistant", language="en", voice="af_heart")
+    first = turn.make(TOKEN, text="Hi")
+    mark = turn.make(EVIDENCE_PENDING, claim_id="c1")
+    end = turn.make(END_OF_TURN)
+    assert [first["seq"], mark["seq"], end["seq"]] == [0, 1, 2]
+    assert first["language"] == "en" and first["voice"] == "af_heart" and first["produced_at_us"] > 0
+    assert turn.ended
+    with pytest.raises(TurnEndedError, match="already ended"):
+        turn.make(TOKEN, text="late")
+
+
+def test_events_encode_with_the_wire_codec():
+    codec = Codec()
+    turn = TurnEvents("s1", "t1", "retrieval")
+    for event in (turn.make(EVIDENCE_PENDING, claim_id="c9"), turn.make(END_OF_TURN)):
+        assert codec.decode(codec.encode("TextEvent", event), expect="TextEvent").value == event
+    cancel = cancel_event("s1", None, reason="barge-in", source="edge")
+    assert codec.decode(codec.encode("ControlEvent", cancel), expect="ControlEvent").value == cancel
+
+
+def test_invalid_events_are_refused_with_a_clear_error():
+    base = dict(session_id="s", turn_id="t", agent_id="a", seq=0)
+    with pytest.raises(InvalidEventError, match="needs a claim_id"):
+        text_event(**base, kind="EVIDENCE_READY")
+    with pytest.raises(InvalidEventError, match="carries no text"):
+        text_event(**base, kind=END_OF_TURN, text="x")
+    with pytest.raises(InvalidEventError, match="unknown TextEvent kind"):
+        text_event(**base, kind="WORD")
+    with pytest.raises(ValueError, match="agent id"):
+        TurnEvents("s", "t", "no spaces allowed")
