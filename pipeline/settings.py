@@ -53,6 +53,10 @@ class Settings:
 
     # --- gate ----------------------------------------------------------------------------------
     gate_app_id: str = "voicebus-gate"
+    gate_mode: str = "incremental"
+    """``incremental``: each sentence goes to synthesis as soon as it is released (the point of
+    voicebus). ``buffered``: the gate waits for the end of the turn and sends the whole answer
+    as one request (the hand-off voicebus replaces; kept for the TTFA benchmark's comparison)."""
     default_language: str = "en"
     default_voice: str = "af_heart"
     default_speed: float = 1.0
