@@ -121,7 +121,7 @@ class Codec:
         buf.write(self._writer_fp[message_type])
         try:
             schemaless_writer(buf, schema, dict(value))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise MalformedRecord(f"cannot encode {message_type}: {exc}") from exc
         return buf.getvalue()
 

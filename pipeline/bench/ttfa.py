@@ -1,0 +1,350 @@
+"""`voicebus bench ttfa`: time to first audio, incremental vs buffered hand-off, same everything else.
+
+Two lanes run side by side on one broker, one edge and one loaded engine: *incremental* (the gate
+releases each sentence to synthesis as soon as it is certain) and *buffered* (the gate waits for
+the end of the turn and sends the whole answer as one request). The only difference is
+`Settings.gate_mode`. An agent streams LLM-like tokens (word pieces, a fixed interval) of answers
+of 1, 4 and 7+ sentences; a headless listener on the edge's WebSocket receives the audio. Time to
+first audio runs from the turn's first token to the first audio frame the listener receives.
+
+Runs alternate the two modes (A/B in one run, on a noisy 2-core machine) and report p50/p95,
+the ratio buffered/incremental, the per-stage breakdown, concurrency (sessions at once: time to
+first audio and the silence a player would hit between chunks), the overhead the bus, gate and
+edge add, and the cancel benchmark (cancel sent -> last audio received, chunks of the cancelled
+turn delivered after the cancel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from pipeline.latency import first_audio_stages, model_ttfa_ms, overhead_ms, summary
+from pipeline.settings import Settings
+
+SENTENCES = [
+    "Thanks for waiting, I found your order.",
+    "It shipped on Monday from our warehouse in Denver.",
+    "The carrier expects to deliver it by Thursday afternoon.",
+    "You can follow the package with the tracking link in your e-mail.",
+    "If nobody is home, the driver will leave it at the front desk.",
+    "Returns are free for thirty days after delivery.",
+    "Is there anything else I can help you with today?",
+    "Have a great rest of your week.",
+]
+STAGE_ORDER = ["sentence complete", "released", "request received", "synthesis start", "first audio",
+               "published", "edge received", "sent", "received"]
+
+
+def register(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser("ttfa", help="time to first audio: incremental vs buffered hand-off")
+    p.add_argument("--quick", action="store_true", help="a reduced set (under five minutes here)")
+    p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    p.add_argument("--markdown", type=Path, default=None, help="write the results table as markdown")
+    p.add_argument("--png", type=Path, default=None, help="write a chart")
+    p.add_argument("--runs", type=int, default=None, help="repeats per answer length and mode")
+    p.add_argument("--lengths", default=None, help="answer lengths in sentences (default 1,4,7)")
+    p.add_argument("--concurrency", default=None, help="sessions at once (default 1,2,4,8; quick 1,2,4)")
+    p.add_argument("--token-ms", type=float, default=30.0, help="interval between LLM tokens (default 30 ms)")
+    p.add_argument("--tiny", action="store_true", help="tiny random-weight model instead of Kokoro-82M")
+    p.set_defaults(func=run_ttfa)
+
+
+def run_ttfa(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    results = asyncio.run(_bench(args, settings, console))
+    print_results(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_table(results))
+    if args.png:
+        write_chart(results, args.png)
+    return 0
+
+
+def _ints(text: str | None, default: list[int]) -> list[int]:
+    return [int(x) for x in text.split(",")] if text else default
+
+
+async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
+    from pipeline.broker import free_port
+    from pipeline.demo import load_engine
+    from pipeline.runtime import PipelineStack
+
+    lengths = _ints(args.lengths, [1, 4, 7])
+    concurrency = _ints(args.concurrency, [1, 2, 4] if args.quick else [1, 2, 4, 8])
+    runs = args.runs or (3 if args.quick else 7)
+    conc_runs = 1 if args.quick else 3
+    tag = uuid.uuid4().hex[:6]
+    base = settings.replace(edge_port=free_port(), control_topic=f"bench-{tag}.control",
+                            audio_topic=f"bench-{tag}.audio", playback_topic=f"bench-{tag}.playback")
+    lanes = {
+        mode: base.replace(gate_mode=mode, text_topic_prefix=f"bench-{tag}.{mode}.text.",
+                           synthesis_topic=f"bench-{tag}.{mode}.synthesis", gate_app_id=f"bench-{tag}-{mode}",
+                           gate_changelog_topic=f"bench-{tag}-{mode}-gate_sessions-changelog")
+        for mode in ("incremental", "buffered")
+    }
+    engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
+    started = time.monotonic()
+    async with PipelineStack(base, engine, lanes) as stack:
+        bench = _Bench(stack, args.token_ms, console)
+        await bench.warm_up()
+        samples: list[dict] = []
+        for run in range(runs):
+            for length in lengths:
+                modes = ("incremental", "buffered") if (run + length) % 2 == 0 else ("buffered", "incremental")
+                for mode in modes:
+                    samples += await bench.turns(mode, length, sessions=1, full=False)
+        conc: list[dict] = []
+        for run in range(conc_runs):
+            for n in concurrency:
+                for mode in ("incremental", "buffered") if run % 2 == 0 else ("buffered", "incremental"):
+                    conc += await bench.turns(mode, 4, sessions=n, full=True)
+        cancels = [await bench.cancel_once(7) for _ in range(max(2, runs))]
+    return summarise(samples, conc, cancels, {
+        "runs": runs, "lengths": lengths, "concurrency": concurrency, "token_ms": args.token_ms,
+        "engine": "tiny random weights" if args.tiny else "Kokoro-82M", "device": getattr(engine, "device", "?"),
+        "wall_s": round(time.monotonic() - started, 1), "quick": bool(args.quick),
+    })
+
+
+class _Bench:
+    def __init__(self, stack, token_ms: float, console) -> None:
+        self.stack = stack
+        self.token_ms = token_ms
+        self.console = console
+
+    async def warm_up(self) -> None:
+        for mode in ("incremental", "buffered"):
+            await self.turns(mode, 1, sessions=1, full=True, record=False)
+
+    async def _speak(self, publisher, session_id: str, turn_id: str, text: str) -> int:
+        from agents.tokens import split_like_llm
+
+        first_at = 0
+        async with publisher.turn(session_id, turn_id, language="en") as turn:
+            for i, piece in enumerate(split_like_llm(text)):
+                event = await turn.token(piece)
+                if i == 0 and event:
+                    first_at = event["produced_at_us"]
+                await asyncio.sleep(self.token_ms / 1000)
+        return first_at
+
+    async def turns(self, mode: str, length: int, sessions: int, full: bool, record: bool = True) -> list[dict]:
+        """`sessions` sessions each speak one answer of `length` sentences at once; returns one
+        sample per session. Not `full`: each turn is cancelled once its first audio arrived (the
+        rest of the answer does not matter for time to first audio and would slow later runs)."""
+        from agents.sdk import Publisher
+        from players.listener import Listener
+
+        lane = self.stack.lanes[mode].settings
+        text = " ".join(SENTENCES[i % len(SENTENCES)] for i in range(length))
+        ids = [(f"{mode}-{uuid.uuid4().hex[:8]}", "t1") for _ in range(sessions)]
+        listeners = [Listener(self.stack.edge_url, sid, lane.edge_secret) for sid, _ in ids]
+        for listener in listeners:
+            await listener.start()
+        try:
+            async with Publisher(lane, agent_id="bench") as publisher:
+                firsts = await asyncio.gather(*(self._speak(publisher, sid, tid, text) for sid, tid in ids))
+                out = []
+                for (sid, tid), listener, first_at in zip(ids, listeners, firsts):
+                    if full:
+                        turn = await listener.wait_turn_end(tid, 600)
+                    else:
+                        turn = await self._first_audio(listener, tid, 300)
+                        await listener.cancel(tid, reason="bench: first audio measured")
+                    out.append(self._sample(mode, length, sessions, turn, first_at))
+                if not full:
+                    await asyncio.sleep(0.3)  # let the cancel reach the worker before the next run
+        finally:
+            for listener in listeners:
+                await listener.stop()
+        if record:
+            s = out[0]
+            self.console.log(f"{mode:11s} {length} sentence(s) x{sessions}: first audio {s['ttfa_ms']:.0f} ms")
+        return out
+
+    @staticmethod
+    async def _first_audio(listener, turn_id: str, timeout: float):
+        async with asyncio.timeout(timeout):
+            while not (turn_id in listener.turns and listener.turns[turn_id].frames
+                       and listener.turns[turn_id].timelines):
+                await asyncio.sleep(0.002)
+        return listener.turns[turn_id]
+
+    @staticmethod
+    def _sample(mode: str, length: int, sessions: int, turn, first_at_us: int) -> dict:
+        received = turn.first_audio_at_us
+        timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()))
+        gap_ms, gaps = turn.starvation()
+        return {
+            "mode": mode, "sentences": length, "sessions": sessions,
+            "ttfa_ms": (received - timeline["first_token_at_us"]) / 1000,
+            "stages": first_audio_stages(timeline, received),
+            "model_ttfa_ms": model_ttfa_ms(timeline),
+            "overhead_ms": overhead_ms(timeline, received),
+            "starvation_ms": gap_ms, "starvation_gaps": gaps, "audio_s": turn.duration_s,
+            "agent_first_token_skew_ms": (timeline["first_token_at_us"] - first_at_us) / 1000 if first_at_us else 0,
+        }
+
+    async def cancel_once(self, length: int) -> dict:
+        """Barge in on a long incremental answer right after its first audio: how long until the
+        last audio arrives, and how many frames of the turn arrive after the cancel."""
+        from agents.sdk import Publisher
+        from players.listener import Listener
+
+        lane = self.stack.lanes["incremental"].settings
+        sid, tid = f"cancel-{uuid.uuid4().hex[:8]}", "t1"
+        text = " ".join(SENTENCES[i % len(SENTENCES)] for i in range(length))
+        async with Listener(self.stack.edge_url, sid, lane.edge_secret) as listener:
+            async with Publisher(lane, agent_id="bench") as publisher:
+                speaking = asyncio.create_task(self._speak(publisher, sid, tid, text))
+                turn = await self._first_audio(listener, tid, 300)
+                frames_before = len(turn.frames)
+                sent_at = time.time_ns() // 1000
+                await listener.cancel(tid, reason="bench: barge-in")
+                await speaking
+                await asyncio.sleep(2.0)  # anything still coming would arrive in this window
+        after = [f for f in turn.frames[frames_before:] if f[0] > sent_at]
+        worker = self.stack.lanes["incremental"].worker
+        seen = [o for o in worker.cancel_log if o.session_id == sid]
+        last_rx = max((f[0] for f in turn.frames), default=sent_at)
+        return {
+            "cancel_to_last_audio_received_ms": max(0, last_rx - sent_at) / 1000,
+            "frames_after_cancel": len(after),
+            "worker_cancel_to_last_chunk_published_ms": seen[0].cancel_to_last_chunk_ms if seen else None,
+            "worker_saw_cancel_after_ms": (seen[0].seen_at_us - sent_at) / 1000 if seen else None,
+            "stopped_by_edge": turn.stopped,
+        }
+
+
+def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: dict) -> dict:
+    out: dict = {"meta": meta}
+    for mode in ("incremental", "buffered"):
+        mine = [s for s in samples if s["mode"] == mode]
+        out[mode] = {
+            "ttfa_ms": summary(s["ttfa_ms"] for s in mine),
+            "overhead_ms": summary(s["overhead_ms"] for s in mine),
+            "model_ttfa_ms": summary(s["model_ttfa_ms"] for s in mine),
+            "by_length": {
+                str(n): {
+                    "ttfa_ms": summary(s["ttfa_ms"] for s in mine if s["sentences"] == n),
+                    "stages_p50_ms": {st: statistics.median(s["stages"][st] for s in mine if s["sentences"] == n and st in s["stages"])
+                                      for st in STAGE_ORDER if any(st in s["stages"] for s in mine if s["sentences"] == n)},
+                }
+                for n in sorted({s["sentences"] for s in mine})
+            },
+            "by_concurrency": {
+                str(n): {
+                    "ttfa_ms": summary(s["ttfa_ms"] for s in conc if s["mode"] == mode and s["sessions"] == n),
+                    "starvation_ms": summary(s["starvation_ms"] for s in conc if s["mode"] == mode and s["sessions"] == n),
+                    "starvation_gaps": summary(s["starvation_gaps"] for s in conc if s["mode"] == mode and s["sessions"] == n),
+                }
+                for n in sorted({s["sessions"] for s in conc if s["mode"] == mode})
+            },
+        }
+    inc, buf = out["incremental"]["ttfa_ms"]["p50"], out["buffered"]["ttfa_ms"]["p50"]
+    out["ratio_p50"] = buf / inc if inc else float("nan")
+    out["ratio_p50_by_length"] = {
+        n: out["buffered"]["by_length"][n]["ttfa_ms"]["p50"] / out["incremental"]["by_length"][n]["ttfa_ms"]["p50"]
+        for n in out["incremental"]["by_length"] if n in out["buffered"]["by_length"]
+    }
+    # what the bus, gate and edge add, measured on the incremental hand-off
+    out["overhead_ms"] = {k: out["incremental"]["overhead_ms"][k] for k in ("p50", "p95", "n")}
+    out["cancel"] = {
+        "cancel_to_last_audio_received_ms": summary(c["cancel_to_last_audio_received_ms"] for c in cancels),
+        "frames_after_cancel_total": sum(c["frames_after_cancel"] for c in cancels),
+        "worker_cancel_to_last_chunk_published_ms": summary(
+            c["worker_cancel_to_last_chunk_published_ms"] for c in cancels if c["worker_cancel_to_last_chunk_published_ms"] is not None),
+        "runs": cancels,
+    }
+    out["samples"] = samples + conc
+    return out
+
+
+def markdown_table(results: dict) -> str:
+    meta = results["meta"]
+    lines = [
+        f"Engine {meta['engine']} on {meta['device']}, LLM tokens every {meta['token_ms']:g} ms, "
+        f"{meta['runs']} runs per cell, modes alternated (A/B in one run).",
+        "",
+        "| answer | incremental TTFA p50 / p95 (ms) | buffered TTFA p50 / p95 (ms) | buffered / incremental (p50) |",
+        "|---|---|---|---|",
+    ]
+    for n, ratio in results["ratio_p50_by_length"].items():
+        i, b = results["incremental"]["by_length"][n]["ttfa_ms"], results["buffered"]["by_length"][n]["ttfa_ms"]
+        lines.append(f"| {n} sentence(s) | {i['p50']:.0f} / {i['p95']:.0f} | {b['p50']:.0f} / {b['p95']:.0f} | {ratio:.2f}x |")
+    i, b = results["incremental"]["ttfa_ms"], results["buffered"]["ttfa_ms"]
+    lines.append(f"| **all** | **{i['p50']:.0f}** / {i['p95']:.0f} | **{b['p50']:.0f}** / {b['p95']:.0f} | **{results['ratio_p50']:.2f}x** |")
+    o = results["overhead_ms"]
+    lines += ["", f"Overhead of bus + gate + edge (incremental TTFA - wait for the first sentence's text - model's own "
+                  f"time to first audio): p50 {o['p50']:.1f} ms, p95 {o['p95']:.1f} ms.", "",
+              "Per-stage p50 of the first audio, ms after the first token (incremental):", "",
+              "| answer | " + " | ".join(STAGE_ORDER) + " |", "|---|" + "---|" * len(STAGE_ORDER)]
+    for n, row in results["incremental"]["by_length"].items():
+        lines.append(f"| {n} | " + " | ".join(f"{row['stages_p50_ms'].get(s, float('nan')):.0f}" for s in STAGE_ORDER) + " |")
+    lines += ["", "Concurrency (4-sentence answers, full playback):", "",
+              "| sessions | incremental TTFA p50 / p95 | buffered TTFA p50 / p95 | incremental starvation p50 (ms) | buffered starvation p50 (ms) |",
+              "|---|---|---|---|---|"]
+    for n, row in results["incremental"]["by_concurrency"].items():
+        b = results["buffered"]["by_concurrency"].get(n)
+        if not b:
+            continue
+        lines.append(f"| {n} | {row['ttfa_ms']['p50']:.0f} / {row['ttfa_ms']['p95']:.0f} | {b['ttfa_ms']['p50']:.0f} / {b['ttfa_ms']['p95']:.0f} "
+                     f"| {row['starvation_ms']['p50']:.0f} | {b['starvation_ms']['p50']:.0f} |")
+    c = results["cancel"]
+    lines += ["", f"Cancel (barge-in after the first audio of a 7-sentence answer, {len(c['runs'])} runs): last audio received "
+                  f"p50 {c['cancel_to_last_audio_received_ms']['p50']:.0f} ms after the cancel was sent; frames of the cancelled "
+                  f"turn delivered after the cancel: {c['frames_after_cancel_total']}; worker: cancel seen -> last chunk published "
+                  f"p50 {c['worker_cancel_to_last_chunk_published_ms']['p50']:.0f} ms.", ""]
+    return "\n".join(lines)
+
+
+def print_results(results: dict) -> None:
+    print(markdown_table(results))
+    print(json.dumps({k: results[k] for k in ("ratio_p50", "overhead_ms")}
+                     | {m: {"ttfa_ms": results[m]["ttfa_ms"]} for m in ("incremental", "buffered")}))
+
+
+def write_chart(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = list(results["ratio_p50_by_length"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.38
+    xs = range(len(lengths))
+    for offset, mode, color in ((-width / 2, "incremental", "#2a9d8f"), (width / 2, "buffered", "#e76f51")):
+        p50 = [results[mode]["by_length"][n]["ttfa_ms"]["p50"] for n in lengths]
+        p95 = [results[mode]["by_length"][n]["ttfa_ms"]["p95"] for n in lengths]
+        ax1.bar([x + offset for x in xs], p50, width, label=f"{mode} p50", color=color)
+        ax1.errorbar([x + offset for x in xs], p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p95)]],
+                     fmt="none", ecolor="black", capsize=3)
+    ax1.set_xticks(list(xs), [f"{n} sentence(s)" for n in lengths])
+    ax1.set_ylabel("time to first audio (ms)")
+    ax1.set_title("first token -> first audio at the edge client")
+    ax1.legend()
+    conc = list(results["incremental"]["by_concurrency"])
+    for mode, color in (("incremental", "#2a9d8f"), ("buffered", "#e76f51")):
+        ax2.plot([int(n) for n in conc], [results[mode]["by_concurrency"].get(n, {}).get("ttfa_ms", {}).get("p50", float("nan")) for n in conc],
+                 marker="o", label=mode, color=color)
+    ax2.set_xlabel("sessions at once (4-sentence answers)")
+    ax2.set_ylabel("time to first audio p50 (ms)")
+    ax2.set_title("concurrency")
+    ax2.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,131 @@
+"""`voicebus demo`: the whole pipeline on this machine, end to end.
+
+It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there), a gate
+worker, a synthesis worker with the real Kokoro weights (offline pack unless configured
+otherwise) and the edge; replays the shipped conversations; prints the player URL with a
+session token for each session; writes each turn's audio to WAV; and prints a per-stage
+latency table of each turn's first audio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from pipeline.latency import first_audio_stages
+from pipeline.settings import Settings
+
+DEFAULT_CONVERSATIONS = ["support", "rag_slow_retrieval", "markdown_long", "spanish", "portuguese", "interrupted"]
+TABLE_STAGES = ["sentence complete", "released", "synthesis start", "first audio", "published", "sent", "received"]
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="run the whole pipeline on the shipped conversations")
+    p.add_argument("--conversations", default=",".join(DEFAULT_CONVERSATIONS),
+                   help="comma-separated names from agents/conversations/ (default: all)")
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="where the WAV files go (default out/demo)")
+    p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1.0: recorded timing)")
+    p.add_argument("--tiny", action="store_true", help="tiny random-weight model (noise, for a quick smoke run)")
+    p.add_argument("--linger", type=float, default=0.0, metavar="S",
+                   help="keep the pipeline up S seconds after the last turn (to open the player URL)")
+    p.add_argument("--turn-timeout", type=float, default=180.0, metavar="S")
+    p.set_defaults(func=run_demo)
+
+
+def run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from rich.console import Console
+
+    console = Console()
+    return asyncio.run(_demo(args, settings, console))
+
+
+def load_engine(settings: Settings, tiny: bool, console) -> object:
+    """The synthesis engine, preparing the offline weights pack first when it is the source."""
+    from pipeline.synthesis.engine import SynthesisEngine
+    from pipeline.synthesis.weights import WeightsNotFound, prepare_offline_pack, resolve_weights
+
+    if tiny:
+        return SynthesisEngine.tiny()
+    with console.status("resolving Kokoro weights") as status:
+        try:
+            resolve_weights(settings)
+        except WeightsNotFound:
+            prepare_offline_pack(settings, progress=lambda step: (console.log(step), status.update(step)))
+        status.update("loading Kokoro-82M")
+        started = time.monotonic()
+        engine = SynthesisEngine.load(settings)
+    console.log(f"Kokoro-82M loaded on {engine.device} in {time.monotonic() - started:.1f} s")
+    return engine
+
+
+async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
+    from rich.table import Table
+
+    from agents.conversation_file import load
+    from agents.corpus import corpus_path
+    from agents.replay import copy_session_id, replay
+    from pipeline.runtime import PipelineStack
+    from players.auth import issue_token
+    from players.listener import Listener
+
+    names = [n.strip() for n in args.conversations.split(",") if n.strip()]
+    conversations = {name: load(corpus_path(name)) for name in names}
+    engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
+    table = Table(title="first audio of each turn: ms after the turn's first token")
+    table.add_column("conversation / turn")
+    for stage in TABLE_STAGES:
+        table.add_column(stage, justify="right")
+    table.add_column("audio s", justify="right")
+    table.add_column("WAV")
+    failures = 0
+    with console.status("starting the pipeline") as status:
+        stack = PipelineStack(settings, engine)
+        await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+    try:
+        console.log(f"pipeline up: Kafka at {stack.settings.bootstrap}, edge at {stack.edge_url}")
+        run_id = time.strftime("%H%M%S")
+        for name, conversation in conversations.items():
+            sessions = {sid: copy_session_id(sid, run_id, 0) for sid in conversation.sessions()}
+            listeners = {sid: Listener(stack.edge_url, sid, stack.settings.edge_secret) for sid in sessions.values()}
+            for listener in listeners.values():
+                await listener.start()
+            try:
+                for sid in sessions.values():
+                    token = issue_token(stack.settings.edge_secret, sid, stack.settings.token_ttl_s)
+                    console.print(f"[bold]{name}[/]: player {stack.edge_url}/?session={sid}&token={token}")
+                console.log(f"replaying {name!r}: {conversation.title}")
+                await replay(stack.settings, conversation.events, speed=args.speed, run_id=run_id)
+                for recorded_sid, turn_id in conversation.turns():
+                    listener = listeners[sessions[recorded_sid]]
+                    cancelled = any(getattr(e, "type", "") == "control" and e.session_id == recorded_sid
+                                    and e.turn_id in (None, turn_id) for e in conversation.events)
+                    try:
+                        turn = await listener.wait_turn_end(turn_id, 15.0 if cancelled else args.turn_timeout)
+                    except TimeoutError:
+                        turn = listener.turns.get(turn_id)
+                        if not cancelled:
+                            failures += 1
+                            console.print(f"[red]{name}/{turn_id}: turn did not end within {args.turn_timeout:g} s")
+                    if turn is None or not turn.frames:
+                        table.add_row(f"{name}/{turn_id}", *["-"] * len(TABLE_STAGES), "0", "cancelled before audio" if cancelled else "no audio")
+                        continue
+                    wav = turn.write_wav(args.out / name / f"{turn_id}.wav")
+                    timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()), None)
+                    stages = first_audio_stages(timeline, turn.first_audio_at_us) if timeline else {}
+                    label = f"{name}/{turn_id}" + (" (cancelled)" if turn.stopped else "")
+                    table.add_row(label, *[f"{stages[s]:.0f}" if s in stages else "-" for s in TABLE_STAGES],
+                                  f"{turn.duration_s:.1f}", str(wav))
+            finally:
+                for listener in listeners.values():
+                    await listener.stop()
+        console.print(table)
+        if args.linger > 0:
+            console.log(f"pipeline stays up {args.linger:g} s: open a player URL above")
+            await asyncio.sleep(args.linger)
+    finally:
+        with console.status("stopping the pipeline"):
+            await stack.stop()
+    console.log(f"WAV files in {args.out}/" if not failures else f"[red]{failures} turn(s) failed")
+    return 1 if failures else 0

@@ -1,0 +1,143 @@
+"""A whole pipeline on one machine, for the demo and the end-to-end benchmarks.
+
+`PipelineStack` owns everything it starts and stops it in reverse order: the Kafka broker (a
+local one unless `settings.bootstrap` already answers), the topics, one or more *lanes* (a gate
+worker subprocess + a synthesis worker in this process, sharing one loaded engine), and the edge
+(aiohttp, in this process). A lane is a `Settings` variant: the TTFA benchmark runs an
+incremental and a buffered lane side by side, each with its own text topics, gate group and
+synthesis topic, both publishing to the one audio topic the edge serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from pipeline.broker import ensure_local_kafka
+from pipeline.bus import ensure_topics
+from pipeline.settings import Settings
+
+
+class StackError(RuntimeError):
+    """A component of the pipeline failed to start."""
+
+
+@dataclass
+class Lane:
+    name: str
+    settings: Settings
+    gate: subprocess.Popen | None = None
+    worker: Any = None  # pipeline.synthesis.worker.SynthesisWorker
+    gate_output: list[str] = field(default_factory=list)
+
+
+class PipelineStack:
+    def __init__(self, settings: Settings, engine: Any, lanes: dict[str, Settings] | None = None,
+                 *, edge: bool = True, gate_loglevel: str = "WARNING") -> None:
+        self._base = settings
+        self._engine = engine
+        self._lane_settings = lanes or {"main": settings}
+        self._with_edge = edge
+        self._gate_loglevel = gate_loglevel
+        self._exit = contextlib.ExitStack()
+        self._edge_runner: web.AppRunner | None = None
+        self.settings: Settings = settings
+        self.lanes: dict[str, Lane] = {}
+        self.edge_app: web.Application | None = None
+
+    @property
+    def edge_url(self) -> str:
+        return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
+
+    async def __aenter__(self) -> "PipelineStack":
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def start(self, progress=None) -> None:
+        step = progress or (lambda message: None)
+        step("Kafka broker")
+        self.settings = await asyncio.to_thread(self._exit.enter_context, ensure_local_kafka(self._base))
+        bootstrap = self.settings.bootstrap
+        for name, lane_settings in self._lane_settings.items():
+            self.lanes[name] = Lane(name, lane_settings.replace(bootstrap=bootstrap))
+        step("topics")
+        for lane in self.lanes.values():
+            await ensure_topics(lane.settings)
+        step("gate workers")
+        for lane in self.lanes.values():
+            await self._start_gate(lane)
+        step("synthesis workers")
+        from pipeline.synthesis.worker import SynthesisWorker
+
+        for lane in self.lanes.values():
+            lane.worker = SynthesisWorker(lane.settings, self._engine, worker_id=f"{lane.name}-worker")
+            await lane.worker.start()
+        await self._wait_assigned()
+        if self._with_edge:
+            step("edge")
+            from players.edge import make_app
+
+            self.edge_app = make_app(self.settings)
+            self._edge_runner = web.AppRunner(self.edge_app)
+            await self._edge_runner.setup()
+            await web.TCPSite(self._edge_runner, self.settings.edge_host, self.settings.edge_port).start()
+
+    async def stop(self) -> None:
+        if self._edge_runner is not None:
+            await self._edge_runner.cleanup()
+            self._edge_runner = None
+        for lane in self.lanes.values():
+            if lane.worker is not None:
+                await lane.worker.stop()
+                lane.worker = None
+            if lane.gate is not None:
+                lane.gate.terminate()
+                try:
+                    await asyncio.to_thread(lane.gate.wait, 20)
+                except subprocess.TimeoutExpired:
+                    lane.gate.kill()
+                    await asyncio.to_thread(lane.gate.wait)
+                lane.gate = None
+        await asyncio.to_thread(self._exit.close)
+
+    async def _start_gate(self, lane: Lane, timeout: float = 90.0) -> None:
+        from pipeline.gate.app import READY_LINE, start_gate_subprocess
+
+        lane.gate = start_gate_subprocess(lane.settings, stderr=subprocess.STDOUT, loglevel=self._gate_loglevel)
+        assigned = threading.Event()
+
+        def pump(stream) -> None:  # drains the child's output so it never blocks on a full pipe
+            for line in stream:
+                lane.gate_output.append(line.rstrip())
+                del lane.gate_output[:-200]
+                if line.startswith(READY_LINE):
+                    assigned.set()
+
+        threading.Thread(target=pump, args=(lane.gate.stdout,), daemon=True, name=f"gate-{lane.name}-out").start()
+        deadline = time.monotonic() + timeout
+        while not assigned.is_set():
+            if lane.gate.poll() is not None or time.monotonic() > deadline:
+                tail = "\n".join(lane.gate_output[-30:])
+                raise StackError(f"gate worker of lane {lane.name!r} did not get its partitions:\n{tail}")
+            await asyncio.sleep(0.1)
+
+    async def _wait_assigned(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not all(lane.worker.assigned for lane in self.lanes.values()):
+            if time.monotonic() > deadline:
+                raise StackError("synthesis workers got no partitions")
+            await asyncio.sleep(0.05)

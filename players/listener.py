@@ -1,0 +1,152 @@
+"""A headless listener: a Python WebSocket client of the edge that speaks protocol v1.
+
+The demo uses it to write each turn's audio to WAV; the benchmarks use it as "the edge client"
+whose first received audio frame ends time to first audio. It records, per turn, when every
+audio frame arrived (local wall clock, epoch µs) and the stage timeline the edge sends with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from pipeline.clock import now_us
+from players import protocol
+from players.auth import issue_token
+
+
+@dataclass
+class HeardTurn:
+    turn_id: str
+    sample_rate: int = 24000
+    frames: list[tuple[int, int, int, int]] = field(default_factory=list)  # (received_at_us, sentence, chunk, n_samples)
+    pcm: bytearray = field(default_factory=bytearray)
+    timelines: dict[int, dict] = field(default_factory=dict)  # sentence -> stage timestamps (+ sent_at_us)
+    ended: bool = False
+    stopped: bool = False
+    ended_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def first_audio_at_us(self) -> int | None:
+        return self.frames[0][0] if self.frames else None
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.pcm) / 2 / self.sample_rate
+
+    def write_wav(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with wave.open(str(path), "wb") as out:
+            out.setnchannels(1)
+            out.setsampwidth(2)
+            out.setframerate(self.sample_rate)
+            out.writeframes(bytes(self.pcm))
+        return path
+
+    def starvation(self) -> tuple[float, int]:
+        """Total silence (ms) and number of gaps a player starting at the first frame would hit
+        when a frame arrives after the audio before it has finished playing."""
+        gap_ms, gaps, play_until_us = 0.0, 0, None
+        for received_us, _sentence, _chunk, samples in self.frames:
+            if play_until_us is None:
+                play_until_us = received_us
+            elif received_us > play_until_us:
+                gap_ms += (received_us - play_until_us) / 1000
+                gaps += 1
+                play_until_us = received_us
+            play_until_us += int(samples * 1_000_000 / self.sample_rate)
+        return gap_ms, gaps
+
+
+class Listener:
+    """Connects to the edge for one session and collects what it hears. Owns its socket and
+    reader task: use `async with` or `start()` / `stop()`."""
+
+    def __init__(self, edge_url: str, session_id: str, secret: str, ttl_s: int = 3600) -> None:
+        self.edge_url = edge_url.rstrip("/")
+        self.session_id = session_id
+        self._token = issue_token(secret, session_id, ttl_s)
+        self.turns: dict[str, HeardTurn] = {}
+        self._numbers: dict[int, str] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reader: asyncio.Task | None = None
+        self._turn_seen = asyncio.Event()
+
+    async def __aenter__(self) -> "Listener":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession()
+        self._ws = await self._http.ws_connect(self.edge_url + "/ws", max_msg_size=protocol.MAX_AUDIO_FRAME_BYTES)
+        await self._ws.send_str(protocol.encode_control(protocol.HELLO, session=self.session_id, token=self._token))
+        ready = await self._ws.receive_json(timeout=10)
+        if ready.get("type") != protocol.READY:
+            raise ConnectionError(f"edge refused the listener: {ready}")
+        self._reader = asyncio.create_task(self._read(), name=f"listener-{self.session_id}")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._ws is not None:
+            await self._ws.close()
+        if self._http is not None:
+            await self._http.close()
+
+    async def cancel(self, turn_id: str | None = None, reason: str = "barge-in") -> None:
+        fields = {"reason": reason} if turn_id is None else {"turn_id": turn_id, "reason": reason}
+        await self._ws.send_str(protocol.encode_control(protocol.CANCEL, **fields))
+
+    async def wait_turn_end(self, turn_id: str, timeout: float) -> HeardTurn:
+        async with asyncio.timeout(timeout):
+            while turn_id not in self.turns:
+                self._turn_seen.clear()
+                await self._turn_seen.wait()
+            await self.turns[turn_id].ended_event.wait()
+        return self.turns[turn_id]
+
+    def _turn(self, turn_id: str) -> HeardTurn:
+        if turn_id not in self.turns:
+            self.turns[turn_id] = HeardTurn(turn_id)
+            self._turn_seen.set()
+        return self.turns[turn_id]
+
+    async def _read(self) -> None:
+        async for msg in self._ws:
+            received = now_us()
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                frame = protocol.decode_audio(msg.data)
+                turn = self._turn(self._numbers.get(frame.turn, str(frame.turn)))
+                turn.sample_rate = frame.sample_rate
+                turn.frames.append((received, frame.sentence, frame.chunk, len(frame.pcm) // 2))
+                turn.pcm += frame.pcm
+            elif msg.type == aiohttp.WSMsgType.TEXT:
+                self._on_control(msg.json(), received)
+            else:
+                break
+
+    def _on_control(self, message: dict, received_us: int) -> None:
+        mtype = message.get("type")
+        if mtype == protocol.TURN_START:
+            self._numbers[message["turn"]] = message["turn_id"]
+            self._turn(message["turn_id"]).sample_rate = message.get("sample_rate", 24000)
+        elif mtype == protocol.TIMELINE:
+            turn = self._turn(message.get("turn_id") or self._numbers.get(message.get("turn"), "?"))
+            turn.timelines.setdefault(int(message.get("sentence_seq", message.get("sentence", 0))), message)
+        elif mtype in (protocol.TURN_END, protocol.STOP):
+            turn_id = message.get("turn_id") or self._numbers.get(message.get("turn"))
+            for turn in ([self.turns[turn_id]] if turn_id in self.turns else list(self.turns.values())):
+                turn.ended = True
+                turn.stopped = mtype == protocol.STOP
+                turn.ended_event.set()

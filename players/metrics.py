@@ -1,0 +1,73 @@
+"""Prometheus metrics of one edge: per-stage latency histograms (from the chunk timestamps and the
+players' reports), the edge's own overhead, queue depths, clients and drops.
+
+Each `EdgeMetrics` owns its own `CollectorRegistry` (no process-global state), which `/metrics`
+renders.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# 1 ms .. 10 s, dense where a voice pipeline lives.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0)
+
+# (stage, from-field, to-field) of an AudioChunk; "edge_received" is when this edge consumed it.
+CHUNK_STAGES = (
+    ("gate_hold", "text_complete_at_us", "released_at_us"),
+    ("synthesis_queue", "released_at_us", "synthesis_started_at_us"),
+    ("synthesis", "synthesis_started_at_us", "audio_ready_at_us"),
+    ("publish", "audio_ready_at_us", "published_at_us"),
+    ("bus_to_edge", "published_at_us", "edge_received_at_us"),
+    ("first_token_to_edge", "first_token_at_us", "edge_received_at_us"),
+)
+
+
+class EdgeMetrics:
+    def __init__(self, keep_overhead_samples: int = 0) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.stage_latency = Histogram(
+            "voicebus_stage_latency_seconds",
+            "Latency of each pipeline stage, from the AudioChunk timestamps (first chunk of each sentence) "
+            "and the players' audible-start reports",
+            ["stage"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.edge_overhead = Histogram(
+            "voicebus_edge_overhead_seconds", "Chunk consumed by the edge -> its frame sent to a client",
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
+        self.clients = Gauge("voicebus_edge_clients", "Connected, authenticated player clients", registry=r)
+        self.sessions = Gauge("voicebus_edge_sessions", "Sessions the edge holds state for", registry=r)
+        self.queue_depth = Gauge("voicebus_edge_queue_frames", "Frames queued for all clients", registry=r)
+        self.queue_depth_max = Gauge("voicebus_edge_queue_frames_max", "Frames queued for the fullest client", registry=r)
+        self.chunks = Counter("voicebus_edge_chunks_total", "Audio chunks consumed", registry=r)
+        self.frames_sent = Counter("voicebus_edge_frames_sent_total", "Audio frames sent to clients", registry=r)
+        self.drops = Counter("voicebus_edge_dropped_frames_total", "Audio frames dropped", ["reason"], registry=r)
+        self.disconnects = Counter("voicebus_edge_disconnects_total", "Clients closed by the edge", ["reason"], registry=r)
+        self.cancels = Counter("voicebus_edge_cancels_total", "Cancels applied", ["source"], registry=r)
+        self.reports = Counter("voicebus_edge_playback_reports_total", "Playback reports received", ["kind"], registry=r)
+        self.bad_records = Counter("voicebus_edge_bad_records_total", "Undecodable records dead-lettered", registry=r)
+        self.overhead_samples: deque[float] | None = deque(maxlen=keep_overhead_samples) if keep_overhead_samples else None
+
+    def observe_chunk(self, chunk: dict, edge_received_at_us: int) -> None:
+        self.chunks.inc()
+        if chunk.get("chunk_seq") != 0:
+            return  # per-sentence latencies: the first chunk carries them
+        stamps = {**chunk, "edge_received_at_us": edge_received_at_us}
+        for stage, start, end in CHUNK_STAGES:
+            a, b = stamps.get(start) or 0, stamps.get(end) or 0
+            if a > 0 and b >= a:
+                self.stage_latency.labels(stage).observe((b - a) / 1e6)
+
+    def observe_sent(self, overhead_s: float) -> None:
+        self.frames_sent.inc()
+        self.edge_overhead.observe(overhead_s)
+        if self.overhead_samples is not None:
+            self.overhead_samples.append(overhead_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,187 @@
+"""The edge <-> player wire protocol (version 1): frame layouts, message types, close codes and
+their typed parse errors. Pure: no I/O. `docs/protocol.md` is the human-readable copy.
+
+Two kinds of WebSocket frames:
+
+* binary frames carry audio: a fixed 20-byte little-endian header followed by PCM16LE samples;
+* text frames carry control messages: one JSON object with a ``type`` field and the protocol
+  version ``v``.
+
+The binary header names the turn by a small per-connection number (``turn``), announced together
+with the turn's id in the ``turn_start`` control message, so audio frames stay fixed-size.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+# --- binary audio frames ---------------------------------------------------------------------
+FRAME_AUDIO = 0x01
+ENCODING_PCM16LE = 0x01
+ENCODINGS = {"PCM16LE": ENCODING_PCM16LE}
+
+FLAG_LAST_IN_SENTENCE = 0x01
+FLAG_LAST_IN_TURN = 0x02
+FLAG_FIRST_IN_SENTENCE = 0x04
+
+# type u8 | version u8 | flags u8 | encoding u8 | turn u32 | sentence u32 | chunk u32 | sample_rate u32
+AUDIO_HEADER = struct.Struct("<BBBBIIII")
+AUDIO_HEADER_LEN = AUDIO_HEADER.size  # 20
+MAX_AUDIO_FRAME_BYTES = 1024 * 1024
+
+# --- JSON control messages -------------------------------------------------------------------
+# server -> client
+READY = "ready"
+TURN_START = "turn_start"
+TURN_END = "turn_end"
+STOP = "stop"
+TIMELINE = "timeline"
+SKIP = "skip"
+PONG = "pong"
+ERROR = "error"
+# client -> server
+HELLO = "hello"
+CANCEL = "cancel"
+PING = "ping"
+REPORT = "report"
+
+CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
+SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, SKIP, PONG, ERROR})
+REPORT_KINDS = frozenset({"AUDIBLE_START", "PLAYBACK_END", "STOPPED", "UNDERRUN"})
+MAX_TEXT_FRAME_BYTES = 16 * 1024
+
+# --- close codes (4000-4999 are the application's range) -------------------------------------
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001  # the edge shuts down
+CLOSE_PROTOCOL_ERROR = 4400  # malformed frame, unknown type, hello missing or repeated
+CLOSE_UNAUTHORIZED = 4401  # token missing, forged, expired or for another session
+CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
+CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
+CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
+
+
+class ProtocolError(ValueError):
+    """A frame could not be parsed. `code` is the error code sent to the client and `close_code`
+    the WebSocket close code the edge closes with."""
+
+    code = "protocol-error"
+    close_code = CLOSE_PROTOCOL_ERROR
+
+
+class MalformedFrame(ProtocolError):
+    code = "malformed-frame"
+
+
+class UnknownMessageType(ProtocolError):
+    code = "unknown-message-type"
+
+
+class UnsupportedVersion(ProtocolError):
+    code = "unsupported-version"
+    close_code = CLOSE_UNSUPPORTED_VERSION
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    turn: int
+    sentence: int
+    chunk: int
+    sample_rate: int
+    pcm: bytes
+    flags: int = 0
+    encoding: int = ENCODING_PCM16LE
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def last_in_sentence(self) -> bool:
+        return bool(self.flags & FLAG_LAST_IN_SENTENCE)
+
+    @property
+    def last_in_turn(self) -> bool:
+        return bool(self.flags & FLAG_LAST_IN_TURN)
+
+
+def encode_audio(frame: AudioFrame) -> bytes:
+    if len(frame.pcm) % 2:
+        raise MalformedFrame(f"PCM16 payload has an odd length ({len(frame.pcm)} bytes)")
+    header = AUDIO_HEADER.pack(
+        FRAME_AUDIO, frame.version, frame.flags, frame.encoding, frame.turn, frame.sentence, frame.chunk, frame.sample_rate
+    )
+    return header + frame.pcm
+
+
+def decode_audio(data: bytes) -> AudioFrame:
+    if len(data) < AUDIO_HEADER_LEN:
+        raise MalformedFrame(f"binary frame of {len(data)} bytes is shorter than the {AUDIO_HEADER_LEN}-byte header")
+    if len(data) > MAX_AUDIO_FRAME_BYTES:
+        raise MalformedFrame(f"binary frame of {len(data)} bytes exceeds {MAX_AUDIO_FRAME_BYTES}")
+    ftype, version, flags, encoding, turn, sentence, chunk, rate = AUDIO_HEADER.unpack_from(data)
+    if ftype != FRAME_AUDIO:
+        raise UnknownMessageType(f"unknown binary frame type 0x{ftype:02x}")
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedVersion(f"binary frame version {version}, this edge speaks {PROTOCOL_VERSION}")
+    if encoding != ENCODING_PCM16LE:
+        raise MalformedFrame(f"unknown audio encoding 0x{encoding:02x}")
+    pcm = bytes(data[AUDIO_HEADER_LEN:])
+    if len(pcm) % 2:
+        raise MalformedFrame(f"PCM16 payload has an odd length ({len(pcm)} bytes)")
+    return AudioFrame(turn, sentence, chunk, rate, pcm, flags, encoding, version)
+
+
+def encode_control(message_type: str, **fields: Any) -> str:
+    """A JSON control message (server -> client or client -> server)."""
+    return json.dumps({"type": message_type, "v": PROTOCOL_VERSION, **fields}, separators=(",", ":"))
+
+
+# Required fields (name -> accepted types) of each client message.
+_CLIENT_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    HELLO: {"session": (str,), "token": (str,)},
+    CANCEL: {},
+    PING: {"t0": (int, float)},
+    REPORT: {"kind": (str,), "turn_id": (str,)},
+}
+
+
+def parse_client_message(text: str) -> dict[str, Any]:
+    """Parse and validate one client text frame; raises a `ProtocolError` subclass."""
+    if len(text) > MAX_TEXT_FRAME_BYTES:
+        raise MalformedFrame(f"text frame of {len(text)} characters exceeds {MAX_TEXT_FRAME_BYTES}")
+    try:
+        message = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise MalformedFrame(f"text frame is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise MalformedFrame(f"a control message is a JSON object, got {type(message).__name__}")
+    mtype = message.get("type")
+    if mtype not in CLIENT_MESSAGE_TYPES:
+        raise UnknownMessageType(f"unknown message type {mtype!r}; expected one of {sorted(CLIENT_MESSAGE_TYPES)}")
+    version = message.get("v")
+    if version != PROTOCOL_VERSION:
+        raise UnsupportedVersion(f"message version {version!r}, this edge speaks {PROTOCOL_VERSION}")
+    for name, kinds in _CLIENT_FIELDS[mtype].items():
+        value = message.get(name)
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise MalformedFrame(f"{mtype}: field {name!r} is missing or not {'/'.join(k.__name__ for k in kinds)}")
+    if mtype == REPORT and message["kind"] not in REPORT_KINDS:
+        raise MalformedFrame(f"report: unknown kind {message['kind']!r}; expected one of {sorted(REPORT_KINDS)}")
+    if mtype == CANCEL and message.get("turn_id") is not None and not isinstance(message["turn_id"], str):
+        raise MalformedFrame("cancel: turn_id must be a string or absent")
+    for name, limit in _INTEGER_FIELDS.items():
+        value = message.get(name)
+        if name in message and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit):
+            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer in [0, {limit})")
+    resume = message.get("resume")
+    if mtype == HELLO and resume is not None:
+        if not (isinstance(resume, dict) and isinstance(resume.get("turn_id"), str)
+                and isinstance(resume.get("sentence_seq"), int) and 0 <= resume["sentence_seq"] < 2**31):
+            raise MalformedFrame("hello: resume must be {turn_id: string, sentence_seq: integer}")
+    return message
+
+
+# Integer fields of client messages and their bounds (they end up in Avro int/long fields).
+_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": 2**31}

@@ -1,0 +1,259 @@
+// voicebus web player: speaks the edge protocol (docs/protocol.md) over a WebSocket, plays audio
+// through the voicebus-player AudioWorklet, syncs its clock with the edge, and reports when each
+// turn became audible. No build step, no dependencies.
+
+const PROTOCOL_VERSION = 1;
+const HEADER_BYTES = 20;
+const FLAG_LAST_IN_TURN = 0x02;
+const JITTER_MS = 60;
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+$("session").value = params.get("session") || "";
+$("token").value = params.get("token") || "";
+
+// Everything the page knows, exposed for debugging and for the end-to-end test.
+const player = (window.voicebusPlayer = {
+  state: "idle",
+  clientId: null,
+  clock: { offsetUs: 0, rttUs: Infinity, samples: 0 },
+  turns: new Map(), // turn number -> {turnId, timeline: {...}, audibleAtUs}
+  turnIds: new Map(), // turn id -> turn number
+  current: null, // {turn, sentence} being played
+  reports: [],
+  errors: [],
+  stats: {},
+  framesReceived: 0,
+  ctx: null,
+  node: null,
+  ws: null,
+});
+
+function setStatus(text) {
+  $("status").textContent = text;
+}
+
+function clientNowUs() {
+  return (performance.timeOrigin + performance.now()) * 1000;
+}
+
+function serverNowUs() {
+  return clientNowUs() + player.clock.offsetUs;
+}
+
+function send(type, fields = {}) {
+  if (player.ws && player.ws.readyState === WebSocket.OPEN) {
+    player.ws.send(JSON.stringify({ type, v: PROTOCOL_VERSION, ...fields }));
+  }
+}
+
+// --- clock sync: NTP-like, keep the exchange with the smallest round trip ---------------------
+function ping() {
+  send("ping", { t0: performance.now() });
+}
+
+function onPong(msg) {
+  const t1 = performance.now();
+  const rttUs = (t1 - msg.t0) * 1000;
+  const midClientUs = (performance.timeOrigin + (msg.t0 + t1) / 2) * 1000;
+  player.clock.samples += 1;
+  if (rttUs <= player.clock.rttUs) {
+    player.clock.rttUs = rttUs;
+    player.clock.offsetUs = msg.server_time_us - midClientUs;
+  }
+}
+
+// --- audio --------------------------------------------------------------------------------
+async function startAudio() {
+  const ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" });
+  await ctx.audioWorklet.addModule("/web/worklet.js");
+  const node = new AudioWorkletNode(ctx, "voicebus-player", {
+    numberOfInputs: 0,
+    outputChannelCount: [1],
+    processorOptions: { jitterMs: JITTER_MS },
+  });
+  node.connect(ctx.destination);
+  node.port.onmessage = (e) => onWorklet(e.data);
+  await ctx.resume();
+  player.ctx = ctx;
+  player.node = node;
+}
+
+// A context time (seconds) of a rendered sample -> server-clock epoch microseconds.
+function contextTimeToServerUs(contextTime) {
+  const ts = player.ctx.getOutputTimestamp();
+  const perfMs = ts.performanceTime + (contextTime - ts.contextTime) * 1000;
+  return (performance.timeOrigin + perfMs) * 1000 + player.clock.offsetUs;
+}
+
+function onWorklet(msg) {
+  const turn = player.turns.get(msg.turn);
+  if (msg.type === "wave") {
+    player.stats = msg.stats;
+    drawWave(msg.wave);
+  } else if (msg.type === "playing") {
+    player.current = { turn: msg.turn, sentence: msg.sentence };
+  } else if (msg.type === "audible" && turn) {
+    turn.audibleAtUs = Math.round(contextTimeToServerUs(msg.time));
+    report("AUDIBLE_START", turn, msg.sentence, turn.audibleAtUs);
+    renderTimeline();
+  } else if (msg.type === "ended" && turn) {
+    report("PLAYBACK_END", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
+    player.current = null;
+  } else if (msg.type === "underrun" && turn) {
+    report("UNDERRUN", turn, msg.sentence, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
+  } else if (msg.type === "stopped" && turn) {
+    report("STOPPED", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
+  }
+}
+
+function report(kind, turn, sentence, atUs) {
+  const r = { kind, turn_id: turn.turnId, sentence_seq: sentence, audible_at_us: atUs };
+  player.reports.push(r);
+  send("report", r);
+}
+
+function onAudio(buffer) {
+  const view = new DataView(buffer);
+  const type = view.getUint8(0), version = view.getUint8(1), flags = view.getUint8(2);
+  if (type !== 1 || version !== PROTOCOL_VERSION) return;
+  const turn = view.getUint32(4, true), sentence = view.getUint32(8, true);
+  const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
+  const samples = new Float32Array(pcm.length);
+  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
+  player.framesReceived += 1;
+  player.node.port.postMessage({ type: "chunk", turn, sentence, samples }, [samples.buffer]);
+  if (flags & FLAG_LAST_IN_TURN) player.node.port.postMessage({ type: "end", turn });
+}
+
+// --- protocol -----------------------------------------------------------------------------
+function onControl(msg) {
+  switch (msg.type) {
+    case "ready":
+      player.state = "ready";
+      player.clientId = msg.client_id;
+      player.clock.offsetUs = msg.server_time_us - clientNowUs();
+      setStatus(`connected as ${msg.client_id} to session ${msg.session}`);
+      $("bargein").disabled = false;
+      for (let i = 0; i < 5; i++) setTimeout(ping, 100 * i);
+      break;
+    case "pong":
+      onPong(msg);
+      break;
+    case "turn_start":
+      player.turns.set(msg.turn, { turnId: msg.turn_id, timeline: {}, audibleAtUs: null });
+      player.turnIds.set(msg.turn_id, msg.turn);
+      renderTimeline();
+      break;
+    case "timeline": {
+      const turn = player.turns.get(msg.turn);
+      if (turn && !turn.timeline.sent_at_us) turn.timeline = msg; // the turn's first sentence
+      renderTimeline();
+      break;
+    }
+    case "turn_end":
+      player.node.port.postMessage({ type: "end", turn: msg.turn });
+      break;
+    case "stop":
+      player.node.port.postMessage({ type: "stop", turn: msg.turn });
+      break;
+    case "skip":
+      setStatus(`skipped sentence ${msg.sentence_seq} of ${msg.turn_id}: this player fell behind`);
+      break;
+    case "error":
+      player.errors.push(msg);
+      setStatus(`error ${msg.code}: ${msg.message}`);
+      break;
+  }
+}
+
+function connect() {
+  const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
+  const ws = new WebSocket(url);
+  ws.binaryType = "arraybuffer";
+  player.ws = ws;
+  ws.onopen = () => {
+    const hello = { session: $("session").value, token: $("token").value };
+    const cur = player.current && player.turns.get(player.current.turn);
+    if (cur) hello.resume = { turn_id: cur.turnId, sentence_seq: player.current.sentence };
+    send("hello", hello);
+  };
+  ws.onmessage = (e) => (typeof e.data === "string" ? onControl(JSON.parse(e.data)) : onAudio(e.data));
+  ws.onclose = (e) => {
+    player.state = "closed";
+    $("bargein").disabled = true;
+    if (e.code === 1006 || e.code === 1001) {
+      setStatus(`connection lost (${e.code}); reconnecting`);
+      setTimeout(connect, 500); // resumes the current turn from the sentence being played
+    } else if (e.code !== 1000) {
+      setStatus(`closed ${e.code} ${e.reason}`);
+    }
+  };
+}
+
+function bargeIn() {
+  const cur = player.current;
+  const turnId = cur && player.turns.get(cur.turn) ? player.turns.get(cur.turn).turnId : undefined;
+  // Silence now, locally; the edge also sends "stop" and drops what it still has.
+  player.node.port.postMessage({ type: "stop", turn: cur ? cur.turn : null });
+  send("cancel", turnId ? { turn_id: turnId, reason: "barge-in" } : { reason: "barge-in" });
+}
+
+// --- views --------------------------------------------------------------------------------
+const waveHistory = [];
+function drawWave(pairs) {
+  for (let i = 0; i < pairs.length; i += 2) waveHistory.push([pairs[i], pairs[i + 1]]);
+  const canvas = $("wave");
+  const g = canvas.getContext("2d");
+  while (waveHistory.length > canvas.width) waveHistory.shift();
+  g.fillStyle = "#111";
+  g.fillRect(0, 0, canvas.width, canvas.height);
+  g.strokeStyle = "#4c8";
+  g.beginPath();
+  const mid = canvas.height / 2;
+  waveHistory.forEach(([lo, hi], x) => {
+    g.moveTo(x + 0.5, mid - hi * mid);
+    g.lineTo(x + 0.5, mid - lo * mid + 1);
+  });
+  g.stroke();
+}
+
+function renderTimeline() {
+  const body = $("timeline").querySelector("tbody");
+  body.innerHTML = "";
+  for (const [number, turn] of player.turns) {
+    const t = turn.timeline;
+    const base = t.first_token_at_us || t.released_at_us;
+    const cells = [t.first_token_at_us, t.released_at_us, t.synthesis_started_at_us, t.audio_ready_at_us, t.sent_at_us, turn.audibleAtUs];
+    const row = document.createElement("tr");
+    const td = (text) => {
+      const c = document.createElement("td");
+      c.textContent = text;
+      row.appendChild(c);
+      return c;
+    };
+    td(`${number}: ${turn.turnId}`);
+    for (const v of cells) td(v && base ? ((v - base) / 1000).toFixed(1) : "");
+    const last = cells.filter(Boolean).pop();
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    bar.style.width = `${last && base ? Math.min(300, (last - base) / 10000) : 0}px`;
+    td("").appendChild(bar);
+    body.appendChild(row);
+  }
+}
+
+$("start").onclick = async () => {
+  $("start").disabled = true;
+  try {
+    await startAudio();
+    connect();
+    player.state = "connecting";
+    setStatus("connecting");
+  } catch (err) {
+    player.errors.push({ code: "audio", message: String(err) });
+    setStatus(`audio failed: ${err}`);
+    $("start").disabled = false;
+  }
+};
+$("bargein").onclick = bargeIn;

@@ -1,0 +1,85 @@
+"""End to end in Debian's headless chromium: a turn published on Kafka plays in the web player,
+its audible start comes back as a PlaybackReport on the bus, and barge-in silences it."""
+
+import asyncio
+
+import pytest
+
+from pipeline.bus import make_producer, publish
+from pipeline.codecs import Codec
+from players.auth import issue_token
+from players.tone import tone_turn
+from tests.players.edge_helpers import SECRET, running_edge
+from tests.players.test_edge_kafka import read_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ("--headless --no-sandbox --disable-gpu --autoplay-policy=no-user-gesture-required "
+                 "--disable-background-networking --disable-component-update --disable-sync --no-first-run").split()
+LEADING_SILENCE_S = 0.2
+
+
+async def wait_in_page(page, expression: str, timeout_ms: int = 15000):
+    await page.wait_for_function(expression, timeout=timeout_ms)
+    return await page.evaluate(expression)
+
+
+async def test_a_turn_from_kafka_plays_reports_audible_start_and_barge_in_silences_it(make_settings):
+    from playwright.async_api import async_playwright
+
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client), async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            url = client.make_url(f"/?session=S&token={issue_token(SECRET, 'S', 300)}")
+            await page.goto(str(url))
+            await page.click("#start")
+            await wait_in_page(page, "window.voicebusPlayer.state === 'ready' && window.voicebusPlayer.clock.samples >= 3")
+
+            # 3 sentences x 10 chunks x 150 ms = 4.5 s of tone, after 200 ms of silence.
+            chunks = tone_turn("S", "turn-1", sentences=3, chunks_per_sentence=10, leading_silence_s=LEADING_SILENCE_S)
+            producer, codec = make_producer(settings), Codec()
+            await producer.start()
+            try:
+                for chunk in chunks:
+                    await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            finally:
+                await producer.stop()
+
+            reports = await read_topic(settings, settings.playback_topic, "PlaybackReport",
+                                       lambda v: any(r["kind"] == "AUDIBLE_START" for r in v))
+            audible = next(r for r in reports if r["kind"] == "AUDIBLE_START")
+            assert audible["session_id"] == "S" and audible["turn_id"] == "turn-1" and audible["sentence_seq"] == 0
+            sent_at_us = await page.evaluate("window.voicebusPlayer.turns.get(1).timeline.sent_at_us")
+            # The first non-silent sample is rendered after the leading silence (plus the jitter
+            # buffer and output latency) following the moment the edge sent the first frame.
+            delay_s = (audible["audible_at_us"] - sent_at_us) / 1e6
+            assert LEADING_SILENCE_S - 0.02 < delay_s < 2.0, delay_s
+            print(f"audible start {delay_s * 1e3:.1f} ms after the edge sent the first frame "
+                  f"({LEADING_SILENCE_S * 1e3:.0f} ms of it leading silence)")
+            assert audible["reported_at_us"] >= audible["audible_at_us"] - 500_000
+
+            await wait_in_page(page, "window.voicebusPlayer.stats.peak > 0.1")  # it is playing now
+            row = await page.eval_on_selector_all("#timeline tbody tr td", "cells => cells.map(c => c.textContent)")
+            assert row[0] == "1: turn-1" and all(row[1:7]), row  # token .. audible, all filled in
+            assert float(row[6]) > float(row[5]) > 0  # audible after sent, in ms from the first token
+            lit = await page.evaluate("""(() => { const c = document.getElementById('wave');
+                const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                let n = 0; for (let i = 1; i < d.length; i += 4) if (d[i] > 100) n++; return n; })()""")
+            assert lit > 100  # the live waveform drew the tone
+            await page.click("#bargein")
+            stats = await wait_in_page(page, "window.voicebusPlayer.stats.stops >= 1 && "
+                                             "window.voicebusPlayer.stats.quantaSinceStop >= 40 && window.voicebusPlayer.stats")
+            assert stats["loudQuantaSinceStop"] == 0 and stats["peak"] == 0, stats  # silent from the next quantum
+            events = await read_topic(settings, settings.control_topic, "ControlEvent", lambda v: v)
+            assert events[0]["session_id"] == "S" and events[0]["turn_id"] == "turn-1"
+            await asyncio.sleep(0.3)
+            stats = await page.evaluate("window.voicebusPlayer.stats")
+            assert stats["loudQuantaSinceStop"] == 0 and stats["peak"] == 0, stats  # and stays silent
+            assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
+        finally:
+            await browser.close()

@@ -1,0 +1,112 @@
+"""The edge on the real broker: chunks from the audio topic reach their session's players, a
+client's cancel lands on the control topic, a bus cancel stops players, reports are recorded."""
+
+import asyncio
+import json
+
+import pytest
+
+from pipeline.bus import make_consumer, make_producer, publish
+from pipeline.clock import now_us
+from pipeline.codecs import Codec
+from players.edge import LINK_KEY
+from players.tone import tone_turn
+from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
+
+pytestmark = pytest.mark.kafka
+
+
+async def read_topic(settings, topic: str, expect: str | None, until, timeout: float = 20.0, raw: bool = False) -> list:
+    """Decoded values (`raw`: the records) of `topic` from the beginning until `until(values)`."""
+    codec, values = Codec(), []
+    consumer = make_consumer(settings, topic, group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        async with asyncio.timeout(timeout):
+            while not until(values):
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    values.extend(r if raw else codec.decode(r.value, expect=expect).value for r in records)
+    finally:
+        await consumer.stop()
+    return values
+
+
+async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client):
+        assert (await (await client.get("/healthz")).json())["kafka"] == "ready"
+        a1, _ = await connect(client, "A")
+        a2, _ = await connect(client, "A")
+        b, _ = await connect(client, "B")
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            for chunk in tone_turn("A", "ta", 2, 2, freq_hz=300) + tone_turn("B", "tb", 1, 3, freq_hz=500):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            await producer.send_and_wait(settings.audio_topic, b"not avro", key=b"A")  # dead-lettered, ignored
+            odd = {**tone_turn("A", "ta", 1, 1)[0], "pcm": b"\x01\x02\x03"}  # not whole PCM16 samples
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", odd)
+        finally:
+            await producer.stop()
+        for ws in (a1, a2):
+            got = await collect(ws, turn_ended, timeout=15)
+            assert of_type(got, "turn_start")[0]["turn_id"] == "ta"
+            assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+            assert audio(got)[0].pcm == tone_turn("A", "x", 1, 1, freq_hz=300)[0]["pcm"]
+        got = await collect(b, turn_ended, timeout=15)
+        assert of_type(got, "turn_start")[0]["turn_id"] == "tb" and len(audio(got)) == 3
+        timeline = of_type(got, "timeline")[0]
+        assert timeline["published_at_us"] <= timeline["edge_received_at_us"] <= timeline["sent_at_us"]
+        metrics = await (await client.get("/metrics")).text()
+        assert 'voicebus_stage_latency_seconds_count{stage="bus_to_edge"} 3.0' in metrics
+        async with asyncio.timeout(15):  # the bad record, published last, is dead-lettered; the edge carries on
+            while "voicebus_edge_bad_records_total 2.0" not in metrics:
+                await asyncio.sleep(0.1)
+                metrics = await (await client.get("/metrics")).text()
+        assert (await (await client.get("/healthz")).json())["kafka"] == "ready"
+        dead = await read_topic(settings, settings.deadletter_topic, None, lambda v: len(v) >= 2, raw=True)
+        assert sorted(dict(r.headers)["voicebus.error.reason"] for r in dead) == [b"malformed", b"unroutable-chunk"]
+
+
+async def test_client_cancel_lands_on_the_control_topic_and_reports_on_the_playback_topic(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client):
+        ws, ready = await connect(client, "S")
+        for chunk in tone_turn("S", "t1", 3, 2)[:2]:
+            app[LINK_KEY].router.route(chunk)
+        await collect(ws, lambda m: len(audio(m)) == 2)
+        await ws.send_str(json.dumps({"type": "report", "v": 1, "kind": "AUDIBLE_START", "turn_id": "t1",
+                                      "sentence_seq": 0, "audible_at_us": now_us()}))
+        await ws.send_str(json.dumps({"type": "cancel", "v": 1, "turn_id": "t1", "reason": "barge-in"}))
+        assert of_type(await collect(ws, lambda m: of_type(m, "stop")), "stop")[0]["turn_id"] == "t1"
+        events = await read_topic(settings, settings.control_topic, "ControlEvent", lambda v: v)
+        assert events[0]["session_id"] == "S" and events[0]["turn_id"] == "t1"
+        assert events[0]["action"] == "CANCEL" and events[0]["source"] == "edge" and events[0]["reason"] == "barge-in"
+        reports = await read_topic(settings, settings.playback_topic, "PlaybackReport", lambda v: v)
+        assert reports[0]["kind"] == "AUDIBLE_START" and reports[0]["client_id"] == ready["client_id"]
+
+
+async def test_a_cancel_from_the_bus_stops_players_and_drops_the_turns_later_chunks(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client):
+        ws, _ = await connect(client, "S")
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            chunks = tone_turn("S", "t1", 2, 2)
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunks[0])
+            await collect(ws, lambda m: audio(m), timeout=15)
+            await publish(producer, codec, settings.control_topic, "ControlEvent", {
+                "session_id": "S", "turn_id": None, "action": "CANCEL", "reason": "agent", "source": "agent",
+                "issued_at_us": now_us()})
+            got = await collect(ws, lambda m: of_type(m, "stop"), timeout=15)
+            assert of_type(got, "stop")[0]["turn_id"] == "t1"
+            for chunk in chunks[1:]:
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            for chunk in tone_turn("S", "t2", 1, 1):  # a turn that started after the cancel plays
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", {**chunk, "first_token_at_us": now_us()})
+        finally:
+            await producer.stop()
+        got = await collect(ws, turn_ended, timeout=15)
+        assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"]  # t1's late chunks never came
+        assert len(audio(got)) == 1

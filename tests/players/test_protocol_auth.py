@@ -1,0 +1,84 @@
+"""The wire protocol's frame layouts and parse errors, and the signed session tokens."""
+
+import json
+
+import pytest
+
+from players import auth, protocol
+
+
+def test_audio_frame_round_trip_and_fixed_header():
+    frame = protocol.AudioFrame(turn=3, sentence=7, chunk=2, sample_rate=24000, pcm=b"\x01\x00\xff\x7f",
+                                flags=protocol.FLAG_LAST_IN_SENTENCE | protocol.FLAG_LAST_IN_TURN)
+    data = protocol.encode_audio(frame)
+    assert len(data) == protocol.AUDIO_HEADER_LEN + 4 == 24
+    assert data[0] == protocol.FRAME_AUDIO and data[1] == protocol.PROTOCOL_VERSION
+    decoded = protocol.decode_audio(data)
+    assert decoded == frame and decoded.last_in_turn and decoded.last_in_sentence
+
+
+@pytest.mark.parametrize("data, error", [
+    (b"\x01\x01", protocol.MalformedFrame),
+    (b"\x09" + bytes(19), protocol.UnknownMessageType),
+    (bytes([1, 2]) + bytes(18), protocol.UnsupportedVersion),
+    (bytes([1, 1, 0, 1]) + bytes(16) + b"\x00", protocol.MalformedFrame),  # odd PCM16 length
+    (bytes([1, 1, 0, 9]) + bytes(16), protocol.MalformedFrame),  # unknown encoding
+])
+def test_bad_audio_frames_raise_typed_errors(data, error):
+    with pytest.raises(error):
+        protocol.decode_audio(data)
+
+
+@pytest.mark.parametrize("text, error", [
+    ("not json", protocol.MalformedFrame),
+    ("[1, 2]", protocol.MalformedFrame),
+    ('{"type": "dance", "v": 1}', protocol.UnknownMessageType),
+    ('{"type": "ping", "v": 2, "t0": 1}', protocol.UnsupportedVersion),
+    ('{"type": "hello", "v": 1, "session": "s"}', protocol.MalformedFrame),
+    ('{"type": "report", "v": 1, "kind": "LOUD", "turn_id": "t"}', protocol.MalformedFrame),
+    ('{"type": "report", "v": 1, "kind": "AUDIBLE_START", "turn_id": "t", "audible_at_us": "soon"}', protocol.MalformedFrame),
+    ('{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "audible_at_us": 1180591620717411303424}',
+     protocol.MalformedFrame),  # beyond an Avro long
+    ('{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "sentence_seq": -1}', protocol.MalformedFrame),
+    ('{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": 3}}', protocol.MalformedFrame),
+])
+def test_bad_client_messages_raise_typed_errors(text, error):
+    with pytest.raises(error) as info:
+        protocol.parse_client_message(text)
+    assert info.value.close_code in (protocol.CLOSE_PROTOCOL_ERROR, protocol.CLOSE_UNSUPPORTED_VERSION)
+
+
+def test_control_messages_carry_type_and_version():
+    message = json.loads(protocol.encode_control(protocol.STOP, turn_id="t1"))
+    assert message == {"type": "stop", "v": 1, "turn_id": "t1"}
+    hello = protocol.parse_client_message(json.dumps({"type": "hello", "v": 1, "session": "s", "token": "x"}))
+    assert hello["session"] == "s"
+
+
+def test_token_accepts_its_session_until_expiry():
+    token = auth.issue_token("secret", "s1", ttl_s=60, now_s=1000)
+    auth.verify_token("secret", token, "s1", now_s=1059)
+    with pytest.raises(auth.ExpiredToken):
+        auth.verify_token("secret", token, "s1", now_s=1060)
+
+
+def test_token_for_another_session_is_rejected():
+    token = auth.issue_token("secret", "s1", ttl_s=60)
+    with pytest.raises(auth.WrongSession):
+        auth.verify_token("secret", token, "s2")
+
+
+def test_token_signed_with_another_secret_or_tampered_is_rejected():
+    token = auth.issue_token("other", "s1", ttl_s=60)
+    with pytest.raises(auth.BadSignature):
+        auth.verify_token("secret", token, "s1")
+    payload, sig = auth.issue_token("secret", "s1", ttl_s=60).split(".")
+    forged = auth._b64(json.dumps({"s": "s2", "exp": 2**40}).encode())
+    with pytest.raises(auth.BadSignature):
+        auth.verify_token("secret", f"{forged}.{sig}", "s2")
+
+
+@pytest.mark.parametrize("token", ["", "abc", "a.b.c", "!!.??"])
+def test_malformed_tokens_are_rejected(token):
+    with pytest.raises(auth.TokenError):
+        auth.verify_token("secret", token, "s1")
