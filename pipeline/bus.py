@@ -7,7 +7,8 @@ Every client made here has an owner that stops it (`async with` or an explicit `
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -82,3 +83,33 @@ async def decode_or_dead_letter(
     except CodecError as exc:
         await dead_letter(producer, settings, record, exc)
         return None
+
+
+@dataclass(frozen=True)
+class DecodedRecord:
+    """A consumer record that decoded cleanly: where it came from, its key and its message."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp_ms: int
+    message: Decoded
+
+
+async def decoded_records(
+    consumer: AIOKafkaConsumer,
+    producer: AIOKafkaProducer,
+    settings: Settings,
+    codec: Codec,
+    expect: str | None = None,
+) -> AsyncIterator[DecodedRecord]:
+    """Yield every good record `consumer` receives, decoded; dead-letter the bad ones and go on.
+
+    The caller owns (starts and stops) both clients; this loop ends when the consumer is stopped
+    or the caller stops iterating.
+    """
+    async for record in consumer:
+        decoded = await decode_or_dead_letter(producer, settings, codec, record, expect=expect)
+        if decoded is not None:
+            yield DecodedRecord(record.topic, record.partition, record.offset, record.key, record.timestamp, decoded)

@@ -1,0 +1,21 @@
+# The image of the voicebus services in docker-compose.yml (gate, worker, edge): the `voicebus`
+# command with its Python dependencies and espeak-ng (Kokoro's phonemizer fallback).
+FROM python:3.11-slim
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends espeak-ng libsndfile1 \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY pipeline ./pipeline
+COPY schemas ./schemas
+COPY agents ./agents
+COPY players ./players
+COPY tools ./tools
+RUN pip install --no-cache-dir .
+
+ENV VOICEBUS_CACHE_DIR=/cache
+VOLUME ["/cache"]
+EXPOSE 8765
+CMD ["voicebus", "--help"]

@@ -1,0 +1,371 @@
+"""The pure core of a synthesis worker: which request is synthesized next, and what goes out.
+
+No Kafka and no engine here; `pipeline.synthesis.worker` wraps this in the bus shell.
+
+- `SynthesisScheduler` holds the SynthesisRequests a worker has accepted: bounded work in flight
+  (queued + being synthesized), one request at a time per session so a session's sentences stay
+  in order, round-robin across sessions so one long turn does not delay another session's first
+  sentence, cancel through `CancelRegistry` (queued requests of a cancelled turn are skipped
+  without synthesis, running ones are flagged to stop), and dedupe of a request already
+  completed (same session, turn, sentence_seq) so a re-delivered request is not spoken twice.
+  Every accepted request is *settled* exactly once through the `on_settled` callback, with an
+  `Outcome`; the shell commits offsets from there.
+- `OffsetTracker` turns settlements that happen out of offset order (sessions share partitions)
+  into the contiguous offset a partition may commit.
+- `ChunkAssembler` turns the engine's PCM stream into AudioChunk dicts of ``chunk_ms``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterable
+
+from pipeline.cancel import CancelRegistry
+from pipeline.clock import now_us
+
+BYTES_PER_SAMPLE = 2  # PCM16LE mono
+
+
+class SchedulerFull(RuntimeError):
+    """`submit` was called with no free slot: the shell must stop fetching when full."""
+
+
+class Outcome(enum.Enum):
+    SPOKEN = "spoken"  # synthesized and every chunk published
+    CANCELLED = "cancelled"  # its turn was cancelled before synthesis started: skipped
+    STOPPED = "stopped"  # its turn was cancelled while it was being synthesized
+    DUPLICATE = "duplicate"  # already completed (or queued) here: not spoken again
+    DROPPED = "dropped"  # its partition was revoked: another worker will redo it; do not commit
+    FAILED = "failed"  # the engine raised; logged and skipped so one bad sentence blocks nothing
+
+
+# Outcomes after which the request's offset may be committed.
+COMMITTABLE = frozenset({Outcome.SPOKEN, Outcome.CANCELLED, Outcome.STOPPED, Outcome.DUPLICATE, Outcome.FAILED})
+
+
+@dataclass(frozen=True)
+class RequestKey:
+    session_id: str
+    turn_id: str
+    sentence_seq: int
+
+    @classmethod
+    def of(cls, request: dict) -> "RequestKey":
+        return cls(request["session_id"], request["turn_id"], int(request["sentence_seq"]))
+
+
+@dataclass(eq=False)
+class SynthesisJob:
+    """One accepted request. `origin` is the shell's handle (topic-partition and offset)."""
+
+    request: dict
+    received_at_us: int
+    origin: Hashable | None = None
+    key: RequestKey = field(init=False)
+    started_at_us: int = 0
+    stop_requested: bool = False  # set on the loop thread, read by the synthesis thread
+    stop_reason: Outcome | None = None
+
+    def __post_init__(self) -> None:
+        self.key = RequestKey.of(self.request)
+
+    @property
+    def session_id(self) -> str:
+        return self.key.session_id
+
+    @property
+    def is_end_marker(self) -> bool:
+        """An empty-text request that only closes the turn: one empty last chunk, no synthesis."""
+        return not self.request["text"].strip()
+
+    def should_stop(self) -> bool:
+        """Polled by the engine between chunks (from the synthesis thread)."""
+        return self.stop_requested
+
+    def request_stop(self, reason: Outcome) -> None:
+        if not self.stop_requested:
+            self.stop_requested = True
+            self.stop_reason = reason
+
+
+class SynthesisScheduler:
+    """Bounded, per-session-ordered, cancel-aware queue of synthesis jobs (single-threaded use:
+    call it from the event loop only; only `SynthesisJob.should_stop` is read from threads)."""
+
+    def __init__(
+        self,
+        max_in_flight: int,
+        cancels: CancelRegistry | None = None,
+        on_settled: Callable[[SynthesisJob, Outcome], None] | None = None,
+        remember_completed: int = 100_000,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.max_in_flight = max_in_flight
+        self.cancels = cancels if cancels is not None else CancelRegistry()
+        self._on_settled = on_settled or (lambda job, outcome: None)
+        self._queues: OrderedDict[str, deque[SynthesisJob]] = OrderedDict()  # round-robin order
+        self._running: dict[str, SynthesisJob] = {}  # session -> its job being synthesized
+        self._active_keys: set[RequestKey] = set()  # queued or running
+        self._completed: OrderedDict[RequestKey, None] = OrderedDict()
+        self._remember_completed = remember_completed
+        self.peak_in_flight = 0  # the most requests ever held at once (the bound, checked)
+
+    # --- sizes -------------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def running(self) -> list[SynthesisJob]:
+        return list(self._running.values())
+
+    @property
+    def in_flight(self) -> int:
+        return self.queue_depth + len(self._running)
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.max_in_flight - self.in_flight)
+
+    # --- intake ------------------------------------------------------------------------------
+    def submit(self, request: dict, *, received_at_us: int | None = None, origin: Hashable | None = None) -> SynthesisJob:
+        """Accept a request. Returns its job; a duplicate or an already-cancelled request is
+        settled at once (and does not take a slot)."""
+        job = SynthesisJob(request, received_at_us if received_at_us is not None else now_us(), origin)
+        if job.key in self._active_keys or job.key in self._completed:
+            self._on_settled(job, Outcome.DUPLICATE)
+            return job
+        if self._is_cancelled(job):
+            self._remember(job.key)
+            self._on_settled(job, Outcome.CANCELLED)
+            return job
+        if self.free_slots == 0:
+            raise SchedulerFull(f"{self.in_flight} requests in flight (max {self.max_in_flight})")
+        self._queues.setdefault(job.session_id, deque()).append(job)
+        self._active_keys.add(job.key)
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        return job
+
+    def next_job(self) -> SynthesisJob | None:
+        """The next job to synthesize: the head of the next session (round-robin) that has no job
+        running. Queued jobs of cancelled turns met on the way are settled as CANCELLED."""
+        for session_id in list(self._queues):
+            if session_id in self._running:
+                continue
+            queue = self._queues[session_id]
+            while queue:
+                job = queue.popleft()
+                if self._is_cancelled(job):
+                    self._settle(job, Outcome.CANCELLED)
+                    continue
+                if not queue:
+                    del self._queues[session_id]
+                else:
+                    self._queues.move_to_end(session_id)  # fairness: other sessions go first next
+                job.started_at_us = now_us()
+                self._running[session_id] = job
+                return job
+            del self._queues[session_id]
+        return None
+
+    def finish(self, job: SynthesisJob, outcome: Outcome | None = None) -> Outcome:
+        """A running job ended. Its outcome is its stop reason if it was asked to stop, else
+        `outcome` (default SPOKEN)."""
+        if self._running.get(job.session_id) is not job:
+            raise ValueError(f"{job.key} is not running")
+        del self._running[job.session_id]
+        final = job.stop_reason if job.stop_requested and job.stop_reason else (outcome or Outcome.SPOKEN)
+        self._settle(job, final)
+        return final
+
+    # --- control -----------------------------------------------------------------------------
+    def apply_control(self, event: dict) -> tuple[list[SynthesisJob], list[SynthesisJob]]:
+        """Apply a ControlEvent. Returns (queued jobs purged, running jobs asked to stop); the
+        purged ones are settled as CANCELLED here, the running ones when they `finish`."""
+        self.cancels.apply(event)
+        session_id = event.get("session_id")
+        purged: list[SynthesisJob] = []
+        queue = self._queues.get(session_id)
+        if queue:
+            keep: deque[SynthesisJob] = deque()
+            for job in queue:
+                (purged if self._is_cancelled(job) else keep).append(job)
+            if keep:
+                self._queues[session_id] = keep
+            else:
+                del self._queues[session_id]
+            for job in purged:
+                self._settle(job, Outcome.CANCELLED)
+        stopped: list[SynthesisJob] = []
+        running = self._running.get(session_id)
+        if running is not None and self._is_cancelled(running):
+            running.request_stop(Outcome.STOPPED)
+            stopped.append(running)
+        return purged, stopped
+
+    def drop_queued(self, predicate: Callable[[SynthesisJob], bool]) -> list[SynthesisJob]:
+        """Forget queued jobs matching `predicate`, settled DROPPED (not committed: another worker
+        redoes them). Used when partitions are revoked; running jobs are the shell's to stop."""
+        dropped: list[SynthesisJob] = []
+        for session_id in list(self._queues):
+            queue = self._queues[session_id]
+            keep = deque(j for j in queue if not predicate(j))
+            dropped.extend(j for j in queue if predicate(j))
+            if keep:
+                self._queues[session_id] = keep
+            else:
+                del self._queues[session_id]
+        for job in dropped:
+            self._active_keys.discard(job.key)
+            self._on_settled(job, Outcome.DROPPED)
+        return dropped
+
+    def is_cancelled(self, job: SynthesisJob) -> bool:
+        return self._is_cancelled(job)
+
+    # --- internals ---------------------------------------------------------------------------
+    def _is_cancelled(self, job: SynthesisJob) -> bool:
+        r = job.request
+        # the turn's first token time stands in for when the turn started (session-wide cancels
+        # cover the turns that started before the cancel was issued)
+        return self.cancels.is_cancelled(r["session_id"], r["turn_id"], r.get("first_token_at_us") or None)
+
+    def _settle(self, job: SynthesisJob, outcome: Outcome) -> None:
+        self._active_keys.discard(job.key)
+        if outcome is not Outcome.DROPPED:
+            self._remember(job.key)
+        self._on_settled(job, outcome)
+
+    def _remember(self, key: RequestKey) -> None:
+        self._completed[key] = None
+        self._completed.move_to_end(key)
+        while len(self._completed) > self._remember_completed:
+            self._completed.popitem(last=False)
+
+
+class OffsetTracker:
+    """Per-partition commit watermark over records settled out of order.
+
+    `track` every record fetched (in offset order per partition), `settle` it when done; `settle`
+    returns the offset to commit (last contiguous settled offset + 1) when it advanced."""
+
+    def __init__(self) -> None:
+        self._pending: dict[Hashable, OrderedDict[int, bool]] = {}
+
+    def track(self, partition: Hashable, offset: int) -> None:
+        self._pending.setdefault(partition, OrderedDict())[offset] = False
+
+    def settle(self, partition: Hashable, offset: int) -> int | None:
+        pending = self._pending.get(partition)
+        if pending is None or offset not in pending:
+            return None  # partition forgotten (revoked) meanwhile
+        pending[offset] = True
+        advanced: int | None = None
+        while pending:
+            first, done = next(iter(pending.items()))
+            if not done:
+                break
+            pending.popitem(last=False)
+            advanced = first + 1
+        return advanced
+
+    def forget(self, partitions: Iterable[Hashable]) -> None:
+        for p in partitions:
+            self._pending.pop(p, None)
+
+    def unsettled(self, partition: Hashable) -> int:
+        return sum(1 for done in self._pending.get(partition, {}).values() if not done)
+
+
+class ChunkAssembler:
+    """Cuts the PCM16 stream of one request into AudioChunk dicts of `chunk_ms`.
+
+    One full chunk is held back until more audio (or the end) arrives, so the last chunk of the
+    sentence can carry ``is_last_chunk``; the engine produces a segment's audio at once, so the
+    hold-back rarely delays anything. A remainder shorter than a quarter chunk is appended to the
+    last chunk instead of going out as a tiny chunk of its own."""
+
+    def __init__(self, job: SynthesisJob, *, chunk_ms: int, sample_rate: int, worker_id: str = "") -> None:
+        if chunk_ms <= 0:
+            raise ValueError("chunk_ms must be positive")
+        self.job = job
+        self.sample_rate = sample_rate
+        self.worker_id = worker_id
+        self.chunk_bytes = max(1, sample_rate * chunk_ms // 1000) * BYTES_PER_SAMPLE
+        self.synthesis_started_at_us = now_us()
+        self._buffer = bytearray()
+        self._held: tuple[bytes, int] | None = None  # (pcm, audio_ready_at_us)
+        self._next_seq = 0
+        self.finished = False
+
+    def feed(self, pcm: bytes) -> list[dict]:
+        """Add engine output; returns the chunks now ready to publish, in order."""
+        if self.finished:
+            raise RuntimeError("feed after finish")
+        ready_at = now_us()
+        self._buffer += pcm
+        out: list[dict] = []
+        while len(self._buffer) >= self.chunk_bytes:
+            piece = bytes(self._buffer[: self.chunk_bytes])
+            del self._buffer[: self.chunk_bytes]
+            if self._held is not None:
+                out.append(self._build(*self._held, last=False))
+            self._held = (piece, ready_at)
+        return out
+
+    def finish(self) -> list[dict]:
+        """The end of the sentence: the remaining chunk(s), the last flagged. A sentence with no
+        audio at all (an end-of-turn marker) yields one empty last chunk."""
+        if self.finished:
+            return []
+        self.finished = True
+        ready_at = now_us()
+        rest = bytes(self._buffer[: len(self._buffer) - len(self._buffer) % BYTES_PER_SAMPLE])
+        self._buffer.clear()
+        out: list[dict] = []
+        if self._held is None:
+            return [self._build(rest, ready_at, last=True)]
+        held_pcm, held_at = self._held
+        self._held = None
+        if len(rest) < self.chunk_bytes // 4:
+            return [self._build(held_pcm + rest, held_at, last=True)]
+        out.append(self._build(held_pcm, held_at, last=False))
+        out.append(self._build(rest, ready_at, last=True))
+        return out
+
+    def _build(self, pcm: bytes, ready_at_us: int, *, last: bool) -> dict:
+        r = self.job.request
+        chunk = {
+            "session_id": r["session_id"],
+            "turn_id": r["turn_id"],
+            "sentence_seq": int(r["sentence_seq"]),
+            "chunk_seq": self._next_seq,
+            "is_last_chunk": last,
+            "is_last_in_turn": bool(last and r.get("is_last_in_turn", False)),
+            "sample_rate": self.sample_rate,
+            "encoding": "PCM16LE",
+            "pcm": pcm,
+            "worker_id": self.worker_id,
+            "first_token_at_us": int(r.get("first_token_at_us", 0)),
+            "text_complete_at_us": int(r.get("text_complete_at_us", 0)),
+            "released_at_us": int(r.get("released_at_us", 0)),
+            "request_received_at_us": self.job.received_at_us,
+            "synthesis_started_at_us": self.synthesis_started_at_us,
+            "audio_ready_at_us": ready_at_us,
+            "published_at_us": 0,  # stamped by the shell just before sending
+        }
+        self._next_seq += 1
+        return chunk
+
+
+def chunk_duration_ms(chunk: dict) -> float:
+    return len(chunk["pcm"]) / BYTES_PER_SAMPLE / chunk["sample_rate"] * 1000.0
+
+
+def synthesis_args(job: SynthesisJob) -> dict[str, Any]:
+    """The engine `stream` keyword arguments of a job's request."""
+    r = job.request
+    return {"text": r["text"], "language": r["language"], "voice": r["voice"], "speed": float(r.get("speed") or 1.0)}

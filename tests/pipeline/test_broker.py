@@ -1,0 +1,114 @@
+"""The local broker: start/status/stop of a real Kafka, across processes, leaving no process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.broker import BrokerError, LocalKafka, broker_answers, ensure_local_kafka, free_port, parse_bootstrap
+from pipeline.settings import Settings
+
+
+def _kafka_pids_for(data_dir: Path) -> list[int]:
+    """Every live process whose command line runs kafka.Kafka from `data_dir`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if b"kafka.Kafka" in cmdline and str(data_dir).encode() in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_parse_bootstrap_takes_the_first_address():
+    assert parse_bootstrap("127.0.0.1:9092,other:1") == ("127.0.0.1", 9092)
+    assert parse_bootstrap("kafka://localhost:19092") == ("localhost", 19092)
+
+
+def test_broker_answers_is_false_on_a_closed_port():
+    assert broker_answers("127.0.0.1", free_port(), timeout=0.3) is False
+
+
+def test_server_properties_are_kraft_single_node_on_loopback(tmp_path):
+    broker = LocalKafka(tmp_path, tmp_path / "jars", port=1234, controller_port=1235)
+    props = broker.server_properties()
+    assert props["process.roles"] == "broker,controller"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:1234,CONTROLLER://127.0.0.1:1235"
+    assert props["group.initial.rebalance.delay.ms"] == "0"
+    assert props["offsets.topic.replication.factor"] == "1"
+
+
+@pytest.mark.kafka
+def test_session_broker_answers(kafka_broker):
+    assert broker_answers(*parse_bootstrap(kafka_broker.bootstrap))
+    assert kafka_broker.status().answering
+
+
+@pytest.mark.kafka
+def test_ensure_local_kafka_uses_a_broker_that_already_answers(make_settings, kafka_broker):
+    settings = make_settings()
+    with ensure_local_kafka(settings) as live:
+        assert live == settings
+    assert kafka_broker.status().answering  # not stopped: it was not ours to stop
+
+
+@pytest.mark.kafka
+def test_a_second_broker_on_a_taken_port_is_refused(kafka_broker, tmp_path):
+    other = LocalKafka(tmp_path, kafka_broker.jars, port=kafka_broker.port, controller_port=free_port())
+    with pytest.raises(BrokerError, match="already answers"):
+        other.start(timeout=5)
+    assert other.stop() is False  # nothing of its own to stop
+    assert kafka_broker.status().answering
+
+
+@pytest.mark.kafka
+def test_cli_start_status_stop_across_processes_leaves_no_process(kafka_broker, tmp_path):
+    # `kafka_broker` guarantees the jars are fetched; this test runs a second broker via the CLI.
+    shared = Settings.from_env()
+    port, controller_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "VOICEBUS_CACHE_DIR": str(tmp_path),
+        "VOICEBUS_KAFKA_PORT": str(port),
+        "VOICEBUS_KAFKA_CONTROLLER_PORT": str(controller_port),
+        "VOICEBUS_KAFKA_VERSION": shared.kafka_version,
+    }
+    # share the already-fetched jars instead of fetching again into tmp_path
+    (tmp_path / "kafka" / "jars").mkdir(parents=True)
+    (tmp_path / "kafka" / "jars" / shared.kafka_version).symlink_to(kafka_broker.jars)
+    data_dir = tmp_path / "kafka" / f"node-{port}"
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", "kafka", *args], env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    try:
+        started = cli("start")
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip().splitlines()[-1] == f"127.0.0.1:{port}"
+        assert broker_answers("127.0.0.1", port)
+        assert len(_kafka_pids_for(data_dir)) == 1
+
+        status = cli("status")
+        assert status.returncode == 0 and "answering" in status.stdout
+
+        stopped = cli("stop")
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout
+        assert _kafka_pids_for(data_dir) == []
+        assert not broker_answers("127.0.0.1", port, timeout=0.3)
+
+        after = cli("status")
+        assert after.returncode == 1 and "not running" in after.stdout
+        assert cli("stop").stdout.strip() == "not running"
+    finally:
+        for pid in _kafka_pids_for(data_dir):  # only if an assertion failed mid-way
+            os.kill(pid, 9)

@@ -1,0 +1,217 @@
+"""The bus through the real broker: round trips, per-key order, consumer groups, dead-lettering."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from pipeline.bus import decoded_records, ensure_topics, make_consumer, make_producer, publish
+from pipeline.codecs import MAGIC, Codec
+from pipeline.topics import fixed_topics, session_key, text_topic, text_topic_pattern
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
+
+
+def text_event(session: str, seq: int, text: str = "hi", turn: str = "t1") -> dict:
+    return {
+        "session_id": session, "turn_id": turn, "agent_id": "a1", "seq": seq, "kind": "TOKEN",
+        "text": text, "claim_id": None, "language": None, "voice": None, "produced_at_us": 1_700_000_000_000_000 + seq,
+    }
+
+
+async def consume_n(consumer: AIOKafkaConsumer, n: int, timeout: float = 60.0) -> list:
+    records = []
+
+    async def take() -> None:
+        while len(records) < n:
+            batch = await consumer.getmany(timeout_ms=500)
+            for recs in batch.values():
+                records.extend(recs)
+
+    await asyncio.wait_for(take(), timeout)
+    return records
+
+
+async def test_ensure_topics_is_idempotent_and_uses_configured_partitions(make_settings):
+    settings = make_settings(partitions=3)
+    await ensure_topics(settings)
+    await ensure_topics(settings)  # second call: nothing to create, no error
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(fixed_topics(settings))
+    finally:
+        await admin.close()
+    assert {t["topic"]: len(t["partitions"]) for t in described} == {n: 3 for n in fixed_topics(settings)}
+
+
+async def test_content_and_per_key_order_survive_the_round_trip(make_settings):
+    settings = make_settings(partitions=4)
+    codec = Codec()
+    topic = text_topic(settings, "a1")
+    await ensure_topics(settings, [topic])
+    sessions = [f"s{i}" for i in range(6)]
+    sent = {s: [text_event(s, seq, text=f"{s} token {seq} é✓") for seq in range(25)] for s in sessions}
+
+    async with make_producer(settings) as producer:
+        # interleave sessions so order per key is the property under test, not send order overall
+        for seq in range(25):
+            for s in sessions:
+                await publish(producer, codec, topic, "TextEvent", sent[s][seq])
+
+    consumer = make_consumer(settings, topic, group_id=f"{settings.gate_app_id}-reader")
+    await consumer.start()
+    try:
+        records = await consume_n(consumer, 25 * len(sessions))
+    finally:
+        await consumer.stop()
+
+    received: dict[str, list[dict]] = {s: [] for s in sessions}
+    partition_of: dict[str, set[int]] = {s: set() for s in sessions}
+    for rec in sorted(records, key=lambda r: (r.partition, r.offset)):
+        value = codec.decode(rec.value, expect="TextEvent").value
+        assert rec.key == session_key(value["session_id"])
+        received[value["session_id"]].append(value)
+        partition_of[value["session_id"]].add(rec.partition)
+    for s in sessions:
+        assert received[s] == sent[s]  # same content, same order
+        assert len(partition_of[s]) == 1  # one session, one partition
+    assert len(set().union(*partition_of.values())) > 1  # sessions did spread over partitions
+
+
+async def test_two_consumers_in_a_group_split_partitions_and_one_takes_over(make_settings):
+    settings = make_settings()
+    topic = settings.synthesis_topic
+    await ensure_topics(settings, [topic], partitions=4)
+    group = f"{settings.gate_app_id}-workers"
+    all_partitions = {TopicPartition(topic, p) for p in range(4)}
+
+    first = make_consumer(settings, topic, group_id=group, session_timeout_ms=10_000, heartbeat_interval_ms=500)
+    second = make_consumer(settings, topic, group_id=group, session_timeout_ms=10_000, heartbeat_interval_ms=500)
+
+    async def until(predicate, timeout: float = 60.0) -> None:
+        async def poll() -> None:
+            while not predicate():
+                # getmany drives the group protocol (joins, heartbeats, rebalances)
+                await asyncio.gather(*(c.getmany(timeout_ms=100) for c in active))
+
+        await asyncio.wait_for(poll(), timeout)
+
+    await first.start()
+    await second.start()
+    active = [first, second]
+    try:
+        await until(lambda: first.assignment() and second.assignment()
+                    and first.assignment() | second.assignment() == all_partitions)
+        assert not first.assignment() & second.assignment()  # a split, no partition twice
+
+        codec = Codec()
+        async with make_producer(settings) as producer:
+            await first.stop()  # leaves the group; the survivor must take over its partitions
+            active = [second]
+            await until(lambda: second.assignment() == all_partitions)
+            for i in range(20):
+                await publish(producer, codec, topic, "SynthesisRequest", synthesis_request(f"s{i}", i))
+        got = await consume_n(second, 20)
+        assert sorted(codec.decode(r.value).value["sentence_seq"] for r in got) == list(range(20))
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+def synthesis_request(session: str, seq: int) -> dict:
+    return {
+        "session_id": session, "turn_id": "t1", "agent_id": "a1", "sentence_seq": seq,
+        "text": f"Sentence {seq}.", "language": "en", "voice": "af_heart", "speed": 1.0,
+        "is_last_in_turn": False, "first_token_at_us": 1, "text_complete_at_us": 2, "released_at_us": 3,
+    }
+
+
+async def test_malformed_records_are_dead_lettered_while_good_ones_flow(make_settings):
+    settings = make_settings(max_text_bytes=64)
+    codec = Codec(max_text_bytes=64)
+    topic = text_topic(settings, "a1")
+    await ensure_topics(settings, [topic, settings.deadletter_topic], partitions=1)
+
+    good = codec.encode("TextEvent", text_event("s1", 0, "fine"))
+    header = MAGIC + codec.fingerprint_of("TextEvent")
+    # invalid UTF-8: a well-formed record whose text bytes are not UTF-8 (same length as "fine")
+    invalid_utf8 = good.replace(b"fine", b"\xff\xfe\xfd\xfc")
+    oversized = Codec(max_text_bytes=10_000).encode("TextEvent", text_event("s1", 2, "x" * 100))
+    bad = {
+        "malformed": b"this is not avro",
+        "unknown-fingerprint": MAGIC + b"\x01" * 8 + good[len(header):],
+        "invalid-utf8": invalid_utf8,
+        "oversized-text": oversized,
+    }
+    assert invalid_utf8 != good
+
+    async with make_producer(settings) as producer:
+        await producer.send_and_wait(topic, good, key=b"s1")
+        for reason, payload in bad.items():
+            await producer.send_and_wait(topic, payload, key=b"s1")
+        await producer.send_and_wait(topic, codec.encode("TextEvent", text_event("s1", 5, "still flowing")), key=b"s1")
+
+        consumer = make_consumer(settings, topic, group_id=f"{settings.gate_app_id}-dl")
+        await consumer.start()
+        seen = []
+        try:
+            async def read_good() -> None:
+                async for rec in decoded_records(consumer, producer, settings, codec, expect="TextEvent"):
+                    seen.append(rec.message.value["text"])
+                    if len(seen) == 2:
+                        return
+
+            await asyncio.wait_for(read_good(), 60)
+        finally:
+            await consumer.stop()
+    assert seen == ["fine", "still flowing"]
+
+    dl = make_consumer(settings, settings.deadletter_topic, group_id=f"{settings.gate_app_id}-dlr")
+    await dl.start()
+    try:
+        letters = await consume_n(dl, len(bad))
+    finally:
+        await dl.stop()
+    by_reason = {}
+    for rec in letters:
+        headers = {k: v.decode() for k, v in rec.headers}
+        assert headers["voicebus.source.topic"] == topic
+        assert headers["voicebus.error.message"]
+        by_reason[headers["voicebus.error.reason"]] = rec
+    assert set(by_reason) == set(bad)
+    for reason, payload in bad.items():
+        assert by_reason[reason].value == payload  # the original bytes, unchanged
+        assert by_reason[reason].key == b"s1"
+
+
+async def test_pattern_subscription_sees_a_new_agent_topic(make_settings):
+    """aiokafka's pattern subscription (what faust's own `pattern=` lacks) works on this broker."""
+    settings = make_settings()
+    codec = Codec()
+    consumer = make_consumer(settings, group_id=f"{settings.gate_app_id}-pattern", metadata_max_age_ms=500)
+    consumer.subscribe(pattern=text_topic_pattern(settings))
+    await consumer.start()
+    try:
+        topics = [text_topic(settings, "alpha"), text_topic(settings, "beta")]
+        await ensure_topics(settings, topics, partitions=1)
+        async with make_producer(settings) as producer:
+            for i, topic in enumerate(topics):
+                await publish(producer, codec, topic, "TextEvent", text_event(f"s{i}", 0, topic))
+
+        async def both() -> set[str]:
+            got: set[str] = set()
+            while len(got) < 2:
+                batch = await consumer.getmany(timeout_ms=200)
+                for recs in batch.values():
+                    got.update(codec.decode(r.value).value["text"] for r in recs)
+            return got
+
+        assert await asyncio.wait_for(both(), 60) == set(topics)
+        assert all(re.match(text_topic_pattern(settings), t) for t in topics)
+    finally:
+        await consumer.stop()

@@ -1,0 +1,234 @@
+"""The codec: Avro single-object encoding that other Avro implementations read, schema evolution
+both ways, and a typed error for every kind of bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import avro.io
+import avro.schema
+import pytest
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+import schemas
+from pipeline.codecs import (
+    HEADER_LEN,
+    MAGIC,
+    Codec,
+    CodecError,
+    InvalidText,
+    MalformedRecord,
+    OversizedText,
+    UnknownFingerprint,
+    WrongMessageType,
+)
+
+CODEC = Codec()
+TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc").read_text())
+
+
+# --- values from a schema ------------------------------------------------------------------------
+
+
+def values_of(schema) -> st.SearchStrategy:
+    """A hypothesis strategy for Python values of an Avro schema (the subset our schemas use)."""
+    if isinstance(schema, list):  # union
+        return st.one_of(*(values_of(s) for s in schema))
+    if isinstance(schema, str):
+        return {
+            "null": st.none(),
+            "boolean": st.booleans(),
+            "int": st.integers(-(2**31), 2**31 - 1),
+            "long": st.integers(-(2**63), 2**63 - 1),
+            "float": st.floats(width=32, allow_nan=False),
+            "double": st.floats(allow_nan=False),
+            "string": st.text(max_size=40),
+            "bytes": st.binary(max_size=64),
+        }[schema]
+    kind = schema["type"]
+    if kind == "record":
+        return st.fixed_dictionaries({f["name"]: values_of(f["type"]) for f in schema["fields"]})
+    if kind == "enum":
+        return st.sampled_from(schema["symbols"])
+    if kind == "array":
+        return st.lists(values_of(schema["items"]), max_size=4)
+    if kind == "map":
+        return st.dictionaries(st.text(max_size=8), values_of(schema["values"]), max_size=4)
+    return values_of(kind)
+
+
+def crc64_avro(data: bytes) -> int:
+    """CRC-64-AVRO as the Avro specification writes it (an independent check of fingerprints)."""
+    empty = 0xC15D213AA4D7A795
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty if fp & 1 else 0)
+        table.append(fp)
+    fp = empty
+    for b in data:
+        fp = (fp >> 8) ^ table[(fp ^ b) & 0xFF]
+    return fp
+
+
+# --- round trips and the Apache avro package -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(schemas.CURRENT))
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_schema_round_trips(name, data):
+    value = data.draw(values_of(schemas.load(name)))
+    decoded = CODEC.decode(CODEC.encode(name, value), expect=name)
+    assert decoded.type == name and not decoded.older_writer
+    assert decoded.value == value  # floats are drawn at their schema's width, so exact
+
+
+@pytest.mark.parametrize("name", sorted(schemas.CURRENT))
+@hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_apache_avro_reads_our_bytes(name, data):
+    raw = schemas.load(name)
+    apache_schema = avro.schema.parse(json.dumps(raw))
+    value = data.draw(values_of(raw))
+    encoded = CODEC.encode(name, value)
+
+    assert encoded[:2] == b"\xc3\x01"  # the single-object marker
+    # the fingerprint is Apache avro's CRC-64-AVRO of the canonical form, and the spec's algorithm's,
+    # written little-endian
+    assert encoded[2:HEADER_LEN] == apache_schema.fingerprint("CRC-64-AVRO")
+    canonical = apache_schema.canonical_form.encode()
+    assert encoded[2:HEADER_LEN] == struct.pack("<Q", crc64_avro(canonical))
+
+    reader = avro.io.DatumReader(apache_schema)
+    body = io.BytesIO(encoded[HEADER_LEN:])
+    read = reader.read(avro.io.BinaryDecoder(body))
+    assert body.tell() == len(encoded) - HEADER_LEN
+    assert read == value
+
+
+# --- schema evolution ------------------------------------------------------------------------------
+
+
+def v0_text_event() -> dict:
+    return {"session_id": "s1", "turn_id": "t1", "agent_id": "a1", "seq": 3, "kind": "TOKEN",
+            "text": "old", "claim_id": None, "produced_at_us": 42}
+
+
+def test_history_holds_an_older_text_event_with_a_different_fingerprint():
+    assert {f["name"] for f in schemas.load("TextEvent")["fields"]} - {f["name"] for f in TEXT_EVENT_V0["fields"]} == {
+        "language", "voice"}
+    assert TEXT_EVENT_V0 in schemas.load_history()
+
+
+def test_new_reader_decodes_an_old_record_by_fingerprint():
+    # write the way an old producer did, with Apache avro (no voicebus code involved)
+    apache_v0 = avro.schema.parse(json.dumps(TEXT_EVENT_V0))
+    buf = io.BytesIO()
+    buf.write(MAGIC + apache_v0.fingerprint("CRC-64-AVRO"))
+    avro.io.DatumWriter(apache_v0).write(v0_text_event(), avro.io.BinaryEncoder(buf))
+
+    decoded = CODEC.decode(buf.getvalue(), expect="TextEvent")
+    assert decoded.older_writer
+    assert decoded.fingerprint != CODEC.fingerprint_of("TextEvent")
+    assert decoded.value == {**v0_text_event(), "language": None, "voice": None}  # defaults filled in
+
+
+def test_old_reader_reads_a_new_record():
+    new = {**v0_text_event(), "language": "en", "voice": "af_heart"}
+    encoded = CODEC.encode("TextEvent", new)
+    # an old consumer: fastavro with the v0 schema as its reader schema
+    old_view = schemaless_reader(
+        io.BytesIO(encoded[HEADER_LEN:]), parse_schema(schemas.load("TextEvent")), parse_schema(TEXT_EVENT_V0)
+    )
+    assert old_view == v0_text_event()
+    # and Apache avro with the v0 reader schema
+    reader = avro.io.DatumReader(avro.schema.parse(json.dumps(schemas.load("TextEvent"))),
+                                 avro.schema.parse(json.dumps(TEXT_EVENT_V0)))
+    assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == v0_text_event()
+
+
+def test_a_codec_without_history_refuses_old_records():
+    buf = io.BytesIO()
+    old = parse_schema(TEXT_EVENT_V0)
+    buf.write(MAGIC + avro.schema.parse(json.dumps(TEXT_EVENT_V0)).fingerprint("CRC-64-AVRO"))
+    schemaless_writer(buf, old, v0_text_event())
+    with pytest.raises(UnknownFingerprint):
+        Codec(history=[]).decode(buf.getvalue())
+
+
+# --- bad input: each typed error -------------------------------------------------------------------
+
+
+def good_text_event(text: str = "hello") -> bytes:
+    return CODEC.encode("TextEvent", {**v0_text_event(), "text": text, "language": None, "voice": None})
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc3", b"not avro at all", b"\xc3\x02" + b"\x00" * 12])
+def test_garbage_is_malformed(data):
+    with pytest.raises(MalformedRecord, match="not Avro single-object encoding"):
+        CODEC.decode(data)
+
+
+def test_a_truncated_body_is_malformed():
+    with pytest.raises(MalformedRecord, match="TextEvent"):
+        CODEC.decode(good_text_event()[:-5])
+
+
+def test_trailing_bytes_are_malformed():
+    with pytest.raises(MalformedRecord, match="trailing"):
+        CODEC.decode(good_text_event() + b"\x00")
+
+
+def test_unknown_fingerprint():
+    data = good_text_event()
+    with pytest.raises(UnknownFingerprint, match="fingerprint"):
+        CODEC.decode(MAGIC + b"\x00" * 8 + data[HEADER_LEN:])
+
+
+def test_invalid_utf8_is_invalid_text():
+    data = good_text_event("hello").replace(b"hello", b"hel\xffo")
+    with pytest.raises(InvalidText, match="UTF-8"):
+        CODEC.decode(data)
+
+
+def test_oversized_text_on_decode_and_on_encode():
+    small = Codec(max_text_bytes=8)
+    with pytest.raises(OversizedText, match="limit 8"):
+        small.decode(good_text_event("nine bytes"))
+    with pytest.raises(OversizedText):
+        small.encode("TextEvent", {**v0_text_event(), "text": "é" * 5})  # 10 UTF-8 bytes
+
+
+def test_wrong_message_type():
+    with pytest.raises(WrongMessageType, match="expected ControlEvent, got TextEvent"):
+        CODEC.decode(good_text_event(), expect="ControlEvent")
+    with pytest.raises(WrongMessageType):
+        CODEC.encode("NoSuchEvent", {})
+
+
+def test_a_value_that_does_not_fit_its_schema_is_malformed_on_encode():
+    with pytest.raises(MalformedRecord, match="cannot encode TextEvent"):
+        CODEC.encode("TextEvent", {"session_id": "s1"})
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.binary(max_size=120))
+def test_any_bytes_decode_or_raise_a_codec_error(data):
+    try:
+        CODEC.decode(data)
+    except CodecError as exc:
+        assert exc.reason and str(exc)
+
+
+@hsettings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=60))
+def test_any_body_after_a_known_header_decodes_or_raises_a_codec_error(body):
+    try:
+        CODEC.decode(MAGIC + CODEC.fingerprint_of("TextEvent") + body)
+    except CodecError as exc:
+        assert exc.reason

@@ -1,0 +1,81 @@
+"""docker-compose.yml stays valid (Debian's docker-compose validates it without an engine) and in
+step with the local setup: the same VOICEBUS_* variables, topic names and Kafka version."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.settings import ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+VOICEBUS_SERVICES = {"gate": "gate", "worker": "worker", "edge": "edge"}
+
+
+def resolved_compose() -> dict:
+    docker_compose = shutil.which("docker-compose")
+    assert docker_compose, "docker-compose is not installed (make system-deps installs Debian's package)"
+    proc = subprocess.run([docker_compose, "-f", str(COMPOSE), "config"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
+
+
+def test_compose_file_validates():
+    proc = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_unknown_option_fails_validation(tmp_path):
+    """The check above can fail: docker-compose rejects what it does not know."""
+    bad = tmp_path / "docker-compose.yml"
+    bad.write_text(COMPOSE.read_text().replace("    hostname: kafka\n", "    hostname: kafka\n    no_such_option: 1\n"))
+    proc = subprocess.run(["docker-compose", "-f", str(bad), "config", "-q"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "no_such_option" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return resolved_compose()
+
+
+def test_every_voicebus_env_var_is_a_settings_field(compose):
+    fields = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
+    used = set()
+    for name, service in compose["services"].items():
+        for var in service.get("environment", {}):
+            if var.startswith(ENV_PREFIX):
+                used.add(var)
+                assert var in fields, f"{name}: {var} is not a Settings field"
+    assert "VOICEBUS_BOOTSTRAP" in used
+
+
+def test_services_parse_into_settings_with_the_default_topic_names(compose):
+    defaults = Settings()
+    for name, command in VOICEBUS_SERVICES.items():
+        service = compose["services"][name]
+        assert service["command"] == ["voicebus", command]
+        settings = Settings.from_env({k: str(v) for k, v in service["environment"].items()})
+        assert settings.bootstrap == "kafka:9092"
+        for topic_field in ("text_topic_prefix", "control_topic", "synthesis_topic", "audio_topic",
+                            "playback_topic", "deadletter_topic", "gate_app_id", "gate_changelog_topic"):
+            assert getattr(settings, topic_field) == getattr(defaults, topic_field), topic_field
+
+
+def test_kafka_is_the_official_image_at_our_version_in_kraft_mode(compose):
+    kafka = compose["services"]["kafka"]
+    assert kafka["image"] == f"apache/kafka:{Settings().kafka_version}"
+    assert kafka["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert kafka["environment"]["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"] == "0"
+
+
+def test_worker_reserves_an_nvidia_gpu(compose):
+    devices = compose["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
