@@ -100,6 +100,10 @@ class ClientChannel:
         if len(self.outbox) >= self.max_frames:  # nothing left to skip: only control frames wait
             self.close(protocol.CLOSE_TOO_SLOW, f"client outbox full ({self.max_frames} frames)")
             return
+        if not self.outbox:
+            # The stall clock runs only while frames wait: an idle client (nothing to send for
+            # a while, e.g. between turns) has made no progress because none was possible.
+            self.last_progress = time.monotonic()
         if front:
             self.outbox.appendleft(frame)
         else:
