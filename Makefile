@@ -8,10 +8,13 @@ STAMP := $(VENV)/.voicebus-installed
 
 setup: system-deps venv kafka-jars weights
 
-# Debian's chromium (the browser tests drive it headless) and docker-compose (validates
-# docker-compose.yml without an engine). Installed only where missing; needs root or sudo.
+# Java and Maven (the local Kafka broker and its jars), Debian's chromium (the browser tests
+# drive it headless) and docker-compose (validates docker-compose.yml without an engine).
+# Installed only where missing; needs root or sudo.
 system-deps:
 	@missing=""; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
+	command -v mvn >/dev/null 2>&1 || missing="$$missing maven"; \
 	for p in chromium chromium-driver docker-compose; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \

@@ -19,6 +19,7 @@ from pipeline.settings import Settings
 
 DEFAULT_CONVERSATIONS = ["support", "rag_slow_retrieval", "markdown_long", "spanish", "portuguese", "interrupted"]
 TABLE_STAGES = ["sentence complete", "released", "synthesis start", "first audio", "published", "sent", "received"]
+HEADERS = ["text done", "released", "synth start", "first audio", "published", "edge sent", "TTFA"]
 
 
 def register(subparsers) -> None:
@@ -37,7 +38,7 @@ def register(subparsers) -> None:
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
-    console = Console()
+    console = Console(width=max(120, Console().width))
     return asyncio.run(_demo(args, settings, console))
 
 
@@ -75,10 +76,9 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     table = Table(title="first audio of each turn: ms after the turn's first token")
     table.add_column("conversation / turn")
-    for stage in TABLE_STAGES:
-        table.add_column(stage, justify="right")
+    for header in HEADERS:
+        table.add_column(header, justify="right")
     table.add_column("audio s", justify="right")
-    table.add_column("WAV")
     failures = 0
     with console.status("starting the pipeline") as status:
         stack = PipelineStack(settings, engine)
@@ -109,14 +109,16 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
                             failures += 1
                             console.print(f"[red]{name}/{turn_id}: turn did not end within {args.turn_timeout:g} s")
                     if turn is None or not turn.frames:
-                        table.add_row(f"{name}/{turn_id}", *["-"] * len(TABLE_STAGES), "0", "cancelled before audio" if cancelled else "no audio")
+                        table.add_row(f"{name}/{turn_id}" + (" (cancelled before audio)" if cancelled else " (no audio)"),
+                                      *["-"] * len(TABLE_STAGES), "0")
                         continue
                     wav = turn.write_wav(args.out / name / f"{turn_id}.wav")
                     timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()), None)
                     stages = first_audio_stages(timeline, turn.first_audio_at_us) if timeline else {}
                     label = f"{name}/{turn_id}" + (" (cancelled)" if turn.stopped else "")
                     table.add_row(label, *[f"{stages[s]:.0f}" if s in stages else "-" for s in TABLE_STAGES],
-                                  f"{turn.duration_s:.1f}", str(wav))
+                                  f"{turn.duration_s:.1f}")
+                    console.log(f"wrote {wav} ({turn.duration_s:.1f} s)")
             finally:
                 for listener in listeners.values():
                     await listener.stop()
