@@ -1,0 +1,429 @@
+"""The gate's pure core: one session's token events in, synthesis requests out.
+
+`GateSession` combines, per turn, the streaming segmenter (`pipeline.gate.segmenter`), evidence
+gating (`pipeline.gate.evidence`) and cancellation. It takes decoded `TextEvent` and
+`ControlEvent` dicts and returns `SynthesisRequest` dicts; time comes in as explicit ``now_us``
+arguments, so the core runs the same in tests, in the faust worker and in replays. Its whole state
+is a JSON-serialisable dict (`to_state` / `from_state`): the faust worker keeps it in a Table.
+
+Decisions (docs/gate.md says more):
+- Idempotence: every event carries (agent, turn, seq); an event whose seq is not above the
+  highest already applied for its (agent, turn) is ignored, so a re-delivered event repeats
+  nothing. sentence_seq is assigned in release order, so a replay gives the same numbering.
+- End of turn: the last request of a turn has ``is_last_in_turn``. When every sentence was already
+  released before END_OF_TURN (or the tail was dropped), the gate sends an empty-text request with
+  ``is_last_in_turn`` so downstream always learns that the turn ended.
+- A failed claim (or one dropped by the hold-timeout policy) is replaced by one short spoken notice
+  in the turn's language (`FAILURE_NOTICES`), at the place of its first dropped sentence.
+- Cancel (one turn, or every turn of the session started before it) drops buffered and held text
+  and every sentence not yet released; later events of a cancelled turn are ignored.
+- ``gate_mode = buffered`` (a baseline for benchmarks): the same rules, but a turn's released
+  sentences are joined into one request, sent at the end of the turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from pipeline.gate.evidence import (
+    FAILED,
+    HOLD_TIMEOUT_POLICIES,
+    READY,
+    Dropped,
+    EarlyResolutions,
+    EvidenceGate,
+)
+from pipeline.settings import Settings, SettingsError
+
+log = logging.getLogger(__name__)
+
+# Language as agents write it (ISO or Kokoro code) -> Kokoro language code.
+KOKORO_LANGUAGE = {
+    "en": "a", "en-us": "a", "en_us": "a", "en-gb": "b", "en_gb": "b",
+    "es": "e", "pt": "p", "pt-br": "p", "pt_br": "p",
+    "a": "a", "b": "b", "e": "e", "p": "p", "f": "f", "h": "h", "i": "i", "j": "j", "z": "z",
+}
+# Kokoro language code -> the segmenter's language (its rules cover en, es and pt).
+SEGMENTER_LANGUAGE = {"a": "en", "b": "en", "e": "es", "p": "pt"}
+# A voice of the language when the event names none and the configured default is of another.
+DEFAULT_VOICES = {"a": "af_heart", "b": "bf_emma", "e": "ef_dora", "p": "pf_dora", "f": "ff_siwis",
+                  "h": "hf_alpha", "i": "if_sara", "j": "jf_alpha", "z": "zf_xiaobei"}
+# What the listener hears in place of a claim whose evidence failed or was dropped on timeout.
+FAILURE_NOTICES = {"en": "I couldn't confirm that.", "es": "No pude confirmarlo.",
+                   "pt": "Não consegui confirmar isso."}
+
+GATE_MODE_INCREMENTAL = "incremental"  # each sentence goes out when released (the point of voicebus)
+GATE_MODE_BUFFERED = "buffered"  # one request per turn at its end (the baseline voicebus replaces)
+GATE_MODES = (GATE_MODE_INCREMENTAL, GATE_MODE_BUFFERED)
+
+MAX_TURNS_KEPT = 64  # finished/cancelled turns remembered per session (to ignore late events)
+MAX_GUARDS_KEPT = 256  # (agent, turn) seq high-water marks remembered per session
+
+
+class GateInputError(ValueError):
+    """A decoded event the gate cannot act on (wrong session, unknown kind, missing claim id)."""
+
+    reason = "gate-rejected"  # the dead-letter header's reason
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The settings the core needs, resolved once."""
+
+    default_language: str = "en"
+    default_voice: str = "af_heart"
+    default_speed: float = 1.0
+    first_clause_min_words: int = 0
+    hold_timeout_us: int = 10_000_000
+    hold_timeout_policy: str = "release"
+    gate_mode: str = GATE_MODE_INCREMENTAL
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "GateConfig":
+        if settings.gate_mode not in GATE_MODES:
+            raise SettingsError(f"gate_mode {settings.gate_mode!r} is not one of {GATE_MODES}")
+        if settings.hold_timeout_policy not in HOLD_TIMEOUT_POLICIES:
+            raise SettingsError(
+                f"hold_timeout_policy {settings.hold_timeout_policy!r} is not one of {HOLD_TIMEOUT_POLICIES}"
+            )
+        return cls(
+            default_language=settings.default_language,
+            default_voice=settings.default_voice,
+            default_speed=float(settings.default_speed),
+            first_clause_min_words=int(settings.first_clause_min_words),
+            hold_timeout_us=int(settings.hold_timeout_s * 1_000_000),
+            hold_timeout_policy=settings.hold_timeout_policy,
+            gate_mode=settings.gate_mode,
+        )
+
+
+def kokoro_language(language: str | None, default: str) -> str:
+    code = (language or default or "en").strip().lower()
+    if code not in KOKORO_LANGUAGE:
+        raise GateInputError(f"language {code!r} is not one the gate knows ({sorted(KOKORO_LANGUAGE)})")
+    return KOKORO_LANGUAGE[code]
+
+
+def _segmenter_class():
+    # Imported lazily so evidence-only users of this module need not load the segmenter rules.
+    from pipeline.gate.segmenter import StreamingSegmenter
+
+    return StreamingSegmenter
+
+
+class _Turn:
+    """One turn of a session: its segmenter, its evidence gate and its numbering."""
+
+    def __init__(self, config: GateConfig, turn_id: str, state: dict) -> None:
+        self.turn_id = turn_id
+        self.agent_id: str = state["agent_id"]
+        self.language: str = state["language"]
+        self.voice: str = state["voice"]
+        self.started_at_us: int = state["started_at_us"]
+        self.first_token_at_us: int = state.get("first_token_at_us", -1)
+        self.next_seq: int = state.get("next_seq", 0)
+        self.ended: bool = state.get("ended", False)
+        self.finished: bool = state.get("finished", False)
+        self.cancelled: bool = state.get("cancelled", False)
+        self.arrivals: list[list[int]] = state.get("arrivals", [])  # [fed offset after token, at_us]
+        self.buffered: list[list] = state.get("buffered", [])  # gate_mode buffered: [text, complete_us]
+        self._config = config
+        self.segmenter = None
+        self.evidence: EvidenceGate | None = None
+        if self.live:
+            seg_cls = _segmenter_class()
+            seg_state = state.get("segmenter")
+            self.segmenter = (
+                seg_cls.from_state(seg_state) if seg_state is not None
+                else seg_cls(language=SEGMENTER_LANGUAGE.get(self.language, "en"),
+                             first_clause_min_words=config.first_clause_min_words)
+            )
+            self.evidence = EvidenceGate.from_state(
+                state.get("evidence", {}), config.hold_timeout_us, config.hold_timeout_policy
+            )
+
+    @property
+    def live(self) -> bool:
+        return not (self.finished or self.cancelled)
+
+    def retire(self) -> None:
+        self.segmenter = None
+        self.evidence = None
+        self.arrivals = []
+        self.buffered = []
+
+    def to_state(self) -> dict:
+        state: dict[str, Any] = {
+            "agent_id": self.agent_id, "language": self.language, "voice": self.voice,
+            "started_at_us": self.started_at_us, "first_token_at_us": self.first_token_at_us,
+            "next_seq": self.next_seq, "ended": self.ended, "finished": self.finished,
+            "cancelled": self.cancelled,
+        }
+        if self.live:
+            state["segmenter"] = self.segmenter.to_state()
+            state["evidence"] = self.evidence.to_state()
+            state["arrivals"] = self.arrivals
+            state["buffered"] = self.buffered
+        return state
+
+
+class GateSession:
+    """Everything the gate knows about one session. Feed it events; it returns requests."""
+
+    def __init__(self, session_id: str, config: GateConfig, state: dict | None = None) -> None:
+        state = state or {}
+        self.session_id = session_id
+        self.config = config
+        self._turns: dict[str, _Turn] = {t: _Turn(config, t, s) for t, s in state.get("turns", {}).items()}
+        self._guards: dict[str, int] = dict(state.get("guards", {}))
+        self._early = EarlyResolutions.from_state(state.get("early", {}))
+        cancel = state.get("cancel", {})
+        self._cancelled_turns: list[str] = list(cancel.get("turns", []))
+        self._cancel_before_us: int = cancel.get("before_us", -1)
+
+    # --- state ---------------------------------------------------------------------------------
+    def to_state(self) -> dict:
+        return {
+            "turns": {t: turn.to_state() for t, turn in self._turns.items()},
+            "guards": self._guards,
+            "early": self._early.to_state(),
+            "cancel": {"turns": self._cancelled_turns, "before_us": self._cancel_before_us},
+        }
+
+    @classmethod
+    def from_state(cls, session_id: str, config: GateConfig, state: dict | None) -> "GateSession":
+        return cls(session_id, config, state)
+
+    # --- input ---------------------------------------------------------------------------------
+    def apply(self, event: dict, now_us: int) -> list[dict]:
+        """A decoded TextEvent or ControlEvent (told apart by its fields)."""
+        if "action" in event:
+            return self.apply_control(event, now_us)
+        return self.apply_text(event, now_us)
+
+    def apply_text(self, event: dict, now_us: int) -> list[dict]:
+        self._check_session(event)
+        kind = event["kind"]
+        turn_id, agent_id, seq = event["turn_id"], event["agent_id"], int(event["seq"])
+        guard = f"{agent_id}\x1f{turn_id}"
+        if seq <= self._guards.get(guard, -1):
+            return []  # already applied: a re-delivery after a restart
+        self._guards.pop(guard, None)
+        self._guards[guard] = seq
+        while len(self._guards) > MAX_GUARDS_KEPT:
+            self._guards.pop(next(iter(self._guards)))
+
+        if kind in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
+            return self._resolve_claim(self._claim_id(event), READY if kind == "EVIDENCE_READY" else FAILED, now_us)
+
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            turn = self._open_turn(event)
+        if not turn.live:
+            return []
+        if kind == "TOKEN":
+            return self._feed(turn, event, now_us)
+        if kind == "EVIDENCE_PENDING":
+            claim_id = self._claim_id(event)
+            turn.evidence.place(claim_id, turn.segmenter.fed, now_us, early=self._early.take(claim_id, now_us))
+            return []
+        if kind == "END_OF_TURN":
+            turn.ended = True
+            for sentence in turn.segmenter.flush():
+                self._offer(turn, sentence, now_us)
+            return self._drain(turn, now_us)
+        raise GateInputError(f"unknown TextEvent kind {kind!r}")
+
+    def apply_control(self, event: dict, now_us: int) -> list[dict]:
+        """A CANCEL for one turn (``turn_id``) or for every turn started before it (null)."""
+        self._check_session(event)
+        if event.get("action") != "CANCEL":
+            return []
+        turn_id = event.get("turn_id")
+        if turn_id is not None:
+            if turn_id not in self._cancelled_turns:
+                self._cancelled_turns.append(turn_id)
+                del self._cancelled_turns[:-MAX_TURNS_KEPT]
+            turn = self._turns.get(turn_id)
+            if turn is not None:
+                self._cancel(turn)
+            return []
+        issued = int(event.get("issued_at_us", 0))
+        self._cancel_before_us = max(self._cancel_before_us, issued)
+        for turn in self._turns.values():
+            if turn.started_at_us <= issued:
+                self._cancel(turn)
+        return []
+
+    def tick(self, now_us: int) -> list[dict]:
+        """Apply hold timeouts due at `now_us`; returns what they release (or the notices)."""
+        self._early.prune(now_us)
+        out: list[dict] = []
+        for turn in list(self._turns.values()):
+            if turn.live and turn.evidence.expire(now_us):
+                out.extend(self._drain(turn, now_us))
+        return out
+
+    # --- queries -------------------------------------------------------------------------------
+    def next_deadline_us(self) -> int | None:
+        deadlines = [t.evidence.next_deadline_us() for t in self._turns.values() if t.live]
+        deadlines = [d for d in deadlines if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def is_cancelled(self, turn_id: str) -> bool:
+        turn = self._turns.get(turn_id)
+        return turn_id in self._cancelled_turns or (turn is not None and turn.cancelled)
+
+    def pending_claims(self) -> dict[str, list[str]]:
+        return {t: turn.evidence.pending_claims() for t, turn in self._turns.items() if turn.live}
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered, held or pending: the state could be compacted away."""
+        return all(not t.live for t in self._turns.values()) and not len(self._early)
+
+    # --- internals -----------------------------------------------------------------------------
+    def _check_session(self, event: dict) -> None:
+        if event.get("session_id") != self.session_id:
+            raise GateInputError(f"event of session {event.get('session_id')!r} given to {self.session_id!r}")
+
+    @staticmethod
+    def _claim_id(event: dict) -> str:
+        claim_id = event.get("claim_id")
+        if not claim_id:
+            raise GateInputError(f"{event['kind']} event without a claim_id (turn {event['turn_id']!r})")
+        return claim_id
+
+    def _open_turn(self, event: dict) -> _Turn:
+        language = kokoro_language(event.get("language"), self.config.default_language)
+        voice = event.get("voice") or (
+            self.config.default_voice if self.config.default_voice[:1] == language
+            else DEFAULT_VOICES.get(language, self.config.default_voice)
+        )
+        started = int(event["produced_at_us"])
+        cancelled = event["turn_id"] in self._cancelled_turns or started <= self._cancel_before_us
+        turn = _Turn(self.config, event["turn_id"], {
+            "agent_id": event["agent_id"], "language": language, "voice": voice,
+            "started_at_us": started, "cancelled": cancelled,
+        })
+        self._turns[turn.turn_id] = turn
+        for old in [t for t, tt in self._turns.items() if not tt.live][:-MAX_TURNS_KEPT]:
+            del self._turns[old]
+        return turn
+
+    def _feed(self, turn: _Turn, event: dict, now_us: int) -> list[dict]:
+        text = event.get("text") or ""
+        if turn.first_token_at_us < 0:
+            turn.first_token_at_us = int(event["produced_at_us"])
+        if not text:
+            return []
+        sentences = turn.segmenter.feed(text)
+        turn.arrivals.append([turn.segmenter.fed, now_us])
+        for sentence in sentences:
+            self._offer(turn, sentence, now_us)
+        return self._drain(turn, now_us) if sentences else []
+
+    def _offer(self, turn: _Turn, sentence: Any, now_us: int) -> None:
+        end = int(sentence.end)
+        # When the sentence's last character reached the gate: the first token ending at/after it.
+        complete_us = next((at for fed, at in turn.arrivals if fed >= end), now_us)
+        turn.arrivals = [a for a in turn.arrivals if a[0] >= end]
+        text = sentence.text.strip()
+        if text:
+            turn.evidence.offer(end, {"text": text, "complete_us": complete_us})
+
+    def _drain(self, turn: _Turn, now_us: int) -> list[dict]:
+        released: list[tuple[str, int]] = []  # (text, complete_us) in order
+        for item in turn.evidence.drain():
+            if isinstance(item, Dropped):
+                log.info("session %s turn %s: dropped %r of claim %s (%s)", self.session_id, turn.turn_id,
+                         item.payload["text"], item.claim_id, item.reason)
+                if item.first:
+                    notice = FAILURE_NOTICES[SEGMENTER_LANGUAGE.get(turn.language, "en")]
+                    released.append((notice, item.payload["complete_us"]))
+            else:
+                released.append((item.payload["text"], item.payload["complete_us"]))
+        finished = turn.ended and turn.evidence.held == 0
+        if self.config.gate_mode == GATE_MODE_BUFFERED:
+            # The whole answer as one request at the end of the turn (the TTFA baseline).
+            turn.buffered.extend([text, at] for text, at in released)
+            if not finished:
+                return []
+            text = " ".join(t for t, _ in turn.buffered)
+            complete_us = max((at for _, at in turn.buffered), default=now_us)
+            out = [self._request(turn, text, complete_us, now_us, last=True)]
+        else:
+            out = [self._request(turn, text, at, now_us) for text, at in released]
+            if finished:
+                if out:
+                    out[-1]["is_last_in_turn"] = True
+                else:  # everything was released already: say so with an empty end-of-turn request
+                    out.append(self._request(turn, "", now_us, now_us, last=True))
+        if finished:
+            turn.finished = True
+            turn.retire()
+        return out
+
+    def _request(self, turn: _Turn, text: str, complete_us: int, now_us: int, last: bool = False) -> dict:
+        seq = turn.next_seq
+        turn.next_seq += 1
+        return {
+            "session_id": self.session_id, "turn_id": turn.turn_id, "agent_id": turn.agent_id,
+            "sentence_seq": seq, "text": text, "language": turn.language, "voice": turn.voice,
+            "speed": self.config.default_speed, "is_last_in_turn": last,
+            "first_token_at_us": turn.first_token_at_us if turn.first_token_at_us >= 0 else turn.started_at_us,
+            "text_complete_at_us": complete_us, "released_at_us": now_us,
+        }
+
+    def _resolve_claim(self, claim_id: str, status: str, now_us: int) -> list[dict]:
+        # The newest turn with this claim pending (agents may reuse claim ids from turn to turn).
+        for turn in reversed(list(self._turns.values())):
+            if turn.evidence is not None and claim_id in turn.evidence.pending_claims():
+                turn.evidence.resolve(claim_id, status, now_us)
+                return self._drain(turn, now_us)
+        # No pending mark yet: keep it for the mark to come. A repeat of a resolution already
+        # applied lands here too; it is only used if a later mark reuses the claim id.
+        self._early.add(claim_id, status, now_us)
+        return []
+
+    def _cancel(self, turn: _Turn) -> None:
+        if turn.live:
+            turn.cancelled = True
+            turn.retire()
+
+
+class Gate:
+    """Many sessions' `GateSession`s in memory: the core without Kafka (tests, replays, demos)."""
+
+    def __init__(self, config: GateConfig) -> None:
+        self.config = config
+        self.sessions: dict[str, GateSession] = {}
+
+    def session(self, session_id: str) -> GateSession:
+        if session_id not in self.sessions:
+            self.sessions[session_id] = GateSession(session_id, self.config)
+        return self.sessions[session_id]
+
+    def apply(self, event: dict, now_us: int) -> list[dict]:
+        return self.session(event["session_id"]).apply(event, now_us)
+
+    def tick(self, now_us: int) -> list[dict]:
+        return [r for s in self.sessions.values() for r in s.tick(now_us)]
+
+
+def gate_sentences(events: Iterable[dict], settings: Settings | GateConfig, now_us: int | None = None) -> list[dict]:
+    """Run decoded TextEvent/ControlEvent dicts through a fresh gate; the synthesis requests.
+
+    Each event is applied at `now_us` when given, else at its own ``produced_at_us`` /
+    ``issued_at_us`` (so hold timeouts follow the events' clock), with a tick before each one.
+    """
+    config = settings if isinstance(settings, GateConfig) else GateConfig.from_settings(settings)
+    gate = Gate(config)
+    out: list[dict] = []
+    for event in events:
+        at = now_us if now_us is not None else int(event.get("produced_at_us", event.get("issued_at_us", 0)))
+        out.extend(gate.tick(at))
+        out.extend(gate.apply(event, at))
+    return out

@@ -1,0 +1,295 @@
+"""The gate core (pure): segmenter + evidence + cancel for one session, requests out."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from pipeline.gate.core import FAILURE_NOTICES, Gate, GateConfig, GateInputError, GateSession, gate_sentences
+from pipeline.settings import Settings, SettingsError
+
+S = 1_000_000
+CONFIG = GateConfig.from_settings(Settings(hold_timeout_s=2.0))
+
+
+class Turn:
+    """Writes one agent's TextEvents for one turn, numbering them like an agent does."""
+
+    def __init__(self, turn="t1", session="s1", agent="llm", t0=1_000 * S, **fields):
+        self.session, self.turn, self.agent, self.t = session, turn, agent, t0
+        self.seq = 0
+        self.fields = fields
+
+    def _event(self, kind, text="", claim_id=None, **extra):
+        self.t += 1000
+        event = {"session_id": self.session, "turn_id": self.turn, "agent_id": self.agent, "seq": self.seq,
+                 "kind": kind, "text": text, "claim_id": claim_id, "language": None, "voice": None,
+                 "produced_at_us": self.t, **self.fields, **extra}
+        self.seq += 1
+        return event
+
+    def tokens(self, text, size=3):
+        return [self._event("TOKEN", text[i:i + size]) for i in range(0, len(text), size)]
+
+    def pending(self, claim):
+        return self._event("EVIDENCE_PENDING", claim_id=claim)
+
+    def ready(self, claim):
+        return self._event("EVIDENCE_READY", claim_id=claim)
+
+    def failed(self, claim):
+        return self._event("EVIDENCE_FAILED", claim_id=claim)
+
+    def end(self):
+        return self._event("END_OF_TURN")
+
+
+def cancel(session="s1", turn=None, at=0):
+    return {"session_id": session, "turn_id": turn, "action": "CANCEL", "reason": "barge-in", "source": "test",
+            "issued_at_us": at}
+
+
+def run(events, config=CONFIG):
+    gate = Gate(config)
+    out = []
+    for i, e in enumerate(events):
+        out.extend(gate.apply(e, 5_000 * S + i))
+    return out, gate
+
+
+def texts(requests):
+    return [r["text"] for r in requests]
+
+
+def test_a_turn_becomes_ordered_requests_with_the_last_flagged():
+    t = Turn()
+    out, _ = run(t.tokens("Hello there. How are you today? ") + [t.end()])
+    assert texts(out) == ["Hello there.", "How are you today?"]
+    assert [r["sentence_seq"] for r in out] == [0, 1]
+    assert [r["is_last_in_turn"] for r in out] == [False, True]
+    first = out[0]
+    assert (first["language"], first["voice"], first["speed"]) == ("a", "af_heart", 1.0)
+    assert first["first_token_at_us"] == 1_000 * S + 1000
+    assert first["text_complete_at_us"] <= first["released_at_us"]
+
+
+def test_a_sentence_is_released_before_the_end_of_turn():
+    t = Turn()
+    gate = Gate(CONFIG)
+    released_at = []
+    for i, e in enumerate(t.tokens("It works. Then more", size=2)):
+        if gate.apply(e, i):
+            released_at.append(i)
+    assert released_at, "the first sentence must not wait for END_OF_TURN"
+
+
+def test_languages_map_to_kokoro_codes_and_voices():
+    es = Turn(turn="es", language="es")
+    pt = Turn(turn="pt", language="pt", voice="pm_alex")
+    out, _ = run(es.tokens("Hola. ") + [es.end()] + pt.tokens("Olá. ") + [pt.end()])
+    assert [(r["language"], r["voice"]) for r in out] == [("e", "ef_dora"), ("p", "pm_alex")]
+    with pytest.raises(GateInputError):
+        run(Turn(language="klingon").tokens("Qapla'."))
+
+
+def test_redelivered_events_repeat_nothing():
+    t = Turn()
+    events = t.tokens("One. Two. Three. ") + [t.end()]
+    once, _ = run(events)
+    twice, _ = run(events[:7] + events[2:] + events)
+    assert texts(twice) == texts(once)
+    assert [r["sentence_seq"] for r in twice] == [0, 1, 2]
+
+
+def test_end_of_turn_after_everything_was_released_sends_an_empty_last_request():
+    t = Turn()
+    out, _ = run([t.end()])
+    assert [(r["text"], r["is_last_in_turn"], r["sentence_seq"]) for r in out] == [("", True, 0)]
+    # a failed claim whose notice already went out, its last sentence dropped at the flush:
+    t = Turn()
+    out, _ = run(t.tokens("Intro. ") + [t.pending("c"), t.failed("c")] + t.tokens("Bad one. Bad two.") + [t.end()])
+    assert texts(out) == ["Intro.", FAILURE_NOTICES["en"], ""]
+    assert [r["is_last_in_turn"] for r in out] == [False, False, True]
+    assert [r["sentence_seq"] for r in out] == [0, 1, 2]
+
+
+def test_pending_holds_until_ready_from_another_agent():
+    t = Turn()
+    retrieval = Turn(agent="retriever")
+    gate = Gate(CONFIG)
+    out = []
+    for e in t.tokens("Let me check. ") + [t.pending("c1")] + t.tokens("Your order shipped Monday. It comes Friday. ") + [t.end()]:
+        out.extend(gate.apply(e, 0))
+    assert texts(out) == ["Let me check."]
+    out.extend(gate.apply(retrieval.ready("c1"), 0))
+    assert texts(out) == ["Let me check.", "Your order shipped Monday.", "It comes Friday."]
+    assert out[-1]["is_last_in_turn"] and out[-1]["agent_id"] == "llm"
+
+
+def test_ready_before_the_mark_is_not_lost():
+    t = Turn()
+    retrieval = Turn(agent="retriever")
+    out, _ = run([retrieval.ready("c1")] + t.tokens("Alpha. ") + [t.pending("c1")] + t.tokens("Beta. ") + [t.end()])
+    assert texts(out) == ["Alpha.", "Beta."]
+
+
+def test_failed_claim_is_replaced_by_a_spoken_notice_and_later_claims_still_flow():
+    t = Turn(language="es")
+    out, _ = run(t.tokens("Veamos. ") + [t.pending("c1")] + t.tokens("Dato falso. ") + [t.pending("c2")]
+                 + t.tokens("Dato bueno. ") + [t.end(), t.ready("c2"), t.failed("c1")])
+    assert texts(out) == ["Veamos.", FAILURE_NOTICES["es"], "Dato bueno."]
+    assert [r["sentence_seq"] for r in out] == [0, 1, 2]
+    assert out[-1]["is_last_in_turn"]
+
+
+@pytest.mark.parametrize("policy, expected", [("release", ["Alpha.", "Beta."]), ("drop", ["Alpha.", FAILURE_NOTICES["en"]])])
+def test_hold_timeout_policy(policy, expected):
+    config = GateConfig.from_settings(Settings(hold_timeout_s=2.0, hold_timeout_policy=policy))
+    t = Turn()
+    session = GateSession("s1", config)
+    out = []
+    for e in t.tokens("Alpha. ") + [t.pending("lost")] + t.tokens("Beta. ") + [t.end()]:
+        out.extend(session.apply(e, 10 * S))
+    assert texts(out) == ["Alpha."]
+    assert session.next_deadline_us() == 12 * S
+    assert session.tick(12 * S - 1) == []
+    out.extend(session.tick(12 * S))
+    assert texts(out) == expected
+    assert out[-1]["is_last_in_turn"]
+    assert session.next_deadline_us() is None
+
+
+def test_cancel_of_a_turn_drops_buffered_and_held_text_and_ignores_later_events():
+    t1, t2 = Turn("t1"), Turn("t2", t0=2_000 * S)
+    events = (t1.tokens("Spoken. ") + [t1.pending("c")] + t1.tokens("Held. Buffered") + [cancel(turn="t1")]
+              + t1.tokens(" more. ") + [t1.ready("c"), t1.end()] + t2.tokens("Next turn. ") + [t2.end()])
+    out, gate = run(events)
+    assert [(r["turn_id"], r["text"]) for r in out] == [("t1", "Spoken."), ("t2", "Next turn.")]
+    assert gate.session("s1").is_cancelled("t1")
+
+
+def test_session_cancel_covers_turns_started_before_it_only():
+    old, new = Turn("old", t0=1 * S), Turn("new", t0=5 * S)
+    late_old = Turn("late", t0=2 * S)  # started before the cancel, first seen after it
+    out, _ = run(old.tokens("Old text") + [cancel(at=3 * S)] + old.tokens(" here. ") + [old.end()]
+                 + late_old.tokens("Late. ") + [late_old.end()] + new.tokens("New. ") + [new.end()])
+    assert texts(out) == ["New."]
+
+
+def test_cancel_before_any_text_of_the_turn():
+    t = Turn()
+    out, _ = run([cancel(turn="t1")] + t.tokens("Never said. ") + [t.end()])
+    assert out == []
+
+
+def test_events_of_another_session_are_rejected():
+    with pytest.raises(GateInputError):
+        GateSession("other", CONFIG).apply(Turn().end(), 0)
+
+
+def test_gate_sentences_runs_many_sessions():
+    a, b = Turn(session="a"), Turn(session="b")
+    out = gate_sentences(a.tokens("From a. ") + b.tokens("From b. ") + [b.end(), a.end()], CONFIG)
+    assert sorted((r["session_id"], r["text"]) for r in out) == [("a", "From a."), ("b", "From b.")]
+
+
+TEXT = "Intro first. The price is 1,234.56 dollars. Dr. Smith agrees! Is it true? Yes. "
+
+
+def _script(cuts, mark_at, ready_after, failed):
+    """A turn with one claim marked at a word boundary, its events split at `cuts`."""
+    t = Turn()
+    events, last = [], 0
+    for cut in sorted(set(cuts)) + [len(TEXT)]:
+        if last < mark_at <= cut:
+            if mark_at > last:
+                events.append(t._event("TOKEN", TEXT[last:mark_at]))
+            events.append(t.pending("c"))
+            last = mark_at
+        if cut > last:
+            events.append(t._event("TOKEN", TEXT[last:cut]))
+            last = cut
+    retriever = Turn(agent="retriever")  # resolutions come from another agent, at any point
+    resolve = retriever.failed("c") if failed else retriever.ready("c")
+    events.insert(min(len(events), ready_after), resolve)
+    events.append(t.end())
+    return events
+
+
+marks = st.sampled_from([i + 1 for i, c in enumerate(TEXT) if c == " "])
+
+
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, len(TEXT) - 1), max_size=40), marks, st.integers(0, 60), st.booleans())
+def test_any_split_gives_the_same_requests_and_state_survives_json(cuts, mark_at, ready_after, failed):
+    reference = texts(gate_sentences(_script([], mark_at, 10**6, failed), CONFIG))
+    events = _script(cuts, mark_at, ready_after, failed)
+    # The way the faust worker runs it: state through JSON between every two events.
+    state, out = None, []
+    for i, e in enumerate(events):
+        session = GateSession.from_state("s1", CONFIG, json.loads(json.dumps(state)) if state else None)
+        out.extend(session.apply(e, i))
+        state = session.to_state()
+    assert texts(out) == reference
+    assert [r["sentence_seq"] for r in out] == list(range(len(out)))
+    assert out[-1]["is_last_in_turn"] and sum(r["is_last_in_turn"] for r in out) == 1
+    spoken = "".join(t for t in texts(out) if t not in FAILURE_NOTICES.values()).replace(" ", "")
+    if not failed:  # nothing lost or repeated
+        assert spoken == TEXT.replace(" ", "")
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(st.integers(0, 30), st.integers(0, 30))
+def test_crash_and_redelivery_from_any_point_repeats_nothing(crash_at, rewind):
+    """State stored after event `crash_at`; the broker re-delivers from `crash_at - rewind`."""
+    t = Turn()
+    events = t.tokens("One two. Three four five. ", size=2) + [t.pending("c")] + t.tokens("Six. ") + [t.ready("c"), t.end()]
+    crash_at = min(crash_at, len(events) - 1)
+    straight, _ = run(events)
+    session = GateSession("s1", CONFIG)
+    out = []
+    for e in events[: crash_at + 1]:
+        out.extend(session.apply(e, 0))
+    restored = GateSession.from_state("s1", CONFIG, json.loads(json.dumps(session.to_state())))
+    for e in events[max(0, crash_at + 1 - rewind):]:
+        out.extend(restored.apply(e, 0))
+    assert [(r["sentence_seq"], r["text"]) for r in out] == [(r["sentence_seq"], r["text"]) for r in straight]
+
+
+def test_claim_ids_reused_by_the_next_turn_still_match():
+    t1, t2 = Turn("t1"), Turn("t2", t0=2_000 * S)
+    r1, r2 = Turn("t1", agent="retriever"), Turn("t2", agent="retriever")
+    out, _ = run(t1.tokens("One. ") + [t1.pending("c"), r1.ready("c")] + t1.tokens("Two. ") + [t1.end()]
+                 + [r2.failed("c")] + t2.tokens("Three. ") + [t2.pending("c")] + t2.tokens("Four. ") + [t2.end()])
+    assert [(r["turn_id"], r["text"]) for r in out] == [
+        ("t1", "One."), ("t1", "Two."), ("t2", "Three."), ("t2", FAILURE_NOTICES["en"])]
+
+
+def test_bench_helpers_number_events_and_find_the_releasing_ones():
+    from pipeline.gate.bench import TEXT, bench_core, releasing_events, turn_events
+
+    events = turn_events("s", "t", TEXT, 4)
+    assert "".join(e["text"] for e in events) == TEXT and [e["seq"] for e in events] == list(range(len(events)))
+    released_by = releasing_events(events)
+    assert len(released_by) == 3 and released_by == sorted(released_by) and released_by[-1] == len(events) - 1
+    assert TEXT[: 4 * (released_by[0] + 1)].startswith("The quick brown fox jumps. I")  # the next non-space char
+    figures = bench_core(repeat=1)
+    assert figures["events"] == len(events) and figures["us_per_event"] > 0
+
+
+def test_buffered_mode_sends_the_whole_turn_as_one_request_at_its_end():
+    config = GateConfig.from_settings(Settings(gate_mode="buffered"))
+    t = Turn()
+    gate = Gate(config)
+    out = []
+    events = t.tokens("First one. ") + [t.pending("c")] + t.tokens("Second one. Third one. ") + [t.ready("c")]
+    for e in events:
+        out.extend(gate.apply(e, 0))
+    assert out == []
+    out = gate.apply(t.end(), 7)
+    assert [(r["text"], r["sentence_seq"], r["is_last_in_turn"]) for r in out] == [
+        ("First one. Second one. Third one.", 0, True)]
+    with pytest.raises(SettingsError):
+        GateConfig.from_settings(Settings(gate_mode="sometimes"))
+    with pytest.raises(SettingsError):
+        GateConfig.from_settings(Settings(hold_timeout_policy="forever"))
