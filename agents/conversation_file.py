@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Union
 
-from agents.sdk import END_OF_TURN, EVIDENCE_KINDS, EVIDENCE_PENDING, TEXT_EVENT_KINDS, TOKEN
+from agents.sdk import END_OF_TURN, EVIDENCE_KINDS, TEXT_EVENT_KINDS, TOKEN
 from pipeline.settings import Settings
 from pipeline.topics import text_topic
 

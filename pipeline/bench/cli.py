@@ -11,6 +11,7 @@ import importlib
 BENCH_MODULES = [
     "pipeline.bench.bus",
     "pipeline.bench.segment",
+    "pipeline.bench.gate",
     "pipeline.bench.synth",
     "pipeline.bench.edge",
     "pipeline.bench.ttfa",

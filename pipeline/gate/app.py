@@ -270,17 +270,6 @@ def run_gate_worker(settings: Settings, **options: Any) -> int:
     return GateWorker(settings, **options).run(loglevel=loglevel)
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """``VOICEBUS_*`` variables that rebuild `settings` in a child process."""
-    import dataclasses
-
-    env = {}
-    for f in dataclasses.fields(settings):
-        value = getattr(settings, f.name)
-        env["VOICEBUS_" + f.name.upper()] = "" if value is None else str(value)
-    return env
-
-
 def start_gate_subprocess(
     settings: Settings, *, commit_interval_s: float = 1.0, session_timeout_s: float = 10.0,
     stdout: Any = subprocess.PIPE, stderr: Any = None, loglevel: str = "WARNING",
@@ -290,7 +279,7 @@ def start_gate_subprocess(
     The caller owns the process: it must terminate (or kill) and wait for it. With the default
     stdout, the child prints `READY_LINE` and its partitions after each rebalance.
     """
-    env = {**os.environ, **settings_env(settings), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "pipeline.gate.app", "--announce", "--loglevel", loglevel,
            "--commit-interval", str(commit_interval_s), "--session-timeout", str(session_timeout_s)]
     root = Path(__file__).resolve().parents[2]

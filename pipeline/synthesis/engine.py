@@ -114,7 +114,6 @@ def split_for_early_audio(
 
 def float_to_pcm16(audio: "torch.Tensor") -> bytes:
     """Float audio in [-1, 1] (clipped) to little-endian signed 16-bit PCM bytes."""
-    import numpy as np
     import torch
 
     samples = torch.nan_to_num(audio.detach().float().cpu().flatten(), nan=0.0)

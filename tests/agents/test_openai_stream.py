@@ -1,6 +1,5 @@
 """The adapter's stream reading against a local fake OpenAI-compatible server (no Kafka)."""
 
-import asyncio
 import time
 
 import aiohttp

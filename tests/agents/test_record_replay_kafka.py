@@ -6,7 +6,7 @@ import statistics
 import pytest
 
 from agents import corpus
-from agents.conversation_file import ControlLine, TextLine, load, save
+from agents.conversation_file import TextLine, load, save
 from agents.recorder import record
 from agents.replay import replay
 from pipeline.topics import text_topic

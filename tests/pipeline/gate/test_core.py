@@ -266,7 +266,7 @@ def test_claim_ids_reused_by_the_next_turn_still_match():
 
 
 def test_bench_helpers_number_events_and_find_the_releasing_ones():
-    from pipeline.gate.bench import TEXT, bench_core, releasing_events, turn_events
+    from pipeline.bench.gate import TEXT, bench_core, releasing_events, turn_events
 
     events = turn_events("s", "t", TEXT, 4)
     assert "".join(e["text"] for e in events) == TEXT and [e["seq"] for e in events] == list(range(len(events)))

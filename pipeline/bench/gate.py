@@ -1,7 +1,6 @@
 """Gate benchmarks: what the gate costs, in the core and through a real broker.
 
-`python -m pipeline.gate.bench` (needs a running broker at ``VOICEBUS_BOOTSTRAP``, e.g. from
-``voicebus kafka start``) prints:
+`voicebus bench gate` (uses the broker at ``VOICEBUS_BOOTSTRAP`` or starts a local one) prints:
 
 - core: µs per event of `GateSession`, in memory and with its state through JSON around every
   event (what the faust worker does);
@@ -18,7 +17,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 import uuid
 
@@ -127,19 +125,21 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
             "p95_ms": latencies_ms[max(0, int(len(latencies_ms) * 0.95) - 1)], "max_ms": latencies_ms[-1]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.gate.bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--core-only", action="store_true", help="skip the broker run")
-    args = parser.parse_args(argv)
+def register(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser("gate", help="gate cost: core us/event, completing token -> request via the broker")
+    p.add_argument("--core-only", action="store_true", help="skip the broker run")
+    p.set_defaults(func=run_gate_bench)
+
+
+def run_gate_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.broker import ensure_local_kafka
+
     core = bench_core()
     print(f"gate core: {core['us_per_event']:.1f} us/event in memory, "
           f"{core['us_per_event_with_state']:.1f} us/event with JSON state ({core['events']} events)")
     if not args.core_only:
-        broker = asyncio.run(bench_broker(Settings.from_env()))
+        with ensure_local_kafka(settings) as live:
+            broker = asyncio.run(bench_broker(live))
         print(f"gate via broker: completing token -> request consumed: p50 {broker['p50_ms']:.1f} ms, "
               f"p95 {broker['p95_ms']:.1f} ms, max {broker['max_ms']:.1f} ms ({broker['requests']} requests)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
