@@ -34,7 +34,7 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
         "group_id": group_id,
         "auto_offset_reset": "earliest" if group_id else "latest",
         "enable_auto_commit": True,
-        "fetch_max_wait_ms": 5,  # small: the default 500 ms would sit on every idle poll
+        "fetch_max_wait_ms": settings.fetch_max_wait_ms,
         "max_partition_fetch_bytes": settings.max_message_bytes,
         **overrides,
     }

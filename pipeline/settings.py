@@ -44,6 +44,10 @@ class Settings:
     max_text_bytes: int = 16 * 1024
     """A text field longer than this (UTF-8 bytes) is rejected as oversized and dead-lettered."""
     max_message_bytes: int = 1024 * 1024
+    fetch_max_wait_ms: int = 100
+    """How long the broker may park an idle consumer's fetch. It adds no latency (a parked fetch
+    returns as soon as a record is appended) but each expiry is a round trip: 5 ms made every idle
+    consumer cost the broker and the client CPU that the model needs (docs/benchmarks.md)."""
 
     # --- local broker (voicebus kafka start|status|stop) -----------------------------------
     cache_dir: Path = field(default_factory=_default_cache_dir)

@@ -30,6 +30,7 @@ class HeardTurn:
     ended: bool = False
     stopped: bool = False
     ended_event: asyncio.Event = field(default_factory=asyncio.Event)
+    heard_event: asyncio.Event = field(default_factory=asyncio.Event)  # first audio and its timeline are in
 
     @property
     def first_audio_at_us(self) -> int | None:
@@ -110,11 +111,21 @@ class Listener:
 
     async def wait_turn_end(self, turn_id: str, timeout: float) -> HeardTurn:
         async with asyncio.timeout(timeout):
-            while turn_id not in self.turns:
-                self._turn_seen.clear()
-                await self._turn_seen.wait()
+            await self._wait_turn(turn_id)
             await self.turns[turn_id].ended_event.wait()
         return self.turns[turn_id]
+
+    async def wait_first_audio(self, turn_id: str, timeout: float) -> HeardTurn:
+        """Wait until the turn's first audio frame and its stage timeline have arrived."""
+        async with asyncio.timeout(timeout):
+            await self._wait_turn(turn_id)
+            await self.turns[turn_id].heard_event.wait()
+        return self.turns[turn_id]
+
+    async def _wait_turn(self, turn_id: str) -> None:
+        while turn_id not in self.turns:
+            self._turn_seen.clear()
+            await self._turn_seen.wait()
 
     def _turn(self, turn_id: str) -> HeardTurn:
         if turn_id not in self.turns:
@@ -131,6 +142,8 @@ class Listener:
                 turn.sample_rate = frame.sample_rate
                 turn.frames.append((received, frame.sentence, frame.chunk, len(frame.pcm) // 2))
                 turn.pcm += frame.pcm
+                if turn.timelines:
+                    turn.heard_event.set()
             elif msg.type == aiohttp.WSMsgType.TEXT:
                 self._on_control(msg.json(), received)
             else:
@@ -144,6 +157,8 @@ class Listener:
         elif mtype == protocol.TIMELINE:
             turn = self._turn(message.get("turn_id") or self._numbers.get(message.get("turn"), "?"))
             turn.timelines.setdefault(int(message.get("sentence_seq", message.get("sentence", 0))), message)
+            if turn.frames:
+                turn.heard_event.set()
         elif mtype in (protocol.TURN_END, protocol.STOP):
             turn_id = message.get("turn_id") or self._numbers.get(message.get("turn"))
             for turn in ([self.turns[turn_id]] if turn_id in self.turns else list(self.turns.values())):

@@ -161,26 +161,25 @@ class _Bench:
                     if full:
                         turn = await listener.wait_turn_end(tid, 600)
                     else:
-                        turn = await self._first_audio(listener, tid, 300)
+                        turn = await listener.wait_first_audio(tid, 300)
                         await listener.cancel(tid, reason="bench: first audio measured")
                     out.append(self._sample(mode, length, sessions, turn, first_at))
-                if not full:
-                    await asyncio.sleep(0.3)  # let the cancel reach the worker before the next run
         finally:
             for listener in listeners:
                 await listener.stop()
+        await self._workers_idle()
         if record:
             s = out[0]
             self.console.log(f"{mode:11s} {length} sentence(s) x{sessions}: first audio {s['ttfa_ms']:.0f} ms")
         return out
 
-    @staticmethod
-    async def _first_audio(listener, turn_id: str, timeout: float):
+    async def _workers_idle(self, timeout: float = 120.0) -> None:
+        """Wait until no synthesis is queued or running, so a run never measures the tail of the
+        one before (a forward pass already started finishes even when its turn was cancelled)."""
         async with asyncio.timeout(timeout):
-            while not (turn_id in listener.turns and listener.turns[turn_id].frames
-                       and listener.turns[turn_id].timelines):
-                await asyncio.sleep(0.002)
-        return listener.turns[turn_id]
+            while any(lane.worker.scheduler.in_flight or lane.worker.scheduler.queue_depth
+                      for lane in self.stack.lanes.values()):
+                await asyncio.sleep(0.05)
 
     @staticmethod
     def _sample(mode: str, length: int, sessions: int, turn, first_at_us: int) -> dict:
@@ -209,7 +208,7 @@ class _Bench:
         async with Listener(self.stack.edge_url, sid, lane.edge_secret) as listener:
             async with Publisher(lane, agent_id="bench") as publisher:
                 speaking = asyncio.create_task(self._speak(publisher, sid, tid, text))
-                turn = await self._first_audio(listener, tid, 300)
+                turn = await listener.wait_first_audio(tid, 300)
                 frames_before = len(turn.frames)
                 sent_at = time.time_ns() // 1000
                 await listener.cancel(tid, reason="bench: barge-in")

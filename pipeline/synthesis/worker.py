@@ -201,7 +201,7 @@ class SynthesisWorker:
             await self._producer.start()
             self._control = AIOKafkaConsumer(
                 bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-                fetch_max_wait_ms=5, max_partition_fetch_bytes=s.max_message_bytes)
+                fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
             await self._control.start()
             await self._seek_control_to_lookback()
             if self.warm_up:
