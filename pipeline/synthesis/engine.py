@@ -197,39 +197,13 @@ def tiny_config() -> dict:
     """The real Kokoro-82M architecture with everything that can shrink shrunk: ALBERT hidden
     32 with one layer, one predictor/text-encoder layer, max_dur 8. ``hidden_dim`` 512,
     ``style_dim`` 128 and the decoder's channels are fixed by the kokoro code."""
+    from pipeline.synthesis.weights import KOKORO_CONFIG
+
     vocab = {s: i + 1 for i, s in enumerate(dict.fromkeys(_TINY_SYMBOLS))}
-    return {
-        "istftnet": {
-            "upsample_kernel_sizes": [20, 12],
-            "upsample_rates": [10, 6],
-            "gen_istft_hop_size": 5,
-            "gen_istft_n_fft": 20,
-            "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
-            "resblock_kernel_sizes": [3, 7, 11],
-            "upsample_initial_channel": 512,
-        },
-        "dim_in": 64,
-        "dropout": 0.2,
-        "hidden_dim": 512,
-        "max_conv_dim": 512,
-        "max_dur": 8,
-        "multispeaker": True,
-        "n_layer": 1,
-        "n_mels": 80,
-        "n_token": 178,
-        "style_dim": 128,
-        "text_encoder_kernel_size": 5,
-        "plbert": {
-            "hidden_size": 32,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "max_position_embeddings": 512,
-            "num_hidden_layers": 1,
-            "dropout": 0.1,
-            "embedding_size": 16,
-        },
-        "vocab": vocab,
-    }
+    shrunk_albert = {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
+                     "num_hidden_layers": 1, "embedding_size": 16}
+    return {**KOKORO_CONFIG, "max_dur": 8, "n_layer": 1,
+            "plbert": {**KOKORO_CONFIG["plbert"], **shrunk_albert}, "vocab": vocab}
 
 
 TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
