@@ -12,12 +12,21 @@ the ratio buffered/incremental, the per-stage breakdown, concurrency (sessions a
 first audio and the silence a player would hit between chunks), the overhead the bus, gate and
 edge add, and the cancel benchmark (cancel sent -> last audio received, chunks of the cancelled
 turn delivered after the cancel).
+
+With `--browser`, every measured session also has the real web player open in one headless
+chromium (a page per session, closed after its turn): the page is started and connected before
+the agent's first token, and its AUDIBLE_START report (the server-clock time its AudioWorklet
+rendered the turn's first non-silent sample) adds the "audible" stage, `audible_ms` summaries and
+`ratio_audible_p50`. The cancel benchmark then barges in once the page is audible and adds the
+time from cancel sent until the page's worklet renders silence (its STOPPED report), checking
+that no sound is rendered after it. Without `--browser` nothing of this runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
@@ -38,7 +47,14 @@ SENTENCES = [
     "Have a great rest of your week.",
 ]
 STAGE_ORDER = ["sentence complete", "released", "request received", "synthesis start", "first audio",
-               "published", "edge received", "sent", "received"]
+               "published", "edge received", "sent", "received", "audible"]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--autoplay-policy=no-user-gesture-required",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+PAGE_READY = ("window.voicebusPlayer && window.voicebusPlayer.state === 'ready' "
+              "&& window.voicebusPlayer.clock.samples >= 3")
+AUDIBLE_TIMEOUT_S = 30.0
 
 
 def register(bench_subparsers) -> None:
@@ -52,6 +68,9 @@ def register(bench_subparsers) -> None:
     p.add_argument("--concurrency", default=None, help="sessions at once (default 1,2,4,8; quick 1,2,4)")
     p.add_argument("--token-ms", type=float, default=30.0, help="interval between LLM tokens (default 30 ms)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight model instead of Kokoro-82M")
+    p.add_argument("--browser", action="store_true",
+                   help="also play every measured session in the web player in headless chromium (/usr/bin/chromium): "
+                        "adds time to audible start and cancel -> silence rendered in the page")
     p.set_defaults(func=run_ttfa)
 
 
@@ -96,8 +115,11 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     }
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     started = time.monotonic()
-    async with PipelineStack(base, engine, lanes) as stack:
-        bench = _Bench(stack, args.token_ms, console)
+    browser = _Browser() if getattr(args, "browser", False) else None
+    async with PipelineStack(base, engine, lanes) as stack, contextlib.AsyncExitStack() as exit_stack:
+        if browser is not None:
+            await exit_stack.enter_async_context(browser)
+        bench = _Bench(stack, args.token_ms, console, browser)
         await bench.warm_up()
         samples: list[dict] = []
         for run in range(runs):
@@ -111,18 +133,90 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
                 for mode in ("incremental", "buffered") if run % 2 == 0 else ("buffered", "incremental"):
                     conc += await bench.turns(mode, 4, sessions=n, full=True)
         cancels = [await bench.cancel_once(7) for _ in range(max(2, runs))]
-    return summarise(samples, conc, cancels, {
+    meta = {
         "runs": runs, "lengths": lengths, "concurrency": concurrency, "token_ms": args.token_ms,
         "engine": "tiny random weights" if args.tiny else "Kokoro-82M", "device": getattr(engine, "device", "?"),
         "wall_s": round(time.monotonic() - started, 1), "quick": bool(args.quick),
-    })
+    }
+    if browser is not None:
+        meta |= {"browser": "chromium (headless, web player)", "page_errors": browser.errors[:20]}
+    return summarise(samples, conc, cancels, meta)
+
+
+class _Browser:
+    """One headless chromium for the whole bench; `open(...)` gives a started, connected web
+    player page for one session (close it after the turn so memory stays flat)."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self._pw = None
+        self._browser = None
+
+    async def __aenter__(self) -> _Browser:  # noqa: PYI034
+        from playwright.async_api import async_playwright
+
+        self._pw = await async_playwright().start()
+        try:
+            self._browser = await self._pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except BaseException:
+            await self._pw.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self._browser.close()
+        finally:
+            await self._pw.stop()
+
+    async def open(self, edge_url: str, session_id: str, secret: str):
+        from players.auth import issue_token
+
+        page = await self._browser.new_page()
+        page.on("pageerror", lambda exc: self.errors.append(f"{session_id}: {exc}"))
+        try:
+            await page.goto(f"{edge_url}/?session={session_id}&token={issue_token(secret, session_id, 3600)}")
+            await page.click("#start")
+            await page.wait_for_function(PAGE_READY, timeout=20000)
+            # The live waveform redraws a 960 px canvas ~90 times a second; shrink it so the
+            # renderer stays cheap next to synthesis on a small machine (audio is untouched).
+            await page.evaluate("document.getElementById('wave').width = 2")
+        except BaseException:
+            await page.close()
+            raise
+        return page
+
+    async def close_pages(self, pages) -> None:
+        for page in pages:
+            if page is None:
+                continue
+            with contextlib.suppress(Exception):
+                errors = await page.evaluate("window.voicebusPlayer.errors")
+                self.errors += [f"player: {e}" for e in errors or []]
+            with contextlib.suppress(Exception):
+                await page.close()
 
 
 class _Bench:
-    def __init__(self, stack, token_ms: float, console) -> None:
+    def __init__(self, stack, token_ms: float, console, browser: _Browser | None = None) -> None:
         self.stack = stack
         self.token_ms = token_ms
         self.console = console
+        self.browser = browser
+
+    async def _report(self, session_id: str, turn_id: str, kind: str, timeout: float) -> dict | None:
+        """The player report `kind` the edge recorded for the session's turn (None on timeout)."""
+        from players.edge import REPORTS_KEY
+
+        reports = self.stack.edge_app[REPORTS_KEY]
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in reversed(reports):
+                if r["session_id"] == session_id and r["turn_id"] == turn_id and r["kind"] == kind:
+                    return r
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.01)
 
     async def warm_up(self) -> None:
         for mode in ("incremental", "buffered"):
@@ -151,26 +245,40 @@ class _Bench:
         text = " ".join(SENTENCES[i % len(SENTENCES)] for i in range(length))
         ids = [(f"{mode}-{uuid.uuid4().hex[:8]}", "t1") for _ in range(sessions)]
         listeners = [Listener(self.stack.edge_url, sid, lane.edge_secret) for sid, _ in ids]
-        for listener in listeners:
-            await listener.start()
+        pages: list = []
         try:
+            for listener in listeners:
+                await listener.start()
+            if self.browser is not None:  # started and connected before the first token
+                for sid, _ in ids:
+                    pages.append(await self.browser.open(self.stack.edge_url, sid, lane.edge_secret))
             async with Publisher(lane, agent_id="bench") as publisher:
                 firsts = await asyncio.gather(*(self._speak(publisher, sid, tid, text) for sid, tid in ids))
                 out = []
                 for (sid, tid), listener, first_at in zip(ids, listeners, firsts):
+                    audible = None
                     if full:
                         turn = await listener.wait_turn_end(tid, 600)
+                        if self.browser is not None:
+                            audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
                     else:
                         turn = await listener.wait_first_audio(tid, 300)
+                        if self.browser is not None:  # the page must become audible before the cancel
+                            audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
                         await listener.cancel(tid, reason="bench: first audio measured")
-                    out.append(self._sample(mode, length, sessions, turn, first_at))
+                    out.append(self._sample(mode, length, sessions, turn, first_at,
+                                            audible["audible_at_us"] if audible else None))
         finally:
             for listener in listeners:
                 await listener.stop()
+            if self.browser is not None:
+                await self.browser.close_pages(pages)
         await self._workers_idle()
         if record:
             s = out[0]
-            self.console.log(f"{mode:11s} {length} sentence(s) x{sessions}: first audio {s['ttfa_ms']:.0f} ms")
+            heard = f", audible {s['audible_ms']:.0f} ms" if s.get("audible_ms") is not None else (
+                ", audible: no report" if self.browser is not None else "")
+            self.console.log(f"{mode:11s} {length} sentence(s) x{sessions}: first audio {s['ttfa_ms']:.0f} ms{heard}")
         return out
 
     async def _workers_idle(self, timeout: float = 120.0) -> None:
@@ -182,14 +290,15 @@ class _Bench:
                 await asyncio.sleep(0.05)
 
     @staticmethod
-    def _sample(mode: str, length: int, sessions: int, turn, first_at_us: int) -> dict:
+    def _sample(mode: str, length: int, sessions: int, turn, first_at_us: int, audible_at_us: int | None = None) -> dict:
         received = turn.first_audio_at_us
         timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()))
         gap_ms, gaps = turn.starvation()
-        return {
+        extra = {} if audible_at_us is None else {"audible_ms": (audible_at_us - timeline["first_token_at_us"]) / 1000}
+        return extra | {
             "mode": mode, "sentences": length, "sessions": sessions,
             "ttfa_ms": (received - timeline["first_token_at_us"]) / 1000,
-            "stages": first_audio_stages(timeline, received),
+            "stages": first_audio_stages(timeline, received, audible_at_us),
             "model_ttfa_ms": model_ttfa_ms(timeline),
             "overhead_ms": overhead_ms(timeline, received),
             "starvation_ms": gap_ms, "starvation_gaps": gaps, "audio_s": turn.duration_s,
@@ -205,20 +314,36 @@ class _Bench:
         lane = self.stack.lanes["incremental"].settings
         sid, tid = f"cancel-{uuid.uuid4().hex[:8]}", "t1"
         text = " ".join(SENTENCES[i % len(SENTENCES)] for i in range(length))
+        page, page_out = None, {}
         async with Listener(self.stack.edge_url, sid, lane.edge_secret) as listener:
-            async with Publisher(lane, agent_id="bench") as publisher:
-                speaking = asyncio.create_task(self._speak(publisher, sid, tid, text))
-                turn = await listener.wait_first_audio(tid, 300)
-                frames_before = len(turn.frames)
-                sent_at = time.time_ns() // 1000
-                await listener.cancel(tid, reason="bench: barge-in")
-                await speaking
-                await asyncio.sleep(2.0)  # anything still coming would arrive in this window
+            try:
+                if self.browser is not None:
+                    page = await self.browser.open(self.stack.edge_url, sid, lane.edge_secret)
+                async with Publisher(lane, agent_id="bench") as publisher:
+                    speaking = asyncio.create_task(self._speak(publisher, sid, tid, text))
+                    turn = await listener.wait_first_audio(tid, 300)
+                    if page is not None:  # barge in while the page is playing
+                        audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
+                        page_out["page_audible_before_cancel"] = audible is not None
+                    frames_before = len(turn.frames)
+                    sent_at = time.time_ns() // 1000
+                    await listener.cancel(tid, reason="bench: barge-in")
+                    if page is not None:
+                        page_out |= await self._page_silence(page, sid, tid, sent_at)
+                    await speaking
+                    await asyncio.sleep(2.0)  # anything still coming would arrive in this window
+                if page is not None:  # and it stayed silent through that window
+                    stats = await page.evaluate("window.voicebusPlayer.stats")
+                    page_out["page_loud_quanta_after_stop"] = stats.get("loudQuantaSinceStop")
+                    page_out["page_quanta_after_stop"] = stats.get("quantaSinceStop")
+            finally:
+                if page is not None:
+                    await self.browser.close_pages([page])
         after = [f for f in turn.frames[frames_before:] if f[0] > sent_at]
         worker = self.stack.lanes["incremental"].worker
         seen = [o for o in worker.cancel_log if o.session_id == sid]
         last_rx = max((f[0] for f in turn.frames), default=sent_at)
-        return {
+        return page_out | {
             "cancel_to_last_audio_received_ms": max(0, last_rx - sent_at) / 1000,
             "frames_after_cancel": len(after),
             "worker_cancel_to_last_chunk_published_ms": seen[0].cancel_to_last_chunk_ms if seen else None,
@@ -226,9 +351,24 @@ class _Bench:
             "stopped_by_edge": turn.stopped,
         }
 
+    async def _page_silence(self, page, session_id: str, turn_id: str, sent_at_us: int) -> dict:
+        """After a cancel: when the page's worklet rendered silence. The worklet applies "stop"
+        between render quanta and reports the frame it stopped at; the page maps that frame to
+        the server clock (the same mapping as its audible start) and sends a STOPPED report."""
+        stopped = await self._report(session_id, turn_id, "STOPPED", 10.0)
+        out: dict = {"cancel_to_page_silence_ms": (stopped["audible_at_us"] - sent_at_us) / 1000 if stopped else None}
+        try:  # 40 render quanta (~210 ms) after the stop: nothing may have been rendered loud
+            await page.wait_for_function("window.voicebusPlayer.stats.stops >= 1 && "
+                                         "window.voicebusPlayer.stats.quantaSinceStop >= 40", timeout=10000)
+            out["page_silent_quanta_checked"] = True
+        except Exception:  # noqa: BLE001 - reported, not fatal for the bench
+            out["page_silent_quanta_checked"] = False
+        return out
+
 
 def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: dict) -> dict:
     out: dict = {"meta": meta}
+    browser = any("audible_ms" in s for s in samples + conc) or bool(meta.get("browser"))
     for mode in ("incremental", "buffered"):
         mine = [s for s in samples if s["mode"] == mode]
         out[mode] = {
@@ -252,12 +392,25 @@ def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: 
                 for n in sorted({s["sessions"] for s in conc if s["mode"] == mode})
             },
         }
+        if browser:
+            out[mode]["audible_ms"] = _audible(mine)
+            for n, row in out[mode]["by_length"].items():
+                row["audible_ms"] = _audible(s for s in mine if s["sentences"] == int(n))
+            for n, row in out[mode]["by_concurrency"].items():
+                row["audible_ms"] = _audible(s for s in conc if s["mode"] == mode and s["sessions"] == int(n))
     inc, buf = out["incremental"]["ttfa_ms"]["p50"], out["buffered"]["ttfa_ms"]["p50"]
     out["ratio_p50"] = buf / inc if inc else float("nan")
     out["ratio_p50_by_length"] = {
         n: out["buffered"]["by_length"][n]["ttfa_ms"]["p50"] / out["incremental"]["by_length"][n]["ttfa_ms"]["p50"]
         for n in out["incremental"]["by_length"] if n in out["buffered"]["by_length"]
     }
+    if browser:
+        inc, buf = out["incremental"]["audible_ms"]["p50"], out["buffered"]["audible_ms"]["p50"]
+        out["ratio_audible_p50"] = buf / inc if inc else float("nan")
+        out["ratio_audible_p50_by_length"] = {
+            n: _ratio(out["buffered"]["by_length"][n]["audible_ms"]["p50"], out["incremental"]["by_length"][n]["audible_ms"]["p50"])
+            for n in out["incremental"]["by_length"] if n in out["buffered"]["by_length"]
+        }
     # what the bus, gate and edge add, measured on the incremental hand-off
     out["overhead_ms"] = {k: out["incremental"]["overhead_ms"][k] for k in ("p50", "p95", "n")}
     out["cancel"] = {
@@ -267,15 +420,33 @@ def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: 
             c["worker_cancel_to_last_chunk_published_ms"] for c in cancels if c["worker_cancel_to_last_chunk_published_ms"] is not None),
         "runs": cancels,
     }
+    if browser:
+        silence = [c["cancel_to_page_silence_ms"] for c in cancels if c.get("cancel_to_page_silence_ms") is not None]
+        out["cancel"] |= {
+            "cancel_to_page_silence_ms": summary(silence),
+            "page_silence_reported": f"{len(silence)}/{len(cancels)}",
+            "page_loud_quanta_after_stop_total": sum(c.get("page_loud_quanta_after_stop") or 0 for c in cancels),
+        }
     out["samples"] = samples + conc
     return out
 
 
+def _audible(samples) -> dict:
+    return summary(s["audible_ms"] for s in samples if s.get("audible_ms") is not None)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
 def markdown_table(results: dict) -> str:
     meta = results["meta"]
+    browser = "ratio_audible_p50" in results
+    stages = [s for s in STAGE_ORDER if s != "audible" or browser]
     lines = [
         f"Engine {meta['engine']} on {meta['device']}, LLM tokens every {meta['token_ms']:g} ms, "
-        f"{meta['runs']} runs per cell, modes alternated (A/B in one run).",
+        f"{meta['runs']} runs per cell, modes alternated (A/B in one run)."
+        + (" A web player in headless chromium was attached to every measured session." if browser else ""),
         "",
         "| answer | incremental TTFA p50 / p95 (ms) | buffered TTFA p50 / p95 (ms) | buffered / incremental (p50) |",
         "|---|---|---|---|",
@@ -285,13 +456,23 @@ def markdown_table(results: dict) -> str:
         lines.append(f"| {n} sentence(s) | {i['p50']:.0f} / {i['p95']:.0f} | {b['p50']:.0f} / {b['p95']:.0f} | {ratio:.2f}x |")
     i, b = results["incremental"]["ttfa_ms"], results["buffered"]["ttfa_ms"]
     lines.append(f"| **all** | **{i['p50']:.0f}** / {i['p95']:.0f} | **{b['p50']:.0f}** / {b['p95']:.0f} | **{results['ratio_p50']:.2f}x** |")
+    if browser:
+        lines += ["", "Time to audible start in the browser (first token -> first non-silent sample rendered by the page):", "",
+                  "| answer | incremental audible p50 / p95 (ms) | buffered audible p50 / p95 (ms) | buffered / incremental (p50) |",
+                  "|---|---|---|---|"]
+        for n, ratio in results["ratio_audible_p50_by_length"].items():
+            i, b = results["incremental"]["by_length"][n]["audible_ms"], results["buffered"]["by_length"][n]["audible_ms"]
+            lines.append(f"| {n} sentence(s) | {i['p50']:.0f} / {i['p95']:.0f} | {b['p50']:.0f} / {b['p95']:.0f} | {ratio:.2f}x |")
+        i, b = results["incremental"]["audible_ms"], results["buffered"]["audible_ms"]
+        lines.append(f"| **all** | **{i['p50']:.0f}** / {i['p95']:.0f} | **{b['p50']:.0f}** / {b['p95']:.0f} "
+                     f"| **{results['ratio_audible_p50']:.2f}x** |")
     o = results["overhead_ms"]
     lines += ["", f"Overhead of bus + gate + edge (incremental TTFA - wait for the first sentence's text - model's own "
                   f"time to first audio): p50 {o['p50']:.1f} ms, p95 {o['p95']:.1f} ms.", "",
               "Per-stage p50 of the first audio, ms after the first token (incremental):", "",
-              "| answer | " + " | ".join(STAGE_ORDER) + " |", "|---|" + "---|" * len(STAGE_ORDER)]
+              "| answer | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
     for n, row in results["incremental"]["by_length"].items():
-        lines.append(f"| {n} | " + " | ".join(f"{row['stages_p50_ms'].get(s, float('nan')):.0f}" for s in STAGE_ORDER) + " |")
+        lines.append(f"| {n} | " + " | ".join(f"{row['stages_p50_ms'].get(s, float('nan')):.0f}" for s in stages) + " |")
     lines += ["", "Concurrency (4-sentence answers, full playback):", "",
               "| sessions | incremental TTFA p50 / p95 | buffered TTFA p50 / p95 | incremental starvation p50 (ms) | buffered starvation p50 (ms) |",
               "|---|---|---|---|---|"]
@@ -306,13 +487,20 @@ def markdown_table(results: dict) -> str:
                   f"p50 {c['cancel_to_last_audio_received_ms']['p50']:.0f} ms after the cancel was sent; frames of the cancelled "
                   f"turn delivered after the cancel: {c['frames_after_cancel_total']}; worker: cancel seen -> last chunk published "
                   f"p50 {c['worker_cancel_to_last_chunk_published_ms']['p50']:.0f} ms.", ""]
+    if "cancel_to_page_silence_ms" in c:
+        sil = c["cancel_to_page_silence_ms"]
+        lines[-1:] = [(f"In the browser (barge-in once the page was audible): cancel sent -> the page's worklet renders "
+                       f"silence p50 {sil['p50']:.0f} ms, p95 {sil['p95']:.0f} ms ({c['page_silence_reported']} runs reported); "
+                       f"loud render quanta after the stop: {c['page_loud_quanta_after_stop_total']}."), ""]
     return "\n".join(lines)
 
 
 def print_results(results: dict) -> None:
     print(markdown_table(results))
-    print(json.dumps({k: results[k] for k in ("ratio_p50", "overhead_ms")}
-                     | {m: {"ttfa_ms": results[m]["ttfa_ms"]} for m in ("incremental", "buffered")}))
+    keys = ("ratio_p50", "overhead_ms") + (("ratio_audible_p50",) if "ratio_audible_p50" in results else ())
+    print(json.dumps({k: results[k] for k in keys}
+                     | {m: {k: results[m][k] for k in ("ttfa_ms", "audible_ms") if k in results[m]}
+                        for m in ("incremental", "buffered")}))
 
 
 def write_chart(results: dict, path: Path) -> None:

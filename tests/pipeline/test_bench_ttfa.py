@@ -1,0 +1,81 @@
+"""`voicebus bench ttfa`'s summary and markdown on synthetic samples (pure: no Kafka, no model)."""
+
+import json
+
+import pytest
+
+from pipeline.bench.ttfa import markdown_table, summarise
+
+META = {"runs": 2, "lengths": [1, 4], "concurrency": [1], "token_ms": 30.0, "engine": "tiny random weights",
+        "device": "cpu", "wall_s": 1.0, "quick": True}
+
+
+def _sample(mode, sentences, ttfa, audible=None, sessions=1):
+    stages = {"sentence complete": 100.0, "released": 110.0, "request received": 112.0, "synthesis start": 113.0,
+              "first audio": ttfa - 6, "published": ttfa - 5, "edge received": ttfa - 3, "sent": ttfa - 2, "received": ttfa}
+    out = {"mode": mode, "sentences": sentences, "sessions": sessions, "ttfa_ms": ttfa, "stages": stages,
+           "model_ttfa_ms": ttfa - 120, "overhead_ms": 8.0, "starvation_ms": 0.0, "starvation_gaps": 0, "audio_s": 3.0,
+           "agent_first_token_skew_ms": 0.1}
+    if audible is not None:
+        out["audible_ms"] = audible
+        stages["audible"] = audible
+    return out
+
+
+def _samples(browser):
+    rows = []
+    for ttfa_inc, ttfa_buf in ((200.0, 400.0), (220.0, 440.0)):
+        for n in (1, 4):
+            scale = 1 if n == 1 else 3
+            rows.append(_sample("incremental", n, ttfa_inc, ttfa_inc + 50 if browser else None))
+            rows.append(_sample("buffered", n, ttfa_buf * scale, ttfa_buf * scale + 50 if browser else None))
+    return rows
+
+
+def _conc(browser):
+    return [_sample(m, 4, t, t + 60 if browser else None) for m, t in (("incremental", 210.0), ("buffered", 1300.0))]
+
+
+def _cancels(browser):
+    runs = []
+    for ms in (40.0, 50.0):
+        run = {"cancel_to_last_audio_received_ms": 0.0, "frames_after_cancel": 0,
+               "worker_cancel_to_last_chunk_published_ms": 2.0, "worker_saw_cancel_after_ms": 10.0, "stopped_by_edge": True}
+        if browser:
+            run |= {"page_audible_before_cancel": True, "cancel_to_page_silence_ms": ms,
+                    "page_silent_quanta_checked": True, "page_loud_quanta_after_stop": 0, "page_quanta_after_stop": 400}
+        runs.append(run)
+    return runs
+
+
+def test_summary_with_a_browser_has_audible_figures():
+    r = summarise(_samples(True), _conc(True), _cancels(True), META | {"browser": "chromium"})
+    for mode in ("incremental", "buffered"):
+        assert {"p50", "p95", "n"} <= set(r[mode]["ttfa_ms"]) and r[mode]["audible_ms"]["n"] == 4
+        assert r[mode]["by_length"]["1"]["stages_p50_ms"]["audible"] == r[mode]["by_length"]["1"]["audible_ms"]["p50"]
+        assert r[mode]["by_concurrency"]["1"]["audible_ms"]["n"] == 1
+    assert r["incremental"]["audible_ms"]["p50"] == pytest.approx(260.0)
+    assert r["buffered"]["by_length"]["4"]["audible_ms"]["p50"] == pytest.approx(1310.0)
+    assert r["ratio_audible_p50"] == pytest.approx(r["buffered"]["audible_ms"]["p50"] / 260.0)
+    assert r["ratio_audible_p50_by_length"]["1"] == pytest.approx(470.0 / 260.0)
+    assert r["cancel"]["cancel_to_page_silence_ms"]["p50"] == pytest.approx(45.0)
+    assert r["cancel"]["page_loud_quanta_after_stop_total"] == 0
+    json.dumps(r)  # the JSON the bench writes
+
+    md = markdown_table(r)
+    header = next(line for line in md.splitlines() if line.startswith("| answer | sentence complete"))
+    assert header.rstrip(" |").endswith("received | audible")
+    row4 = next(line for line in md.splitlines() if line.startswith("| 4 | "))
+    assert row4.split("|")[-2].strip() == "260"  # audible p50 of the 4-sentence incremental answers
+    assert "Time to audible start in the browser" in md and "renders silence p50 45 ms" in md
+
+
+def test_without_a_browser_nothing_audible_is_reported():
+    r = summarise(_samples(False), _conc(False), _cancels(False), META)
+    assert "ratio_audible_p50" not in r and "audible_ms" not in r["incremental"]
+    assert "audible" not in r["incremental"]["by_length"]["1"]["stages_p50_ms"]
+    assert "cancel_to_page_silence_ms" not in r["cancel"]
+    assert r["ratio_p50"] == pytest.approx(r["buffered"]["ttfa_ms"]["p50"] / r["incremental"]["ttfa_ms"]["p50"])
+    md = markdown_table(r)
+    assert "audible" not in md and "browser" not in md
+    assert "| 1 sentence(s) | 210 / " in md
