@@ -3,9 +3,9 @@
 Pure core: `TurnTracker` decides when a turn is over (END_OF_TURN seen and every claim pending
 in it resolved, or the turn cancelled) and `to_conversation` turns decoded records into the file
 format, times taken from the records' own `produced_at_us`/`issued_at_us` relative to the first
-one. Thin shell: `record` subscribes by pattern (so an agent that appears mid-recording is picked
-up), starts each partition at the recording's start time (`offsets_for_times`), and stops after a
-duration or once N turns are over.
+one. Thin shell: `record` follows every topic matching the pattern (an agent that appears
+mid-recording is picked up within 0.2 s), starts each partition at the recording's start time
+(`offsets_for_times`), and stops after a duration or once N turns are over.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,9 +120,10 @@ async def record(
 ) -> Conversation:
     """Record text and control events produced since `since_us` (default: now) until
     `duration_s` passed or `turns` turns are over, whichever comes first (at least one bound is
-    required). `ready` is set once the consumer has its partitions. Records that fail to decode
-    are logged and skipped (the pipeline's own consumers dead-letter them)."""
-    from aiokafka import ConsumerRebalanceListener
+    required). `ready` is set once the consumer reads the control topic. Records that fail to
+    decode are logged and skipped (the pipeline's own consumers dead-letter them)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
 
     from pipeline.bus import ensure_topics, make_consumer
     from pipeline.codecs import Codec, CodecError
@@ -133,45 +133,57 @@ async def record(
     if turns is not None and turns < 1:
         raise RecordError(f"turns must be >= 1, got {turns}")
     since_us = now_us() if since_us is None else since_us
-    since_ms = since_us // 1000
     await ensure_topics(settings, [settings.control_topic])
     codec = Codec(max_text_bytes=settings.max_text_bytes)
-    consumer = make_consumer(
-        settings, group_id=f"voicebus-record-{uuid.uuid4().hex[:12]}", enable_auto_commit=False,
-        auto_offset_reset="earliest", metadata_max_age_ms=500,  # short: see new agent topics fast
-    )
-
-    class StartAtRecordingStart(ConsumerRebalanceListener):
-        async def on_partitions_revoked(self, revoked):
-            pass
-
-        async def on_partitions_assigned(self, assigned):
-            if assigned:
-                offsets = await consumer.offsets_for_times({tp: since_ms for tp in assigned})
-                for tp in assigned:
-                    found = offsets.get(tp)
-                    if found is not None:
-                        consumer.seek(tp, found.offset)
-                    else:
-                        await consumer.seek_to_end(tp)
-            if ready is not None and any(tp.topic == settings.control_topic for tp in consumer.assignment()):
-                ready.set()
-
-    consumer.subscribe(pattern=recorded_topics_pattern(settings), listener=StartAtRecordingStart())
+    pattern = re.compile(recorded_topics_pattern(settings))
+    # No consumer group: the recorder assigns partitions itself and keeps its own positions, so an
+    # agent topic that appears mid-recording is added without a rebalance (a rebalance would
+    # reset every position and lose or repeat records).
+    consumer = make_consumer(settings, group_id=None, enable_auto_commit=False, metadata_max_age_ms=500)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
     await consumer.start()
+    await admin.start()
+    positions: dict[TopicPartition, int] = {}
     records: list[RecordedRecord] = []
     tracker = TurnTracker()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + duration_s if duration_s is not None else None
+    next_discovery = 0.0
+
+    async def follow_new_topics() -> None:
+        topics = sorted(t for t in await admin.list_topics() if pattern.match(t))
+        described = await admin.describe_topics(topics) if topics else []
+        new = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d.get("partitions", ())
+               if TopicPartition(d["topic"], p["partition"]) not in positions]
+        if not new:
+            return
+        found = await consumer.offsets_for_times({tp: since_us // 1000 for tp in new})
+        ends = await consumer.end_offsets(new)
+        for tp in new:
+            positions[tp] = found[tp].offset if found.get(tp) is not None else ends[tp]
+        consumer.assign(list(positions))
+        for tp, offset in positions.items():
+            consumer.seek(tp, offset)
+        if ready is not None and any(tp.topic == settings.control_topic for tp in positions):
+            ready.set()
+
     try:
         while True:
-            if deadline is not None and loop.time() >= deadline:
+            now = loop.time()
+            if deadline is not None and now >= deadline:
                 break
             if turns is not None and len(tracker.finished) >= turns:
                 break
+            if now >= next_discovery:
+                await follow_new_topics()
+                next_discovery = now + 0.2
+            if not positions:
+                await asyncio.sleep(0.05)
+                continue
             batch = await consumer.getmany(timeout_ms=100)
             for tp, messages in batch.items():
                 for message in messages:
+                    positions[tp] = message.offset + 1
                     try:
                         decoded = codec.decode(message.value)
                     except CodecError as exc:
@@ -186,5 +198,6 @@ async def record(
                     records.append(record_)
                     tracker.observe(decoded.type, decoded.value)
     finally:
+        await admin.close()
         await consumer.stop()
     return to_conversation(records, title, description)
