@@ -222,17 +222,18 @@ class _Bench:
         for mode in ("incremental", "buffered"):
             await self.turns(mode, 1, sessions=1, full=True, record=False)
 
-    async def _speak(self, publisher, session_id: str, turn_id: str, text: str) -> int:
+    async def _speak(self, publisher, session_id: str, turn_id: str, text: str) -> list[int]:
+        """Stream `text` as LLM-like tokens; returns each token's produced_at_us."""
         from agents.tokens import split_like_llm
 
-        first_at = 0
+        produced: list[int] = []
         async with publisher.turn(session_id, turn_id, language="en") as turn:
-            for i, piece in enumerate(split_like_llm(text)):
+            for piece in split_like_llm(text):
                 event = await turn.token(piece)
-                if i == 0 and event:
-                    first_at = event["produced_at_us"]
+                if event:
+                    produced.append(event["produced_at_us"])
                 await asyncio.sleep(self.token_ms / 1000)
-        return first_at
+        return produced
 
     async def turns(self, mode: str, length: int, sessions: int, full: bool, record: bool = True) -> list[dict]:
         """`sessions` sessions each speak one answer of `length` sentences at once; returns one
@@ -253,9 +254,9 @@ class _Bench:
                 for sid, _ in ids:
                     pages.append(await self.browser.open(self.stack.edge_url, sid, lane.edge_secret))
             async with Publisher(lane, agent_id="bench") as publisher:
-                firsts = await asyncio.gather(*(self._speak(publisher, sid, tid, text) for sid, tid in ids))
+                produced = await asyncio.gather(*(self._speak(publisher, sid, tid, text) for sid, tid in ids))
                 out = []
-                for (sid, tid), listener, first_at in zip(ids, listeners, firsts):
+                for (sid, tid), listener, produced_us in zip(ids, listeners, produced):
                     audible = None
                     if full:
                         turn = await listener.wait_turn_end(tid, 600)
@@ -266,7 +267,7 @@ class _Bench:
                         if self.browser is not None:  # the page must become audible before the cancel
                             audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
                         await listener.cancel(tid, reason="bench: first audio measured")
-                    out.append(self._sample(mode, length, sessions, turn, first_at,
+                    out.append(self._sample(mode, length, sessions, turn, produced_us,
                                             audible["audible_at_us"] if audible else None))
         finally:
             for listener in listeners:
@@ -290,7 +291,8 @@ class _Bench:
                 await asyncio.sleep(0.05)
 
     @staticmethod
-    def _sample(mode: str, length: int, sessions: int, turn, first_at_us: int, audible_at_us: int | None = None) -> dict:
+    def _sample(mode: str, length: int, sessions: int, turn, produced_us: list[int], audible_at_us: int | None = None) -> dict:
+        first_at_us = produced_us[0] if produced_us else 0
         received = turn.first_audio_at_us
         timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()))
         gap_ms, gaps = turn.starvation()
@@ -301,6 +303,9 @@ class _Bench:
             "stages": first_audio_stages(timeline, received, audible_at_us),
             "model_ttfa_ms": model_ttfa_ms(timeline),
             "overhead_ms": overhead_ms(timeline, received),
+            # Part of that overhead is no cost of the bus: a sentence's end is certain only once the
+            # next token arrives, one token interval after its last character.
+            "confirming_token_wait_ms": _confirming_token_wait_ms(timeline, produced_us),
             "starvation_ms": gap_ms, "starvation_gaps": gaps, "audio_s": turn.duration_s,
             "agent_first_token_skew_ms": (timeline["first_token_at_us"] - first_at_us) / 1000 if first_at_us else 0,
         }
@@ -366,6 +371,14 @@ class _Bench:
         return out
 
 
+def _confirming_token_wait_ms(timeline: dict, produced_us: list[int]) -> float:
+    """From the arrival of the first audio's sentence's last character at the gate to the
+    production of the next token (none: the end of the turn confirmed it, counted as 0)."""
+    complete = timeline.get("text_complete_at_us", 0)
+    later = [p for p in produced_us if p > complete]
+    return (later[0] - complete) / 1000 if later else 0.0
+
+
 def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: dict) -> dict:
     out: dict = {"meta": meta}
     browser = any("audible_ms" in s for s in samples + conc) or bool(meta.get("browser"))
@@ -412,7 +425,11 @@ def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: 
             for n in out["incremental"]["by_length"] if n in out["buffered"]["by_length"]
         }
     # what the bus, gate and edge add, measured on the incremental hand-off
+    inc = [s for s in samples if s["mode"] == "incremental"]
     out["overhead_ms"] = {k: out["incremental"]["overhead_ms"][k] for k in ("p50", "p95", "n")}
+    out["confirming_token_wait_ms"] = summary(s.get("confirming_token_wait_ms", 0.0) for s in inc)
+    out["overhead_beyond_confirming_token_ms"] = summary(
+        s["overhead_ms"] - s.get("confirming_token_wait_ms", 0.0) for s in inc)
     out["cancel"] = {
         "cancel_to_last_audio_received_ms": summary(c["cancel_to_last_audio_received_ms"] for c in cancels),
         "frames_after_cancel_total": sum(c["frames_after_cancel"] for c in cancels),
@@ -468,7 +485,12 @@ def markdown_table(results: dict) -> str:
                      f"| **{results['ratio_audible_p50']:.2f}x** |")
     o = results["overhead_ms"]
     lines += ["", f"Overhead of bus + gate + edge (incremental TTFA - wait for the first sentence's text - model's own "
-                  f"time to first audio): p50 {o['p50']:.1f} ms, p95 {o['p95']:.1f} ms.", "",
+                  f"time to first audio): p50 {o['p50']:.1f} ms, p95 {o['p95']:.1f} ms."]
+    if "overhead_beyond_confirming_token_ms" in results:
+        w, b = results["confirming_token_wait_ms"], results["overhead_beyond_confirming_token_ms"]
+        lines += [f"Of that, waiting for the next token that makes the sentence's end certain: p50 {w['p50']:.1f} ms; "
+                  f"the rest (gate, bus hops, worker queue, edge): p50 {b['p50']:.1f} ms, p95 {b['p95']:.1f} ms."]
+    lines += ["",
               "Per-stage p50 of the first audio, ms after the first token (incremental):", "",
               "| answer | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
     for n, row in results["incremental"]["by_length"].items():
