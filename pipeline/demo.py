@@ -81,7 +81,8 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     table.add_column("audio s", justify="right")
     failures = 0
     with console.status("starting the pipeline") as status:
-        stack = PipelineStack(settings, engine)
+        agent_ids = tuple(sorted({e.agent_id for c in conversations.values() for e in c.events if e.type == "text"}))
+        stack = PipelineStack(settings, engine, agent_ids=agent_ids)
         await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
     try:
         console.log(f"pipeline up: Kafka at {stack.settings.bootstrap}, edge at {stack.edge_url}")

@@ -23,6 +23,7 @@ from aiohttp import web
 from pipeline.broker import ensure_local_kafka
 from pipeline.bus import ensure_topics
 from pipeline.settings import Settings
+from pipeline.topics import fixed_topics, text_topic
 
 
 class StackError(RuntimeError):
@@ -40,12 +41,13 @@ class Lane:
 
 class PipelineStack:
     def __init__(self, settings: Settings, engine: Any, lanes: dict[str, Settings] | None = None,
-                 *, edge: bool = True, gate_loglevel: str = "WARNING") -> None:
+                 *, edge: bool = True, gate_loglevel: str = "WARNING", agent_ids: tuple[str, ...] = ()) -> None:
         self._base = settings
         self._engine = engine
         self._lane_settings = lanes or {"main": settings}
         self._with_edge = edge
         self._gate_loglevel = gate_loglevel
+        self._agent_ids = agent_ids
         self._exit = contextlib.ExitStack()
         self._edge_runner: web.AppRunner | None = None
         self.settings: Settings = settings
@@ -76,7 +78,11 @@ class PipelineStack:
             self.lanes[name] = Lane(name, lane_settings.replace(bootstrap=bootstrap))
         step("topics")
         for lane in self.lanes.values():
-            await ensure_topics(lane.settings)
+            # The known agents' text topics exist before the gate starts, so it subscribes to them
+            # at once; a topic that appears later is found by the gate's periodic discovery, which
+            # costs that agent's first turn a rebalance (~2-4 s).
+            await ensure_topics(lane.settings, [*fixed_topics(lane.settings),
+                                                *(text_topic(lane.settings, a) for a in self._agent_ids)])
         step("gate workers")
         for lane in self.lanes.values():
             await self._start_gate(lane)

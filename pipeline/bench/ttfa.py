@@ -116,7 +116,7 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     started = time.monotonic()
     browser = _Browser() if getattr(args, "browser", False) else None
-    async with PipelineStack(base, engine, lanes) as stack, contextlib.AsyncExitStack() as exit_stack:
+    async with PipelineStack(base, engine, lanes, agent_ids=("bench",)) as stack, contextlib.AsyncExitStack() as exit_stack:
         if browser is not None:
             await exit_stack.enter_async_context(browser)
         bench = _Bench(stack, args.token_ms, console, browser)
