@@ -82,6 +82,9 @@ class Settings:
     ``cache`` (cache only) or ``off`` (straight to the offline pack)."""
     worker_max_in_flight: int = 8
     chunk_ms: int = 150
+    opening_clause_min_words: int = 3
+    """A turn's first sentence is synthesized in two pieces when its first clause has at least
+    this many words, so the turn's first audio needs only that clause (0 disables it)."""
     worker_cancel_lookback_s: float = 300.0
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000

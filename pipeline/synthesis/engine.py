@@ -77,17 +77,24 @@ def split_for_early_audio(
     text: str,
     first_max_words: int = FIRST_PIECE_MAX_WORDS,
     max_words: int = PIECE_MAX_WORDS,
+    first_clause_min_words: int = 0,
 ) -> list[str]:
     """Cut one sentence into pieces synthesized one after another.
 
     The first piece has at most ``first_max_words`` words (whole clauses when they fit), the
     others at most ``max_words``; clauses are kept whole when they fit, merged when short.
+    With ``first_clause_min_words`` > 0 the first piece also ends at the first clause boundary
+    once it has that many words ("Thanks for waiting," of "Thanks for waiting, I found your
+    order."): the worker asks for it on a turn's first sentence, whose first audio is the turn's.
     Joining the pieces with single spaces gives back the text with its whitespace normalized.
     """
     clauses = [c.split() for c in _CLAUSE_END.split(text.strip()) if c.strip()]
     pieces: list[list[str]] = []
     current: list[str] = []
     for words in clauses:
+        if first_clause_min_words and not pieces and len(current) >= first_clause_min_words:
+            pieces.append(current)
+            current = []
         while words:
             limit = first_max_words if not pieces else max_words
             room = limit - len(current)
@@ -314,6 +321,7 @@ class SynthesisEngine:
         speed: float = 1.0,
         chunk_ms: int = 150,
         should_stop: Callable[[], bool] = lambda: False,
+        first_clause_min_words: int = 0,
     ) -> Iterator[bytes]:
         """PCM16LE mono chunks of about ``chunk_ms`` for one sentence, the first as early as
         possible. Blocking: run it in a thread. ``should_stop`` is checked before each piece is
@@ -321,7 +329,7 @@ class SynthesisEngine:
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
-        for piece in split_for_early_audio(text):
+        for piece in split_for_early_audio(text, first_clause_min_words=first_clause_min_words):
             if should_stop():
                 return
             for phonemes in self.phonemize(piece, language):

@@ -365,7 +365,10 @@ def chunk_duration_ms(chunk: dict) -> float:
     return len(chunk["pcm"]) / BYTES_PER_SAMPLE / chunk["sample_rate"] * 1000.0
 
 
-def synthesis_args(job: SynthesisJob) -> dict[str, Any]:
-    """The engine `stream` keyword arguments of a job's request."""
+def synthesis_args(job: SynthesisJob, opening_clause_min_words: int = 0) -> dict[str, Any]:
+    """The engine `stream` keyword arguments of a job's request. A turn's first sentence may end
+    its first piece at its first clause (`opening_clause_min_words`): its first audio is the turn's."""
     r = job.request
-    return {"text": r["text"], "language": r["language"], "voice": r["voice"], "speed": float(r.get("speed") or 1.0)}
+    opening = opening_clause_min_words if r.get("sentence_seq") == 0 else 0
+    return {"text": r["text"], "language": r["language"], "voice": r["voice"], "speed": float(r.get("speed") or 1.0),
+            "first_clause_min_words": opening}

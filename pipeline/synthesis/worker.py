@@ -415,7 +415,8 @@ class SynthesisWorker:
             finally:
                 self._observe_cancel_end(job)
             return Outcome.SPOKEN
-        stream = self.engine.stream(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop, **synthesis_args(job))
+        stream = self.engine.stream(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
+                                    **synthesis_args(job, self.settings.opening_clause_min_words))
         try:
             while not job.stop_requested:
                 pcm = await loop.run_in_executor(self._executor, next, stream, _END)

@@ -33,6 +33,15 @@ def test_split_prefers_clause_boundaries_and_leaves_short_sentences_whole():
     assert split_for_early_audio("Yes, of course, we can do that for you today.")[0] == "Yes, of course,"
 
 
+def test_an_opening_sentence_can_end_its_first_piece_at_its_first_clause():
+    text = "Thanks for waiting, I found your order."
+    assert split_for_early_audio(text) == [text]  # it fits one piece
+    assert split_for_early_audio(text, first_clause_min_words=3) == ["Thanks for waiting,", "I found your order."]
+    # a first clause shorter than the minimum is kept with the next one
+    assert split_for_early_audio("Yes, of course, we can do that.", first_clause_min_words=3)[0] == "Yes, of course,"
+    assert split_for_early_audio("No commas in this one at all.", first_clause_min_words=3) == ["No commas in this one at all."]
+
+
 def test_chunk_pcm_sizes_and_tail_merge():
     pcm = bytes(2 * 1000)
     assert [len(c) // 2 for c in chunk_pcm(pcm, 300)] == [300, 300, 400]

@@ -228,3 +228,15 @@ def test_cancel_stops_real_synthesis_in_flight_before_its_next_chunk(engine):
     assert len(after_cancel) <= 1
     assert 0 < len(got) < full_chunks
     assert sched.finish(job) is Outcome.STOPPED
+
+
+def test_only_a_turns_first_sentence_asks_for_an_early_first_clause():
+    from pipeline.synthesis.scheduler import SynthesisJob
+
+    def args_for(seq):
+        request = {"session_id": "s", "turn_id": "t", "sentence_seq": seq, "text": "Hi, there you are.",
+                   "language": "a", "voice": "af_heart"}
+        return synthesis_args(SynthesisJob(request, received_at_us=0), opening_clause_min_words=3)
+
+    assert args_for(0)["first_clause_min_words"] == 3
+    assert args_for(1)["first_clause_min_words"] == 0
