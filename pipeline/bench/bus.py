@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
+from pipeline.latency import percentile
 from pipeline.settings import Settings
 
 TARGET_P50_MS = 2.0
@@ -33,14 +34,6 @@ class BusLatency:
     max_ms: float
     mean_ms: float
     kafka_bootstrap: str
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        raise ValueError("no values")
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
-    return sorted_values[rank - 1]
 
 
 async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: int = 1000) -> BusLatency:

@@ -16,6 +16,8 @@ import multiprocessing
 import statistics
 import time
 
+from pipeline.latency import percentile
+
 
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("edge", help="edge overhead chunk consumed -> frame sent, p50/p99 per client count")
@@ -37,11 +39,6 @@ def run(args: argparse.Namespace, settings) -> int:
         r = results[n]
         print(f"{n:>8} {r['samples']:>8} {r['p50'] * 1e3:>8.3f} {r['p99'] * 1e3:>8.3f} {r['max'] * 1e3:>8.3f} {r['p99'] / base:>14.2f}")
     return 0
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def _bench(settings, counts: list[int], chunks: int, interval_s: float, chunk_ms: int) -> dict:
@@ -86,7 +83,7 @@ async def _bench(settings, counts: list[int], chunks: int, interval_s: float, ch
                 players.terminate()
             await runner.cleanup()
         samples = list(metrics.overhead_samples)
-        results[n] = {"samples": len(samples), "p50": statistics.median(samples), "p99": _percentile(samples, 0.99),
+        results[n] = {"samples": len(samples), "p50": statistics.median(samples), "p99": percentile(samples, 99),
                       "max": max(samples)}
     return results
 

@@ -22,6 +22,7 @@ import uuid
 
 from pipeline.clock import now_us
 from pipeline.gate.core import GateConfig, GateSession
+from pipeline.latency import percentile
 from pipeline.settings import Settings
 
 TEXT = "The quick brown fox jumps. It was far away, said Dr. Smith. Then it rained all day. "
@@ -122,7 +123,7 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
         gate.wait(20)
     latencies_ms.sort()
     return {"requests": len(latencies_ms), "p50_ms": statistics.median(latencies_ms),
-            "p95_ms": latencies_ms[max(0, int(len(latencies_ms) * 0.95) - 1)], "max_ms": latencies_ms[-1]}
+            "p95_ms": percentile(latencies_ms, 95), "max_ms": latencies_ms[-1]}
 
 
 def register(bench_subparsers) -> None:

@@ -19,16 +19,11 @@ import statistics
 import time
 from pathlib import Path
 
+from pipeline.latency import percentile
+
 DEFAULT_CASES = Path("../shared/benchmarks/segmentation/pysbd-golden-rules.json")
 NAIVE_SPLIT = re.compile(r"(?<=[.!?])\s+")
 CLAUSE_SWEEP = (0, 4, 6, 8, 10, 12, 16)
-
-
-def _percentile(values: list[int], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
 def _stream(text: str, pieces: list[str], lang: str, min_words: int = 0):
@@ -141,7 +136,7 @@ def _clause_sweep(turns: list[tuple[str, str]]) -> list[list[str]]:
             [
                 str(min_words) + (" (off)" if min_words == 0 else ""),
                 f"{statistics.median(first_tokens):.0f}",
-                f"{_percentile(first_tokens, 0.95):.0f}",
+                f"{percentile(first_tokens, 95):.0f}",
                 f"{statistics.median(first_words):.0f}",
                 f"{min(first_words)}",
                 f"{clauses}/{len(first_tokens)}",
@@ -171,9 +166,9 @@ def run_segment_bench(args: argparse.Namespace, settings) -> int:
         lags = figures["lags"][mode]
         print(
             f"release lag ({mode} feed, {len(lags)} sentences released before end of turn): "
-            f"p50 {_percentile(lags, 0.5):.0f} chars, p95 {_percentile(lags, 0.95):.0f} chars "
-            f"(in pieces: p50 {_percentile(figures['piece_lags'][mode], 0.5):.0f}, "
-            f"p95 {_percentile(figures['piece_lags'][mode], 0.95):.0f}); "
+            f"p50 {percentile(lags, 50):.0f} chars, p95 {percentile(lags, 95):.0f} chars "
+            f"(in pieces: p50 {percentile(figures['piece_lags'][mode], 50):.0f}, "
+            f"p95 {percentile(figures['piece_lags'][mode], 95):.0f}); "
             f"cost {figures['cost_us'][mode]:.1f} µs per {mode} (median of {args.repeat})"
         )
     if not args.no_clause_sweep:

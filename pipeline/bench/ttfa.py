@@ -33,6 +33,7 @@ import time
 import uuid
 from pathlib import Path
 
+from pipeline.clock import now_us
 from pipeline.latency import first_audio_stages, model_ttfa_ms, overhead_ms, summary
 from pipeline.settings import Settings
 
@@ -331,7 +332,7 @@ class _Bench:
                         audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
                         page_out["page_audible_before_cancel"] = audible is not None
                     frames_before = len(turn.frames)
-                    sent_at = time.time_ns() // 1000
+                    sent_at = now_us()
                     await listener.cancel(tid, reason="bench: barge-in")
                     if page is not None:
                         page_out |= await self._page_silence(page, sid, tid, sent_at)
