@@ -287,7 +287,6 @@ class SessionRouter:
         """Queue one decoded AudioChunk for the clients of its session; returns how many got it."""
         consumed_ns = consumed_ns or time.perf_counter_ns()
         edge_received_at_us = edge_received_at_us or now_us()
-        self.metrics.observe_chunk(chunk, edge_received_at_us)
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
         started = chunk.get("first_token_at_us") or None
         if len(chunk["pcm"]) % 2 or chunk.get("encoding", "PCM16LE") not in protocol.ENCODINGS:
@@ -295,6 +294,9 @@ class SessionRouter:
                 f"chunk {session_id}/{turn_id}/{chunk['sentence_seq']}/{chunk['chunk_seq']}: "
                 f"{len(chunk['pcm'])} bytes of {chunk.get('encoding')} is not whole PCM16LE samples"
             )
+        # Only chunks the edge accepts count in the latency histograms: a rejected one says nothing
+        # about the pipeline's speed and would skew the per-stage counts.
+        self.metrics.observe_chunk(chunk, edge_received_at_us)
         if self.cancels.is_cancelled(session_id, turn_id, started):
             self.metrics.drops.labels("cancelled").inc()
             return 0

@@ -2,7 +2,9 @@
 
 import time
 
-from players.router import SessionRouter
+import pytest
+
+from players.router import SessionRouter, UnroutableChunk
 from players.tone import tone_turn
 
 
@@ -27,3 +29,16 @@ def test_a_client_that_stops_reading_while_frames_wait_is_closed():
     for chunk in chunks[1:]:
         router.route(chunk)
     assert channel.closed is not None and channel.closed.code == 4429
+
+
+def test_a_chunk_that_is_not_whole_pcm16_samples_is_rejected_and_not_counted():
+    router = SessionRouter()
+    channel = router.connect("s1")
+    odd = {**tone_turn("s1", "t1", sentences=1, chunks_per_sentence=1)[0], "pcm": b"\x01\x02\x03"}
+    with pytest.raises(UnroutableChunk, match="not whole PCM16LE samples"):
+        router.route(odd)
+    assert not channel.outbox
+    # a rejected chunk says nothing about the pipeline's speed: no latency sample, no chunk counted
+    assert router.metrics.registry.get_sample_value(
+        "voicebus_stage_latency_seconds_count", {"stage": "bus_to_edge"}
+    ) in (None, 0.0)
