@@ -85,6 +85,11 @@ class Settings:
     opening_clause_min_words: int = 3
     """A turn's first sentence is synthesized in two pieces when its first clause has at least
     this many words, so the turn's first audio needs only that clause (0 disables it)."""
+    max_lead_silence_ms: int = 20
+    max_trail_silence_ms: int = 250
+    """Silence kept before and after the sound of each synthesized piece. Kokoro pads each
+    forward pass with ~270 ms before and ~600 ms after; the lead delays the turn's first audible
+    sample and the sum is the pause between sentences. 20 + 250 ms: docs/synthesis.md."""
     worker_cancel_lookback_s: float = 300.0
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000

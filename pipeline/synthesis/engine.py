@@ -50,6 +50,12 @@ PIECE_MAX_WORDS = 30
 
 _CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
 
+# Kokoro-82M pads every forward pass with silence: about 250-290 ms before the first sound and
+# 430-690 ms after the last (measured on the offline pack, docs/synthesis.md). The lead delays
+# the first *audible* sample of a turn by that much; lead plus trail make a pause of almost a
+# second between sentences and inside a sentence cut in pieces. `trim_silence` keeps a margin.
+SILENCE_THRESHOLD = 33  # |sample| of PCM16 at -60 dBFS: quieter than any speech onset
+
 
 class EngineError(RuntimeError):
     """Base class of synthesis engine errors."""
@@ -215,6 +221,20 @@ def tiny_config() -> dict:
 
 TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
 
+def trim_silence(pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD) -> bytes:
+    """PCM16LE with the silence before the first and after the last sample louder than
+    ``threshold`` cut to at most ``max_lead_samples`` and ``max_trail_samples``. Audio that is
+    silent throughout comes back unchanged: trimming must never turn a piece into nothing."""
+    import numpy as np
+
+    samples = np.frombuffer(pcm, dtype="<i2")
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
+    if loud.size == 0:
+        return pcm
+    start = max(0, int(loud[0]) - max(0, max_lead_samples))
+    end = min(len(samples), int(loud[-1]) + 1 + max(0, max_trail_samples))
+    return pcm[start * 2 : end * 2]
+
 
 @dataclass
 class SynthesisEngine:
@@ -231,6 +251,10 @@ class SynthesisEngine:
     seed: int | None = None
     """When set, torch is seeded before each forward pass: output is then deterministic."""
     sample_rate: int = SAMPLE_RATE
+    max_lead_silence_ms: int | None = None
+    max_trail_silence_ms: int | None = None
+    """Silence kept before and after each piece's sound (`trim_silence`); None keeps the
+    model's padding as it is (the tiny test model's output is noise, never trimmed)."""
     _g2p: dict = field(default_factory=dict, repr=False)
     _warned_voices: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -254,7 +278,10 @@ class SynthesisEngine:
             raise NoVoices(f"no voice packs in {resolved.voices_dir}")
         fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
         torch.set_grad_enabled(False)
-        return cls(model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback)
+        return cls(
+            model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
+            max_lead_silence_ms=settings.max_lead_silence_ms, max_trail_silence_ms=settings.max_trail_silence_ms,
+        )
 
     @classmethod
     def tiny(cls, seed: int = 0, device: str = "cpu") -> "SynthesisEngine":
@@ -335,11 +362,19 @@ class SynthesisEngine:
             for phonemes in self.phonemize(piece, language):
                 if should_stop():
                     return
-                pcm = self.synthesize(phonemes, voice, speed)
+                pcm = self._trimmed(self.synthesize(phonemes, voice, speed))
                 for chunk in chunk_pcm(pcm, chunk_samples):
                     if should_stop():
                         return
                     yield chunk
+
+    def _trimmed(self, pcm: bytes) -> bytes:
+        if self.max_lead_silence_ms is None and self.max_trail_silence_ms is None:
+            return pcm
+        per_ms = self.sample_rate // 1000
+        lead = per_ms * self.max_lead_silence_ms if self.max_lead_silence_ms is not None else len(pcm)
+        trail = per_ms * self.max_trail_silence_ms if self.max_trail_silence_ms is not None else len(pcm)
+        return trim_silence(pcm, lead, trail)
 
     def _pipeline(self, lang_code: str):
         with self._lock:

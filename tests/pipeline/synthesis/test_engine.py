@@ -12,6 +12,7 @@ from pipeline.synthesis.engine import (
     chunk_pcm,
     resolve_language,
     split_for_early_audio,
+    trim_silence,
 )
 
 LONG = (
@@ -46,6 +47,30 @@ def test_chunk_pcm_sizes_and_tail_merge():
     pcm = bytes(2 * 1000)
     assert [len(c) // 2 for c in chunk_pcm(pcm, 300)] == [300, 300, 400]
     assert [len(c) // 2 for c in chunk_pcm(pcm, 400)] == [400, 400, 200]
+
+
+def pcm16(*parts: tuple[int, int]) -> bytes:
+    """PCM16 made of (samples, amplitude) runs; amplitude 0 is digital silence."""
+    return np.concatenate([np.full(n, a, dtype="<i2") for n, a in parts]).tobytes()
+
+
+def test_trim_silence_keeps_the_sound_and_at_most_the_margins():
+    audio = pcm16((6000, 0), (10, 5), (100, 2000), (50, 20), (100, -3000), (9000, 1))
+    trimmed = np.frombuffer(trim_silence(audio, max_lead_samples=480, max_trail_samples=2400), "<i2")
+    # 480 quiet samples (-60 dBFS and below counts as quiet), all 250 of sound, 2400 of trail
+    assert len(trimmed) == 480 + 250 + 2400
+    assert trimmed[480] == 2000 and trimmed[480 + 249] == -3000
+    # margins longer than the silence there keep all of it
+    assert trim_silence(audio, 10**6, 10**6) == audio
+
+
+def test_trim_silence_never_empties_silent_audio_nor_cuts_into_sound():
+    silent = pcm16((4800, 0), (100, 12))
+    assert trim_silence(silent, 0, 0) == silent
+    loud = pcm16((300, 500))
+    assert trim_silence(loud, 0, 0) == loud
+    assert trim_silence(pcm16((100, 0), (300, 500)), -5, -5) == loud  # negative margins are zero
+    assert trim_silence(b"", 10, 10) == b""
 
 
 def test_language_aliases():

@@ -37,3 +37,17 @@ def test_two_english_sentences_are_transcribed_back(real_engine):
     segments, _ = model.transcribe(audio, language="en", beam_size=1)
     heard = " ".join(s.text for s in segments)
     assert word_error_rate(words(SENTENCES), words(heard)) <= 0.15, heard
+
+
+@pytest.mark.model
+def test_speech_starts_within_the_lead_margin_and_pauses_are_bounded(real_engine):
+    from pipeline.synthesis.engine import SILENCE_THRESHOLD
+
+    # two sentences, each its own forward pass: the pause between them is trail + lead at most
+    pieces = [b"".join(real_engine.stream(text, "en", "af_heart")) for text in ("Hello there.", "How are you?")]
+    per_ms = real_engine.sample_rate / 1000
+    for pcm in pieces:
+        loud = np.flatnonzero(np.abs(np.frombuffer(pcm, "<i2").astype(np.int32)) > SILENCE_THRESHOLD)
+        assert loud.size, "the model said something"
+        assert loud[0] / per_ms <= real_engine.max_lead_silence_ms + 1  # Kokoro alone: ~250 ms
+        assert (len(pcm) // 2 - 1 - loud[-1]) / per_ms <= real_engine.max_trail_silence_ms + 1
