@@ -251,8 +251,7 @@ class SynthesisEngine:
     seed: int | None = None
     """When set, torch is seeded before each forward pass: output is then deterministic."""
     sample_rate: int = SAMPLE_RATE
-    max_lead_silence_ms: int | None = None
-    max_trail_silence_ms: int | None = None
+    silence_margins_ms: tuple[int, int] | None = None
     """Silence kept before and after each piece's sound (`trim_silence`); None keeps the
     model's padding as it is (the tiny test model's output is noise, never trimmed)."""
     _g2p: dict = field(default_factory=dict, repr=False)
@@ -280,7 +279,7 @@ class SynthesisEngine:
         torch.set_grad_enabled(False)
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
-            max_lead_silence_ms=settings.max_lead_silence_ms, max_trail_silence_ms=settings.max_trail_silence_ms,
+            silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
         )
 
     @classmethod
@@ -369,12 +368,10 @@ class SynthesisEngine:
                     yield chunk
 
     def _trimmed(self, pcm: bytes) -> bytes:
-        if self.max_lead_silence_ms is None and self.max_trail_silence_ms is None:
+        if self.silence_margins_ms is None:
             return pcm
-        per_ms = self.sample_rate // 1000
-        lead = per_ms * self.max_lead_silence_ms if self.max_lead_silence_ms is not None else len(pcm)
-        trail = per_ms * self.max_trail_silence_ms if self.max_trail_silence_ms is not None else len(pcm)
-        return trim_silence(pcm, lead, trail)
+        lead_ms, trail_ms = self.silence_margins_ms
+        return trim_silence(pcm, self.sample_rate * lead_ms // 1000, self.sample_rate * trail_ms // 1000)
 
     def _pipeline(self, lang_code: str):
         with self._lock:
