@@ -7,7 +7,8 @@
   topics every ``discovery_interval_s`` and adds new ones matching
   `pipeline.topics.text_topic_pattern` to the agent's topic; the consumer resubscribes and the
   group rebalances. A new agent's topic is read from its beginning, so nothing it sent before the
-  gate noticed it is lost. (With no text topic at all at start, the worker creates an empty one
+  gate noticed it is lost (`_rewind_uncommitted_partitions` makes that hold across faust's
+  rebalance-time seeks). (With no text topic at all at start, the worker creates an empty one
   for agent id ``_gate``: faust can only extend a subscription list that is not empty.)
 - ``gate-control``: a separate agent on the control topic, so a cancel is applied to the session's
   state while the text agent still has a backlog (control overtakes data).
@@ -128,6 +129,10 @@ class GateWorker:
         self.app.timer(timer_interval_s, name="gate-hold-timeouts")(self._hold_timeouts)
         self.app.timer(discovery_interval_s, name="gate-topic-discovery")(self._discover_text_topics)
         self.app.on_rebalance_complete.connect(self._on_rebalance_complete)
+        # Revocation comes first in every rebalance (also the first, with nothing to revoke),
+        # so the consumer's seek is wrapped before any recovery seeks with it.
+        self.app.on_partitions_revoked.connect(self._rewind_uncommitted_partitions)
+        self._rewinds_uncommitted = False
 
     # --- running ---------------------------------------------------------------------------------
     def run(self, loglevel: str = "WARNING") -> int:
@@ -203,6 +208,36 @@ class GateWorker:
             # In place: the agent's stream iterates a clone of the channel sharing this list.
             self.text_channel.topics.extend(sorted(new))
             self.app.topics._flag_changes()  # faust resubscribes (see __init__)
+
+    async def _rewind_uncommitted_partitions(self, *args: Any, **kwargs: Any) -> None:
+        if self._rewinds_uncommitted:
+            return
+        consumer = self.app.consumer
+        # faust drops records it fetched while its flow was stopped (a rebalance in progress)
+        # and then "seeks back to committed offsets". aiokafka's seek_to_committed does not move
+        # a partition that has no committed offset (or 0), so those dropped records were never
+        # read again: the first turn of a new agent, whose topic the gate had just discovered
+        # with its records already in it, could vanish (seen once in a test run under load).
+        # Rewinding such partitions to their beginning gives the auto_offset_reset=earliest
+        # this worker asks for; records already applied come again and the state's seq guard
+        # ignores them, as after any re-delivery.
+        seek_to_committed = consumer.seek_to_committed
+
+        async def seek_to_committed_or_beginning() -> Any:
+            committed = await seek_to_committed()
+            uncommitted = [tp for tp, offset in committed.items() if not offset and self._is_stream_topic(tp.topic)]
+            if uncommitted:
+                log.info("gate: %d partitions without a committed offset read from their beginning", len(uncommitted))
+                for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
+                    await consumer.seek(tp, offset)
+            return committed
+
+        consumer.seek_to_committed = seek_to_committed_or_beginning
+        self._rewinds_uncommitted = True
+
+    def _is_stream_topic(self, topic: str) -> bool:
+        """A topic the gate's agents read (not a changelog, which faust's recovery seeks itself)."""
+        return topic == self.settings.control_topic or bool(self._pattern.match(topic))
 
     async def _on_rebalance_complete(self, sender: Any = None, **kwargs: Any) -> None:
         if self._announce:

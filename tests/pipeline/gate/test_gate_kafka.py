@@ -241,7 +241,10 @@ async def test_worker_killed_mid_turn_restarts_without_gap_or_repeat(make_settin
         a2, a3 = text_parts(second.latest_assignment()), text_parts(third.latest_assignment())
         if a2 and a3 and not a2 & a3 and len(a2 | a3) == PARTITIONS:
             break
-        assert time.monotonic() < deadline, f"no split of the text partitions: second {a2}, third {a3}"
+        assert time.monotonic() < deadline, (
+            f"no split of the text partitions: second {a2}, third {a3}; stderr of the second: "
+            f"{open(second.stderr.name).read()[-2000:]}"
+        )
         time.sleep(0.2)
 
     await send_all(settings, [("llm", ev) for s in turns for ev in second_half[s]])
