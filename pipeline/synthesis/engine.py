@@ -2,7 +2,8 @@
 
 This module owns one process's Kokoro model (`kokoro.KModel`, shared by every request), one
 text-to-phoneme `kokoro.KPipeline` per language (G2P only, built lazily), the voice packs, and
-the splitting of long sentences into pieces so the first audio chunk comes early. It knows
+the splitting of long sentences into pieces so the first audio chunk comes early, and the
+trimming of the silence Kokoro pads each piece with (`trim_silence`). It knows
 nothing about Kafka: the synthesis worker calls `SynthesisEngine.stream` in a thread.
 
 Weights come from `pipeline.synthesis.weights` (`SynthesisEngine.load`); `SynthesisEngine.tiny`
@@ -220,6 +221,7 @@ def tiny_config() -> dict:
 
 
 TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
+
 
 def trim_silence(pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD) -> bytes:
     """PCM16LE with the silence before the first and after the last sample louder than
