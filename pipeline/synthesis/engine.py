@@ -1,7 +1,7 @@
 """The synthesis engine: text in, PCM16 24 kHz mono chunks out, with the real Kokoro-82M code.
 
 This module owns one process's Kokoro model (`kokoro.KModel`, shared by every request), one
-text-to-phoneme `kokoro.KPipeline` per language (G2P only, built lazily), the voice packs, and
+text-to-phoneme `kokoro.KPipeline` per language (G2P only, built lazily), the voice packs,
 the splitting of long sentences into pieces so the first audio chunk comes early, and the
 trimming of the silence Kokoro pads each piece with (`trim_silence`). It knows
 nothing about Kafka: the synthesis worker calls `SynthesisEngine.stream` in a thread.
