@@ -17,6 +17,10 @@ def build_app(bootstrap: str, app_id: str, source_topic: str, sink_topic: str, d
         app_id, broker=f"kafka://{bootstrap}", store="memory://", web_enabled=False,
         topic_partitions=1, topic_replication_factor=1, datadir=datadir,
         consumer_auto_offset_reset="earliest",
+        # the group timing the gate runs with (pipeline/gate/app.py): faust's defaults (60 s)
+        # would keep a stopped worker that did not leave cleanly in the group for a minute, and
+        # the restarted one waits for it before it gets the partition
+        broker_session_timeout=10.0, broker_heartbeat_interval=2.0, broker_rebalance_timeout=10.0,
     )
     source = app.topic(source_topic, key_serializer="raw", value_serializer="raw", partitions=1)
     sink = app.topic(sink_topic, key_serializer="raw", value_serializer="raw", partitions=1)
