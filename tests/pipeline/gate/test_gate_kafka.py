@@ -49,10 +49,8 @@ class GateProcess:
                 if self.proc.poll() is not None:
                     break
                 continue
-            if line.startswith(READY_LINE):
-                self.assigned = json.loads(line[len(READY_LINE):])
-                if want(self.assigned):
-                    return self.assigned
+            if self._note_assignment(line) and want(self.assigned):
+                return self.assigned
         raise AssertionError(f"gate worker announced no wanted assignment (last {self.assigned}); "
                              f"stderr: {open(self.stderr.name).read()[-3000:]}")
 
@@ -60,11 +58,16 @@ class GateProcess:
         """The last assignment announced so far, without waiting."""
         while True:
             try:
-                line = self.lines.get_nowait()
+                self._note_assignment(self.lines.get_nowait())
             except queue.Empty:
                 return self.assigned
-            if line.startswith(READY_LINE):
-                self.assigned = json.loads(line[len(READY_LINE):])
+
+    def _note_assignment(self, line: str) -> bool:
+        """Keep the assignment a READY line announces; False for any other line."""
+        if not line.startswith(READY_LINE):
+            return False
+        self.assigned = json.loads(line[len(READY_LINE):])
+        return True
 
     def stop(self):
         if self.proc.poll() is None:
