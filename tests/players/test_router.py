@@ -42,3 +42,4 @@ def test_a_chunk_that_is_not_whole_pcm16_samples_is_rejected_and_not_counted():
     assert router.metrics.registry.get_sample_value(
         "voicebus_stage_latency_seconds_count", {"stage": "bus_to_edge"}
     ) in (None, 0.0)
+    assert router.metrics.registry.get_sample_value("voicebus_edge_chunks_total") == 0.0
