@@ -29,12 +29,37 @@ class HeardTurn:
     timelines: dict[int, dict] = field(default_factory=dict)  # sentence -> stage timestamps (+ sent_at_us)
     ended: bool = False
     stopped: bool = False
+    # A barge-in races frames already on the wire: those that arrive after this listener's
+    # cancel are discarded, as the browser worklet does. The edge promises nothing after its
+    # "stop", so frames after it are counted apart: any is a bug.
+    cancelled_at_us: int | None = None
+    discarded: list[tuple[int, int, int, int]] = field(default_factory=list)
+    frames_after_stop: int = 0
     ended_event: asyncio.Event = field(default_factory=asyncio.Event)
     heard_event: asyncio.Event = field(default_factory=asyncio.Event)  # first audio and its timeline are in
 
     @property
     def first_audio_at_us(self) -> int | None:
         return self.frames[0][0] if self.frames else None
+
+    def add_frame(self, received_us: int, frame: protocol.AudioFrame) -> bool:
+        """Keep one audio frame, or discard it when it belongs to audio this player stopped.
+        Returns whether it was kept."""
+        heard = (received_us, frame.sentence, frame.chunk, len(frame.pcm) // 2)
+        if self.stopped:
+            self.frames_after_stop += 1
+        if self.stopped or self.cancelled_at_us is not None:
+            self.discarded.append(heard)
+            return False
+        self.sample_rate = frame.sample_rate
+        self.frames.append(heard)
+        self.pcm += frame.pcm
+        return True
+
+    @property
+    def last_audio_at_us(self) -> int | None:
+        """When the last frame of this turn arrived, kept or discarded."""
+        return max((f[0] for f in self.frames + self.discarded), default=None)
 
     @property
     def duration_s(self) -> float:
@@ -106,6 +131,11 @@ class Listener:
             await self._http.close()
 
     async def cancel(self, turn_id: str | None = None, reason: str = "barge-in") -> None:
+        """Barge in: from now on this listener discards the turn's audio (all unfinished turns
+        when `turn_id` is None), then asks the edge to cancel it."""
+        cancelled_at = now_us()
+        for turn in [self._turn(turn_id)] if turn_id is not None else [t for t in self.turns.values() if not t.ended]:
+            turn.cancelled_at_us = turn.cancelled_at_us or cancelled_at
         fields = {"reason": reason} if turn_id is None else {"turn_id": turn_id, "reason": reason}
         await self._ws.send_str(protocol.encode_control(protocol.CANCEL, **fields))
 
@@ -139,10 +169,7 @@ class Listener:
             if msg.type == aiohttp.WSMsgType.BINARY:
                 frame = protocol.decode_audio(msg.data)
                 turn = self._turn(self._numbers.get(frame.turn, str(frame.turn)))
-                turn.sample_rate = frame.sample_rate
-                turn.frames.append((received, frame.sentence, frame.chunk, len(frame.pcm) // 2))
-                turn.pcm += frame.pcm
-                if turn.timelines:
+                if turn.add_frame(received, frame) and turn.timelines:
                     turn.heard_event.set()
             elif msg.type == aiohttp.WSMsgType.TEXT:
                 self._on_control(msg.json(), received)

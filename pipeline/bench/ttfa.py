@@ -331,7 +331,6 @@ class _Bench:
                     if page is not None:  # barge in while the page is playing
                         audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
                         page_out["page_audible_before_cancel"] = audible is not None
-                    frames_before = len(turn.frames)
                     sent_at = now_us()
                     await listener.cancel(tid, reason="bench: barge-in")
                     if page is not None:
@@ -345,13 +344,14 @@ class _Bench:
             finally:
                 if page is not None:
                     await self.browser.close_pages([page])
-        after = [f for f in turn.frames[frames_before:] if f[0] > sent_at]
         worker = self.stack.lanes["incremental"].worker
         seen = [o for o in worker.cancel_log if o.session_id == sid]
-        last_rx = max((f[0] for f in turn.frames), default=sent_at)
+        last_rx = turn.last_audio_at_us or sent_at
         return page_out | {
             "cancel_to_last_audio_received_ms": max(0, last_rx - sent_at) / 1000,
-            "frames_after_cancel": len(after),
+            # already on the wire when the cancel left: the listener discards them, as a player does
+            "frames_in_flight_at_cancel": len(turn.discarded) - turn.frames_after_stop,
+            "frames_after_stop": turn.frames_after_stop,  # the edge promises none
             "worker_cancel_to_last_chunk_published_ms": seen[0].cancel_to_last_chunk_ms if seen else None,
             "worker_saw_cancel_after_ms": (seen[0].seen_at_us - sent_at) / 1000 if seen else None,
             "stopped_by_edge": turn.stopped,
@@ -433,7 +433,8 @@ def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: 
         s["overhead_ms"] - s.get("confirming_token_wait_ms", 0.0) for s in inc)
     out["cancel"] = {
         "cancel_to_last_audio_received_ms": summary(c["cancel_to_last_audio_received_ms"] for c in cancels),
-        "frames_after_cancel_total": sum(c["frames_after_cancel"] for c in cancels),
+        "frames_in_flight_at_cancel_total": sum(c["frames_in_flight_at_cancel"] for c in cancels),
+        "frames_after_stop_total": sum(c["frames_after_stop"] for c in cancels),
         "worker_cancel_to_last_chunk_published_ms": summary(
             c["worker_cancel_to_last_chunk_published_ms"] for c in cancels if c["worker_cancel_to_last_chunk_published_ms"] is not None),
         "runs": cancels,
@@ -508,7 +509,8 @@ def markdown_table(results: dict) -> str:
     c = results["cancel"]
     lines += ["", f"Cancel (barge-in after the first audio of a 7-sentence answer, {len(c['runs'])} runs): last audio received "
                   f"p50 {c['cancel_to_last_audio_received_ms']['p50']:.0f} ms after the cancel was sent; frames of the cancelled "
-                  f"turn delivered after the cancel: {c['frames_after_cancel_total']}; worker: cancel seen -> last chunk published "
+                  f"turn already in flight when the cancel left (discarded by the player): {c['frames_in_flight_at_cancel_total']}; "
+                  f"sent after the edge's stop: {c['frames_after_stop_total']}; worker: cancel seen -> last chunk published "
                   f"p50 {c['worker_cancel_to_last_chunk_published_ms']['p50']:.0f} ms.", ""]
     if "cancel_to_page_silence_ms" in c:
         sil = c["cancel_to_page_silence_ms"]

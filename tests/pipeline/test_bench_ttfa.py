@@ -39,7 +39,7 @@ def _conc(browser):
 def _cancels(browser):
     runs = []
     for ms in (40.0, 50.0):
-        run = {"cancel_to_last_audio_received_ms": 0.0, "frames_after_cancel": 0,
+        run = {"cancel_to_last_audio_received_ms": 0.0, "frames_in_flight_at_cancel": 0, "frames_after_stop": 0,
                "worker_cancel_to_last_chunk_published_ms": 2.0, "worker_saw_cancel_after_ms": 10.0, "stopped_by_edge": True}
         if browser:
             run |= {"page_audible_before_cancel": True, "cancel_to_page_silence_ms": ms,
