@@ -85,7 +85,6 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
     # Frames already on the wire when the cancel left may still arrive (the player discards
     # them); after its "stop" the edge sends nothing of the turn.
     assert turn.frames_after_stop == 0, f"the edge sent audio after its stop ({len(turn.discarded)} discarded in all)"
-    assert not [f for f in turn.frames if f[0] > turn.cancelled_at_us], "the player kept no audio after its cancel"
     assert seen, "the worker saw the cancel on the control topic"
     codec = Codec()
     chunks = [codec.decode(r.value).value for rs in records.values() for r in rs]
