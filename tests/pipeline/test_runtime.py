@@ -61,7 +61,9 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
     pieces = [w + " " for w in text.split()]
     async with PipelineStack(settings, engine) as stack:
         async with Listener(stack.edge_url, "s-cancel", settings.edge_secret) as listener:
-            speaking = asyncio.create_task(_speak(stack.settings, "s-cancel", "t1", pieces))
+            # 50 ms a token: the last sentence ends ~2 s in, well after the cancel has reached
+            # the gate and the worker even on a loaded machine
+            speaking = asyncio.create_task(_speak(stack.settings, "s-cancel", "t1", pieces, token_s=0.05))
             async with asyncio.timeout(240):
                 while not ("t1" in listener.turns and listener.turns["t1"].frames):
                     await asyncio.sleep(0.01)
