@@ -31,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from pipeline.settings import Settings
 
@@ -110,6 +110,17 @@ def fetch_jars(kafka_dir: Path, version: str, pom: Path = POM_PATH) -> Path:
 
 
 # --- the Kafka wire check ----------------------------------------------------------------------
+
+
+def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id as Kafka's own `Uuid.randomUuid` makes them: 16 random bytes in
+    unpadded URL-safe base64, drawn again while the text starts with "-" (1 in 64 would, and
+    `kafka-storage format -t -xyz...` then reads the id as an option and fails) or is all zeros."""
+    while True:
+        raw = random_bytes()
+        cluster_id = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+        if not cluster_id.startswith("-") and any(raw):
+            return cluster_id
 
 
 def broker_answers(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -321,7 +332,7 @@ class LocalKafka:
         """Format the KRaft storage dir once (kafka-storage.sh format --standalone)."""
         if (self.log_dirs / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster_id = new_cluster_id()
         cmd = self._java_cmd(
             STORAGE_TOOL, "format", "--standalone", "-t", cluster_id, "-c", str(self.properties_file)
         )

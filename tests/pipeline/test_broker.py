@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.broker import BrokerError, LocalKafka, broker_answers, ensure_local_kafka, free_port, parse_bootstrap
+from pipeline.broker import (BrokerError, LocalKafka, broker_answers, ensure_local_kafka, free_port, new_cluster_id,
+                             parse_bootstrap)
 from pipeline.settings import Settings
 
 
@@ -32,6 +34,15 @@ def _kafka_pids_for(data_dir: Path) -> list[int]:
 def test_parse_bootstrap_takes_the_first_address():
     assert parse_bootstrap("127.0.0.1:9092,other:1") == ("127.0.0.1", 9092)
     assert parse_bootstrap("kafka://localhost:19092") == ("localhost", 19092)
+
+
+def test_cluster_ids_never_start_with_a_dash_or_are_zero():
+    # 0xF8 encodes to "-" first: such an id made `kafka-storage format -t <id>` fail (seen in a run)
+    draws = iter([bytes([0xF8]) + bytes(15), bytes(16), bytes([0x10]) + bytes(range(15))])
+    cluster_id = new_cluster_id(lambda: next(draws))
+    assert cluster_id == base64.urlsafe_b64encode(bytes([0x10]) + bytes(range(15))).rstrip(b"=").decode()
+    assert len(cluster_id) == 22 and not next(draws, None)
+    assert not any(new_cluster_id().startswith("-") for _ in range(2000))
 
 
 def test_broker_answers_is_false_on_a_closed_port():
