@@ -113,13 +113,15 @@ def fetch_jars(kafka_dir: Path, version: str, pom: Path = POM_PATH) -> Path:
 
 
 def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
-    """A KRaft cluster id as Kafka's own `Uuid.randomUuid` makes them: 16 random bytes in
-    unpadded URL-safe base64, drawn again while the text starts with "-" (1 in 64 would, and
-    `kafka-storage format -t -xyz...` then reads the id as an option and fails) or is all zeros."""
+    """A KRaft cluster id as Kafka 4's own `Uuid.randomUuid` makes them: 16 random bytes in
+    unpadded URL-safe base64, drawn again while the text holds a "-" or the bytes are one of
+    Kafka's reserved ids (zero, and the metadata topic's 0...01). An id starting with "-" made
+    `kafka-storage format -t <id>` read it as an option and fail (1 format in 64)."""
+    reserved = {bytes(16), bytes(15) + b"\x01"}
     while True:
         raw = random_bytes()
         cluster_id = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-        if not cluster_id.startswith("-") and any(raw):
+        if "-" not in cluster_id and raw not in reserved:
             return cluster_id
 
 
