@@ -39,5 +39,5 @@ def build_app(bootstrap: str, app_id: str, source_topic: str, sink_topic: str, d
 if __name__ == "__main__":
     bootstrap, app_id, source_topic, sink_topic, datadir = sys.argv[1:6]
     app = build_app(bootstrap, app_id, source_topic, sink_topic, datadir)
-    sys.argv = [sys.argv[0], "worker", "--loglevel", "warn"]
+    sys.argv = [sys.argv[0], "worker", "--loglevel", "info"]
     app.main()
