@@ -20,11 +20,15 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 PROBE = Path(__file__).with_name("faust_probe.py")
 
 
+def probe_log(datadir: Path) -> Path:
+    return datadir / "probe.log"
+
+
 def start_probe(settings, source: str, sink: str, datadir: Path) -> subprocess.Popen:
     # faust logs at info into a file (not a pipe nobody reads while it runs): a failure shows
     # what its consumer, recovery and agent did
     datadir.mkdir(parents=True, exist_ok=True)
-    with open(datadir / "probe.log", "w") as log:
+    with open(probe_log(datadir), "w") as log:
         return subprocess.Popen(
             [sys.executable, str(PROBE), settings.bootstrap, settings.gate_app_id, source, sink, str(datadir)],
             stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -39,12 +43,12 @@ def stop_probe(proc: subprocess.Popen) -> str:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    return (Path(proc.args[-1]) / "probe.log").read_text(errors="replace")[-12000:]
+    return probe_log(Path(proc.args[-1])).read_text(errors="replace")[-12000:]
 
 
 async def wait_ready(proc: subprocess.Popen, timeout: float = 90.0) -> None:
     """Until the probe's faust worker logs that it has recovered its tables and is ready."""
-    log = Path(proc.args[-1]) / "probe.log"
+    log = probe_log(Path(proc.args[-1]))
     deadline = time.monotonic() + timeout
     while "[^Worker]: Ready" not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
