@@ -30,8 +30,8 @@ class HeardTurn:
     ended: bool = False
     stopped: bool = False
     # A barge-in races frames already on the wire: those that arrive after this listener's
-    # cancel are discarded, as the browser worklet does. The edge promises nothing after its
-    # "stop", so frames after it are counted apart: any is a bug.
+    # cancel are discarded, as the browser worklet does. The edge promises to send nothing of
+    # the turn after its "stop", so frames after it are counted apart: any is a bug.
     cancelled_at_us: int | None = None
     discarded: list[tuple[int, int, int, int]] = field(default_factory=list)
     frames_after_stop: int = 0
