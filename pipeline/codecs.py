@@ -7,7 +7,9 @@ A message on the bus is, as the Avro specification defines single-object encodin
 so any Avro implementation can read it. The codec knows every current schema in `schemas/` and
 every older writer schema in `schemas/history/`; it decodes a record written with any of them by
 fingerprint and resolves it to the current reader schema (schema evolution: additive changes with
-defaults). Errors are typed (`CodecError` and subclasses) and carry a short machine reason that
+defaults). Every message is also checked against the rules Avro cannot express
+(`schemas.contract`) on both sides: encoding refuses to produce it, decoding to hand it on.
+Errors are typed (`CodecError` and subclasses) and carry a short machine reason that
 the dead-letter headers use.
 """
 
@@ -21,6 +23,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 import schemas
+from schemas import contract
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = len(MAGIC) + 8
@@ -50,6 +53,13 @@ class OversizedText(CodecError):
 
 class WrongMessageType(CodecError):
     reason = "wrong-type"
+
+
+class InvalidMessage(CodecError):
+    """Avro accepts the record but it breaks the contract (`schemas.contract`): a negative
+    sequence number, a language the pipeline cannot speak, an id too long, ..."""
+
+    reason = "contract-violation"
 
 
 def schema_fingerprint(schema: Mapping[str, Any]) -> bytes:
@@ -82,7 +92,7 @@ class Codec:
         self,
         current: Mapping[str, Mapping[str, Any]] | None = None,
         history: Iterable[Mapping[str, Any]] | None = None,
-        max_text_bytes: int = 16 * 1024,
+        max_text_bytes: int = contract.LIMITS.max_text_bytes,
     ) -> None:
         current = dict(current) if current is not None else {n: schemas.load(n) for n in schemas.CURRENT}
         history = list(history) if history is not None else schemas.load_history()
@@ -115,7 +125,6 @@ class Codec:
             schema = self._readers[message_type]
         except KeyError:
             raise WrongMessageType(f"no schema for message type {message_type!r}") from None
-        self._check_text(value)
         buf = io.BytesIO()
         buf.write(MAGIC)
         buf.write(self._writer_fp[message_type])
@@ -123,6 +132,7 @@ class Codec:
             schemaless_writer(buf, schema, dict(value))
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise MalformedRecord(f"cannot encode {message_type}: {exc}") from exc
+        self._check(message_type, value)
         return buf.getvalue()
 
     def decode(self, data: bytes, expect: str | None = None) -> Decoded:
@@ -153,10 +163,13 @@ class Codec:
             raise MalformedRecord(
                 f"{known.name}: {len(data) - HEADER_LEN - body.tell()} trailing bytes after the record"
             )
-        self._check_text(value)
+        self._check(known.name, value)
         return Decoded(known.name, value, fp, not known.current)
 
-    def _check_text(self, value: Mapping[str, Any]) -> None:
+    def _check(self, message_type: str, value: Mapping[str, Any]) -> None:
+        problems = contract.violations(message_type, value)
+        if problems:
+            raise InvalidMessage(f"{message_type}: " + "; ".join(problems))
         text = value.get("text")
         if isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) > self._max_text_bytes:
             raise OversizedText(

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from schemas.contract import LIMITS
+
 ENV_PREFIX = "VOICEBUS_"
 
 
@@ -41,7 +43,7 @@ class Settings:
     playback_topic: str = "voicebus.playback"
     deadletter_topic: str = "voicebus.deadletter"
     gate_changelog_topic: str = "voicebus-gate-gate_sessions-changelog"
-    max_text_bytes: int = 16 * 1024
+    max_text_bytes: int = LIMITS.max_text_bytes
     """A text field longer than this (UTF-8 bytes) is rejected as oversized and dead-lettered."""
     max_message_bytes: int = 1024 * 1024
     fetch_max_wait_ms: int = 100

@@ -36,20 +36,10 @@ from pipeline.gate.evidence import (
     EvidenceGate,
 )
 from pipeline.settings import Settings, SettingsError
+from schemas.contract import DEFAULT_VOICES, LANGUAGES, SEGMENTER_LANGUAGE
 
 log = logging.getLogger(__name__)
 
-# Language as agents write it (ISO or Kokoro code) -> Kokoro language code.
-KOKORO_LANGUAGE = {
-    "en": "a", "en-us": "a", "en_us": "a", "en-gb": "b", "en_gb": "b",
-    "es": "e", "pt": "p", "pt-br": "p", "pt_br": "p",
-    "a": "a", "b": "b", "e": "e", "p": "p", "f": "f", "h": "h", "i": "i", "j": "j", "z": "z",
-}
-# Kokoro language code -> the segmenter's language (its rules cover en, es and pt).
-SEGMENTER_LANGUAGE = {"a": "en", "b": "en", "e": "es", "p": "pt"}
-# A voice of the language when the event names none and the configured default is of another.
-DEFAULT_VOICES = {"a": "af_heart", "b": "bf_emma", "e": "ef_dora", "p": "pf_dora", "f": "ff_siwis",
-                  "h": "hf_alpha", "i": "if_sara", "j": "jf_alpha", "z": "zf_xiaobei"}
 # What the listener hears in place of a claim whose evidence failed or was dropped on timeout.
 FAILURE_NOTICES = {"en": "I couldn't confirm that.", "es": "No pude confirmarlo.",
                    "pt": "Não consegui confirmar isso."}
@@ -101,9 +91,9 @@ class GateConfig:
 
 def kokoro_language(language: str | None, default: str) -> str:
     code = (language or default or "en").strip().lower()
-    if code not in KOKORO_LANGUAGE:
-        raise GateInputError(f"language {code!r} is not one the gate knows ({sorted(KOKORO_LANGUAGE)})")
-    return KOKORO_LANGUAGE[code]
+    if code not in LANGUAGES:
+        raise GateInputError(f"language {code!r} cannot be spoken ({sorted(LANGUAGES)})")
+    return LANGUAGES[code]
 
 
 def _segmenter_class():

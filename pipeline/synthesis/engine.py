@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from schemas.contract import LANGUAGES
+
 if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
     import torch
 
@@ -28,17 +30,6 @@ log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
 REPO_ID = "hexgrad/Kokoro-82M"  # only used by kokoro for naming; nothing is downloaded
-
-# Kokoro language codes, and the aliases voicebus accepts for them.
-LANGUAGE_CODES = {"a": "a", "b": "b", "e": "e", "p": "p"}
-LANGUAGE_ALIASES = {
-    "en": "a",
-    "en-us": "a",
-    "en-gb": "b",
-    "es": "e",
-    "pt": "p",
-    "pt-br": "p",
-}
 
 # A Kokoro phoneme sequence may hold at most 510 symbols (512 positions with the two pads).
 MAX_PHONEMES = 510
@@ -73,10 +64,9 @@ class NoVoices(EngineError):
 def resolve_language(language: str) -> str:
     """Map ``en``/``es``/``pt`` (and Kokoro's own ``a``/``b``/``e``/``p``) to a Kokoro code."""
     key = (language or "").strip().lower()
-    code = LANGUAGE_CODES.get(key) or LANGUAGE_ALIASES.get(key)
+    code = LANGUAGES.get(key)
     if code is None:
-        known = sorted({*LANGUAGE_CODES, *LANGUAGE_ALIASES})
-        raise UnknownLanguage(f"unknown language {language!r}; known: {', '.join(known)}")
+        raise UnknownLanguage(f"unknown language {language!r}; known: {', '.join(sorted(LANGUAGES))}")
     return code
 
 

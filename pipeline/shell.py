@@ -1,0 +1,334 @@
+"""The plumbing every Kafka shell shares (gate, synthesis worker, edge, recorder), in one place.
+
+- `RecordPolicy`: what happens to one consumer record. It is decoded and checked against the
+  contract (`pipeline.codecs`, `schemas.contract`), then handed to the stage's handler. Any
+  failure of that one record (undecodable, breaks the contract, or the handler raises) goes to the
+  one error callback, which by default dead-letters the record unchanged with the reason in its
+  headers, counts it (``voicebus_records_dead_lettered_total{stage,reason}``) and logs it; the
+  stage goes on with the next record. A typed error (one with a ``reason``) is expected input; an
+  untyped one is a bug and is logged with its traceback, but it too costs only its own record.
+  The callback is injectable (quix-streams' error-callback shape): tests collect failures with it.
+- `Supervisor`: owns a stage's long-running tasks. A task that dies anyway (a bug outside any one
+  record, the broker gone for longer than a client retries) is restarted with backoff, the restart
+  is counted, and `health()` says so for ``/healthz``.
+- `ControlFollower`: the one way a stage that must see every cancel reads the control topic: a
+  consumer of its own (no group) on every control partition, from ``lookback_s`` back by
+  timestamp (or from the end), caught up to the topic's end before `start` returns, then followed
+  in its own supervised task. Control never waits behind data because it is never in the same
+  consumer as data: stages check the cancel state the follower updates before acting on data.
+
+Layering: stages -> shell -> bus, codecs -> schemas.contract, settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from pipeline.bus import DecodedRecord
+from pipeline.clock import now_us
+from pipeline.codecs import Codec, CodecError, deadletter_headers
+from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+log = logging.getLogger(__name__)
+
+HANDLER_ERROR = "handler-error"  # the reason of an untyped exception raised by a handler (a bug)
+
+
+# --- the record policy -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordFailure:
+    """One record that a stage could not take, and why."""
+
+    stage: str
+    record: Any  # an aiokafka ConsumerRecord (topic, partition, offset, key, value, headers)
+    error: BaseException
+
+    @property
+    def reason(self) -> str:
+        return getattr(self.error, "reason", None) or HANDLER_ERROR
+
+    @property
+    def expected(self) -> bool:
+        """Bad input (a typed error with a reason), not a bug in the stage."""
+        return getattr(self.error, "reason", None) is not None
+
+
+ErrorCallback = Callable[[RecordFailure], Awaitable[None]]
+Handler = Callable[[DecodedRecord], Awaitable[Any] | Any]
+
+
+class RecordPolicy:
+    """Decode, check, handle one record; a failure goes to `on_error` and never escapes.
+
+    ``on_error`` defaults to `dead_letter`. The policy needs a started producer for that (its
+    owner starts and stops it); ``registry`` is the stage's Prometheus registry, where the
+    dead-letter counter is registered.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        settings: Settings,
+        codec: Codec,
+        producer: "AIOKafkaProducer | None",
+        *,
+        on_error: ErrorCallback | None = None,
+        registry: Any = None,
+    ) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.stage = stage
+        self.settings = settings
+        self.codec = codec
+        self.producer = producer
+        self.on_error: ErrorCallback = on_error or self.dead_letter
+        self.failures = Counter(
+            "voicebus_records_dead_lettered", "Records a stage could not take, by reason",
+            ["stage", "reason"], registry=registry if registry is not None else CollectorRegistry())
+
+    def decode(self, record: Any, expect: str | None = None) -> DecodedRecord:
+        """The record decoded and checked; raises `CodecError` (use `process` or `accept`)."""
+        decoded = self.codec.decode(record.value, expect=expect)
+        return DecodedRecord(record.topic, record.partition, record.offset, record.key,
+                             record.timestamp, decoded)
+
+    async def accept(self, record: Any, expect: str | None = None) -> DecodedRecord | None:
+        """The record decoded and checked, or None once a failure was handed to `on_error`."""
+        try:
+            return self.decode(record, expect)
+        except CodecError as exc:
+            await self.fail(record, exc)
+            return None
+
+    async def process(self, record: Any, expect: str | None, handle: Handler) -> bool:
+        """Decode, check and handle one record. True when the handler took it; False when the
+        record failed (and went to `on_error`). Only cancellation propagates."""
+        decoded = await self.accept(record, expect)
+        if decoded is None:
+            return False
+        try:
+            result = handle(decoded)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one record's failure must not end the stage
+            await self.fail(record, exc)
+            return False
+        return True
+
+    async def fail(self, record: Any, error: BaseException) -> None:
+        failure = RecordFailure(self.stage, record, error)
+        if not failure.expected:
+            log.error("%s: handling %s[%s]@%s raised (a bug; the record is dead-lettered)",
+                      self.stage, record.topic, record.partition, record.offset, exc_info=error)
+        self.failures.labels(self.stage, failure.reason).inc()
+        await self.on_error(failure)
+
+    async def dead_letter(self, failure: RecordFailure) -> None:
+        """The default error callback: the record, unchanged, to the dead-letter topic with the
+        reason, the stage and the source in its headers."""
+        record = failure.record
+        if self.producer is None:
+            raise RuntimeError(f"{self.stage}: no producer to dead-letter {record.topic}[{record.partition}]@{record.offset}")
+        headers = deadletter_headers(failure.error, record.topic, record.partition, record.offset)
+        headers.append(("voicebus.error.stage", self.stage.encode()))
+        await self.producer.send_and_wait(self.settings.deadletter_topic, record.value, key=record.key, headers=headers)
+        log.warning("%s: dead-lettered %s[%s]@%s (%s): %s", self.stage, record.topic, record.partition,
+                    record.offset, failure.reason, failure.error)
+
+
+# --- supervised tasks --------------------------------------------------------------------------
+
+
+@dataclass
+class TaskHealth:
+    name: str
+    restarts: int = 0
+    last_error: str | None = None
+    last_error_at_us: int | None = None
+    running: bool = False
+
+
+@dataclass
+class Supervisor:
+    """Runs a stage's long-lived tasks; restarts one that raises, with backoff; reports health.
+
+    ``clock`` and ``sleep`` are injectable (tests drive the backoff without waiting)."""
+
+    stage: str
+    min_backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    registry: Any = None
+    _tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    _health: dict[str, TaskHealth] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self._restarts = Counter(
+            "voicebus_task_restarts", "Long-running tasks restarted after dying, by task",
+            ["stage", "task"], registry=self.registry if self.registry is not None else CollectorRegistry())
+
+    def start(self, name: str, factory: Callable[[], Awaitable[None]]) -> None:
+        """Run ``factory()`` as task ``name`` until `stop`; restart it whenever it raises."""
+        if name in self._tasks:
+            raise ValueError(f"{self.stage}: task {name!r} already runs")
+        health = self._health[name] = TaskHealth(name)
+        self._tasks[name] = asyncio.create_task(self._run(name, factory, health), name=f"{self.stage}-{name}")
+
+    async def _run(self, name: str, factory: Callable[[], Awaitable[None]], health: TaskHealth) -> None:
+        backoff = self.min_backoff_s
+        while True:
+            started = self.clock()
+            health.running = True
+            try:
+                await factory()
+                log.info("%s: task %s returned", self.stage, name)
+                health.running = False
+                return
+            except asyncio.CancelledError:
+                health.running = False
+                raise
+            except Exception as exc:  # noqa: BLE001 - the task is restarted and the death reported
+                health.running = False
+                health.restarts += 1
+                health.last_error = f"{type(exc).__name__}: {exc}"
+                health.last_error_at_us = now_us()
+                self._restarts.labels(self.stage, name).inc()
+                log.error("%s: task %s died (restart %d in %.1f s)", self.stage, name, health.restarts,
+                          backoff, exc_info=exc)
+            if self.clock() - started > 10 * self.max_backoff_s:
+                backoff = self.min_backoff_s  # it had been running well: start the backoff again
+            await self.sleep(backoff)
+            backoff = min(self.max_backoff_s, backoff * 2)
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        return {n: {"running": h.running, "restarts": h.restarts, "last_error": h.last_error,
+                    "last_error_at_us": h.last_error_at_us} for n, h in self._health.items()}
+
+    @property
+    def healthy(self) -> bool:
+        """Every task is running (a restarted one counts as running again)."""
+        return all(not t.done() for t in self._tasks.values())
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+
+# --- the control follower ----------------------------------------------------------------------
+
+
+class ControlCatchUpError(RuntimeError):
+    """The control topic could not be read up to its end in time at start."""
+
+
+class ControlFollower:
+    """Every control event, to ``on_event``, for a stage that must see all of them.
+
+    `start` assigns every control partition to a consumer of its own, seeks ``lookback_s`` back
+    by timestamp (0: to the end), applies everything up to the end as of now, and only then
+    returns, so a cancel issued just before the stage started is not missed. `follow` (run it
+    under the stage's `Supervisor`) applies the rest as it comes. Each record goes through the
+    stage's `RecordPolicy`. The follower owns its consumer; `stop` stops it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        policy: RecordPolicy,
+        on_event: Callable[[dict], Awaitable[Any] | Any],
+        *,
+        lookback_s: float = 0.0,
+        catch_up_timeout_s: float = 15.0,
+        clock_us: Callable[[], int] = now_us,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.on_event = on_event
+        self.lookback_s = lookback_s
+        self.catch_up_timeout_s = catch_up_timeout_s
+        self.clock_us = clock_us
+        self.consumer: "AIOKafkaConsumer | None" = None
+        self.applied = 0
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        s = self.settings
+        if self.policy.producer is None:
+            raise ControlCatchUpError("the control follower needs the stage's started producer")
+        partitions = await self.policy.producer.partitions_for(s.control_topic)  # waits for metadata
+        tps = [TopicPartition(s.control_topic, p) for p in sorted(partitions)]
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
+            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        await self.consumer.start()
+        try:
+            self.consumer.assign(tps)
+            if self.lookback_s > 0:
+                since_ms = self.clock_us() // 1000 - int(self.lookback_s * 1000)
+                found = await self.consumer.offsets_for_times({tp: since_ms for tp in tps})
+                for tp in tps:
+                    hit = found.get(tp)
+                    if hit is None:
+                        await self.consumer.seek_to_end(tp)
+                    else:
+                        self.consumer.seek(tp, hit.offset)
+            else:
+                await self.consumer.seek_to_end(*tps)
+            await self._catch_up(tps)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _catch_up(self, tps: list) -> None:
+        assert self.consumer is not None
+        ends = await self.consumer.end_offsets(tps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.catch_up_timeout_s
+        while True:
+            behind = [tp for tp in tps if await self.consumer.position(tp) < ends[tp]]
+            if not behind:
+                return
+            if loop.time() > deadline:
+                raise ControlCatchUpError(
+                    f"control topic not caught up after {self.catch_up_timeout_s}s: {behind}")
+            await self._apply(await self.consumer.getmany(*behind, timeout_ms=200))
+
+    async def follow(self) -> None:
+        """Apply control events as they come, until cancelled."""
+        assert self.consumer is not None, "start() first"
+        while True:
+            await self._apply(await self.consumer.getmany(timeout_ms=500))
+
+    async def _apply(self, batch: dict) -> None:
+        for records in batch.values():
+            for record in records:
+                if await self.policy.process(record, "ControlEvent", lambda d: self.on_event(d.message.value)):
+                    self.applied += 1
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+            self.consumer = None
