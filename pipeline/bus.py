@@ -16,7 +16,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from pipeline.codecs import Codec, CodecError, Decoded, deadletter_headers
 from pipeline.settings import Settings
-from pipeline.topics import fixed_topics, session_key
+from pipeline.topics import compacted_topics, fixed_topics, session_key
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +42,17 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
 
 
 async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, partitions: int | None = None) -> None:
-    """Create `names` (default: every fixed topic) if missing; idempotent."""
+    """Create `names` (default: every fixed topic) if missing; idempotent. Topics the topic map
+    declares compacted (the agent registry, the gate's changelog) get cleanup.policy=compact."""
     names = list(names) if names is not None else fixed_topics(settings)
+    compacted = compacted_topics(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
         wanted = [
-            NewTopic(n, num_partitions=partitions or settings.partitions, replication_factor=settings.replication_factor)
+            NewTopic(n, num_partitions=partitions or settings.partitions, replication_factor=settings.replication_factor,
+                     topic_configs={"cleanup.policy": "compact"} if n in compacted else {})
             for n in names
             if n not in existing
         ]

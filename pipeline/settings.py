@@ -73,6 +73,22 @@ class Settings:
     hold_timeout_policy: str = "release"
     """What happens to text held behind a pending evidence mark when the hold times out:
     ``release`` or ``drop``."""
+    agents_topic: str = "voicebus.agents"
+    """The registry of agent text topics (compacted, key agent id): the SDK writes a record when
+    it creates or first uses its topic; every gate worker follows it and starts reading the new
+    topic within milliseconds (docs/gate.md)."""
+    topic_discovery_interval_s: float = 2.0
+    """How often a gate worker lists the broker's topics for text topics matching the prefix that
+    were never registered (producers other than the SDK)."""
+    gate_max_buffer_chars: int = 2048
+    """A turn's segmenter releases what it holds once its buffer reaches this many characters (cut
+    at a word boundary): run-on text and unclosed code fences cannot grow the state."""
+    gate_max_session_state_bytes: int = 256 * 1024
+    """The most one session's gate state may take (JSON bytes); past it the session's oldest
+    live turns are ended early. Below ``max_message_bytes``: the state is one changelog record."""
+    gate_session_idle_s: float = 3600.0
+    """A session with no event for this long is expired by the gate: its open turns are ended
+    and its state is deleted (a tombstone on the changelog)."""
 
     # --- synthesis -----------------------------------------------------------------------------
     weights_path: Path | None = None

@@ -16,6 +16,9 @@
   timestamp (or from the end), caught up to the topic's end before `start` returns, then followed
   in its own supervised task. Control never waits behind data because it is never in the same
   consumer as data: stages check the cancel state the follower updates before acting on data.
+- `TopicDiscovery`: topics of a family (the agents' text topics) as they appear: the agent
+  registry topic followed from its beginning (what the SDK writes, `register_topic`), and a
+  periodic listing of the broker's topics for producers that do not register.
 
 Layering: stages -> shell -> bus, codecs -> schemas.contract, settings.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import inspect
 import logging
 import time
@@ -332,3 +336,141 @@ class ControlFollower:
         if self.consumer is not None:
             await self.consumer.stop()
             self.consumer = None
+
+
+# --- topic discovery ---------------------------------------------------------------------------
+
+
+def registry_record(agent_id: str, topic: str) -> tuple[bytes, bytes]:
+    """The agent registry's record for one agent's text topic: (key, value)."""
+    return agent_id.encode("utf-8"), json.dumps({"agent_id": agent_id, "topic": topic}).encode("utf-8")
+
+
+async def register_topic(producer: "AIOKafkaProducer", settings: Settings, agent_id: str, topic: str) -> None:
+    """Tell every follower of the agent registry (the gate) that `topic` carries `agent_id`'s
+    text. Returns once the broker acked."""
+    key, value = registry_record(agent_id, topic)
+    await producer.send_and_wait(settings.agents_topic, value, key=key)
+
+
+class TopicDiscovery:
+    """Topics matching a pattern, as they appear, handed to ``on_topics(names)``.
+
+    Two sources: (a) the registry topic (``settings.agents_topic``, compacted, key agent id,
+    value JSON with its ``topic``), read from its beginning by a consumer of its own (no group),
+    so a registered topic reaches ``on_topics`` within a fetch; (b) a listing of the broker's
+    topics every ``interval_s``, for producers that create topics without registering. `start`
+    reads the registry to its end and lists once before it returns, so the caller knows every
+    topic that exists; then run `follow_registry` and `poll_listing` under the stage's
+    `Supervisor`. A registry record naming a topic that does not match the pattern is refused
+    (error log, counter ``voicebus_registry_records_refused_total``). ``on_topics`` gets only
+    names it has not been given before."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pattern: str,
+        on_topics: Callable[[set[str]], Awaitable[Any]],
+        producer: "AIOKafkaProducer",
+        *,
+        interval_s: float = 2.0,
+        policy_stage: str = "discovery",
+        registry: Any = None,
+        catch_up_timeout_s: float = 15.0,
+    ) -> None:
+        import re
+
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.settings = settings
+        self.pattern = re.compile(pattern)
+        self.on_topics = on_topics
+        self.producer = producer
+        self.interval_s = interval_s
+        self.stage = policy_stage
+        self.catch_up_timeout_s = catch_up_timeout_s
+        self.known: set[str] = set()
+        self.consumer: "AIOKafkaConsumer | None" = None
+        self._refused = Counter("voicebus_registry_records_refused", "Registry records naming no valid topic",
+                                ["stage"], registry=registry if registry is not None else CollectorRegistry())
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        s = self.settings
+        partitions = await self.producer.partitions_for(s.agents_topic)
+        tps = [TopicPartition(s.agents_topic, p) for p in sorted(partitions)]
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        await self.consumer.start()
+        try:
+            self.consumer.assign(tps)
+            await self.consumer.seek_to_beginning(*tps)
+            ends = await self.consumer.end_offsets(tps)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.catch_up_timeout_s
+            found: set[str] = set()
+            while behind := [tp for tp in tps if await self.consumer.position(tp) < ends[tp]]:
+                if loop.time() > deadline:
+                    raise ControlCatchUpError(f"{s.agents_topic} not read to its end in {self.catch_up_timeout_s}s")
+                found |= self._topics_in(await self.consumer.getmany(*behind, timeout_ms=200))
+            found |= await self._list()
+            await self._hand_over(found)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def follow_registry(self) -> None:
+        assert self.consumer is not None, "start() first"
+        while True:
+            found = self._topics_in(await self.consumer.getmany(timeout_ms=1000))
+            if found:
+                await self._hand_over(found)
+
+    async def poll_listing(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self._hand_over(await self._list())
+
+    async def _list(self) -> set[str]:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
+        await admin.start()
+        try:
+            return {t for t in await admin.list_topics() if self.pattern.match(t)}
+        finally:
+            await admin.close()
+
+    def _topics_in(self, batch: dict) -> set[str]:
+        found: set[str] = set()
+        for records in batch.values():
+            for record in records:
+                if record.value is None:
+                    continue  # a tombstone: the agent left; its topic stays readable until deleted
+                try:
+                    topic = json.loads(record.value)["topic"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    topic, why = None, f"not a registry record ({exc!r})"
+                else:
+                    why = "does not match the text topic pattern"
+                if isinstance(topic, str) and self.pattern.match(topic):
+                    found.add(topic)
+                else:
+                    self._refused.labels(self.stage).inc()
+                    log.error("%s: registry record %s[%s]@%s refused: %r %s", self.stage, record.topic,
+                              record.partition, record.offset, topic, why)
+        return found
+
+    async def _hand_over(self, found: set[str]) -> None:
+        new = found - self.known
+        if new:
+            await self.on_topics(new)
+            self.known |= new
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            consumer, self.consumer = self.consumer, None
+            await consumer.stop()

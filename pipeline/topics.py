@@ -36,6 +36,12 @@ def topic_map(settings: Settings) -> list[TopicSpec]:
         TopicSpec(s.playback_topic, "session_id", "PlaybackReport", "edge", "benchmarks, recorders"),
         TopicSpec(s.deadletter_topic, "original key", "original bytes + voicebus.error.* headers",
                   "every consumer", "operators"),
+        TopicSpec(s.agents_topic, "agent_id", "registry record (JSON: agent id, text topic)",
+                  "agents (SDK, when it creates or first uses its topic)", "gate (every worker, from the beginning)",
+                  compacted=True),
+        TopicSpec(s.gate_changelog_topic, "session_id (and one reserved key per partition)",
+                  "gate state (JSON) and text positions", "gate", "gate (recovery of a partition)",
+                  compacted=True),
     ]
 
 
@@ -52,8 +58,16 @@ def text_topic_pattern(settings: Settings) -> str:
 
 
 def fixed_topics(settings: Settings) -> list[str]:
-    """The topics created at start (text topics are created by each agent's producer)."""
+    """The topics created at start (text topics are created by each agent's producer).
+
+    Every stage creates the fixed topics it uses when it starts (`pipeline.bus.ensure_topics`),
+    so stages start in any order; `voicebus topics --create` creates them all at once."""
     return [t.name for t in topic_map(settings) if not t.pattern]
+
+
+def compacted_topics(settings: Settings) -> set[str]:
+    """Fixed topics that keep the latest record per key (cleanup.policy=compact)."""
+    return {t.name for t in topic_map(settings) if t.compacted and not t.pattern}
 
 
 def session_key(session_id: str) -> bytes:

@@ -1,5 +1,5 @@
-"""The gate worker (faust) through the real broker: agents' token events in, synthesis requests
-out, in order per session; evidence, hold timeout, cancel, dead letters; a worker SIGKILLed
+"""The gate worker (aiokafka shell) through the real broker: agents' token events in, synthesis
+requests out, in order per session; evidence, hold timeout, cancel, dead letters; a worker SIGKILLed
 mid-turn and two restarted workers sharing the partitions leave no gap and no repeat."""
 
 from __future__ import annotations
@@ -103,11 +103,26 @@ async def send_all(settings, events_by_agent):
             if agent == "control":
                 await publish(producer, codec, settings.control_topic, "ControlEvent", event)
             elif agent == "raw":
-                await producer.send_and_wait(event[0], event[1], key=b"bad")
+                await producer.send_and_wait(event[0], event[1], key=event[2] if len(event) > 2 else b"bad")
             else:
                 await publish(producer, codec, text_topic(settings, agent), "TextEvent", event)
     finally:
         await producer.stop()
+
+
+def unchecked_encode(codec, message_type, value) -> bytes:
+    """What a producer without voicebus's codec could send: valid Avro that breaks the contract."""
+    import io
+
+    from fastavro import schemaless_writer
+
+    from pipeline.codecs import MAGIC
+
+    buf = io.BytesIO()
+    buf.write(MAGIC)
+    buf.write(codec.fingerprint_of(message_type))
+    schemaless_writer(buf, codec._readers[message_type], dict(value))
+    return buf.getvalue()
 
 
 async def collect(settings, done, timeout=60.0, topic=None):
@@ -167,7 +182,9 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         + interleaved + [("llm", x) for x in d_ev + e_ev]
         + [("retriever", rb.ready("order"))]
         + [("raw", (text_topic(settings, "llm"), b"not avro at all"))]
-        + [("llm", Turn(session="sx", language="klingon").tokens("Qapla'.")[0])]
+        + [("raw", (text_topic(settings, "llm"), unchecked_encode(
+            Codec(), "TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0]), b"sx"))]
+        + [("llm", Turn(session="sy", turn="t9").pending(None))]  # a mark without a claim id
         + [("newcomer", x) for x in f.tokens("A new agent speaks. ") + [f.end()]]
     )
     await send_all(settings, phase1)
@@ -197,14 +214,15 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         assert [x[3] for x in sessions[s]] == [False] * (len(sessions[s]) - 1) + [True], s
     # The pure core gives the same for the sessions whose outcome does not depend on timing.
     core = by_session(gate_sentences([ev for agent, ev in phase1 + phase2
-                                      if agent != "raw" and ev["session_id"] != "sx"],
+                                      if agent != "raw" and ev["session_id"] not in ("sx", "sy")],
                                      GateConfig.from_settings(settings.replace(hold_timeout_s=3600))))
     for s in ("sa", "sb", "sc"):
         assert sessions[s] == core[s], s
 
-    dead = await collect(settings, lambda got: len(got) >= 2, timeout=10, topic=settings.deadletter_topic)
-    reasons = {dict(r.headers)["voicebus.error.reason"]: r.value for r in dead}  # two partitions
-    assert set(reasons) == {b"malformed", b"gate-rejected"}
+    dead = await collect(settings, lambda got: len(got) >= 3, timeout=10, topic=settings.deadletter_topic)
+    reasons = {dict(r.headers)["voicebus.error.reason"]: r.value for r in dead}
+    assert set(reasons) == {b"malformed", b"contract-violation", b"gate-rejected"}
+    assert all(dict(r.headers)["voicebus.error.stage"] == b"gate" for r in dead)
     assert reasons[b"malformed"] == b"not avro at all"
     assert "sx" not in sessions
 
