@@ -53,7 +53,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 
 from pipeline.bus import ensure_topics, make_producer
 from pipeline.clock import now_us
-from pipeline.codecs import Codec
+from pipeline.codecs import Codec, CodecError
 from pipeline.gate.core import GateConfig, GateSession
 from pipeline.settings import Settings
 from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery
@@ -122,6 +122,8 @@ class GateWorker:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._refused_counter = Counter("voicebus_gate_topics_refused", "Text topics the gate refused, by reason",
                                         ["reason"], registry=self.registry)
+        self._unencodable = Counter("voicebus_gate_requests_unencodable", "Requests sent with empty text because "
+                                    "the contract refused them", registry=self.registry)
         self._pattern = re.compile(text_topic_pattern(settings))
         self._lock = asyncio.Lock()  # one event, tick or rebalance step at a time
         self._owned: set[int] = set()
@@ -481,8 +483,19 @@ class GateWorker:
         as `partition` is owned (a revoked partition's output is the new owner's job)."""
         if not requests:
             return
-        encoded = [(session_key(r["session_id"]), self.codec.encode("SynthesisRequest", r)) for r in requests]
+        encoded = [(session_key(r["session_id"]), self._encode_request(r)) for r in requests]
         await self._send_retrying(partition, [(self.settings.synthesis_topic, k, v, None) for k, v in encoded])
+
+    def _encode_request(self, request: dict) -> bytes:
+        """The request encoded. One the contract refuses (a gate bug: the core splits long text)
+        still goes out, with empty text, so its turn keeps its numbering and still ends."""
+        try:
+            return self.codec.encode("SynthesisRequest", request)
+        except CodecError as exc:
+            self._unencodable.inc()
+            log.error("gate: request %s/%s#%s cannot be encoded (%s); sent with empty text", request["session_id"],
+                      request["turn_id"], request["sentence_seq"], exc)
+            return self.codec.encode("SynthesisRequest", {**request, "text": ""})
 
     async def _write(self, partition: int, sid: str, value: bytes | None) -> None:
         """The session's state (None: a tombstone) and then the partition's text positions."""

@@ -434,6 +434,9 @@ class GateSession:
         turn.arrivals.append([turn.segmenter.fed, now_us])
         for sentence in sentences:
             self._offer(turn, sentence, now_us)
+        settled = turn.segmenter.settled  # arrivals only matter for ends still to come
+        if turn.arrivals and turn.arrivals[0][0] <= settled:
+            turn.arrivals = [a for a in turn.arrivals if a[0] > settled]
         return self._drain(turn, now_us) if sentences else []
 
     def _offer(self, turn: _Turn, sentence: Any, now_us: int) -> None:

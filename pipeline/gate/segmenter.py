@@ -107,6 +107,11 @@ class StreamingSegmenter:
         """Characters fed so far."""
         return self._fed
 
+    @property
+    def settled(self) -> int:
+        """Characters released or dropped for good: no utterance to come ends at or before this."""
+        return self._base
+
     def feed(self, piece: str) -> list[Sentence]:
         """Add `piece`; return the utterances whose end became certain, in order."""
         if not piece:
