@@ -10,6 +10,9 @@
   other's messages.
 
 Mark tests that use them ``@pytest.mark.kafka``.
+
+Tests marked ``soak`` (long loops that show a race is gone) are left out unless the ``-m``
+expression names them: ``pytest -m soak tests/...`` runs them.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFac
             audio_topic=f"t{uid}.audio",
             playback_topic=f"t{uid}.playback",
             deadletter_topic=f"t{uid}.deadletter",
+            agents_topic=f"t{uid}.agents",
             gate_app_id=f"gate-{uid}",
             gate_changelog_topic=f"gate-{uid}-gate_sessions-changelog",
         )
@@ -71,3 +75,12 @@ def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFac
         return Settings(**values)
 
     return make
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "soak" in (config.getoption("markexpr") or ""):
+        return
+    soak = [item for item in items if item.get_closest_marker("soak")]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]
