@@ -453,15 +453,16 @@ class TopicDiscovery:
                 try:
                     topic = json.loads(record.value)["topic"]
                 except (ValueError, KeyError, TypeError) as exc:
-                    topic, why = None, f"not a registry record ({exc!r})"
-                else:
-                    why = "does not match the text topic pattern"
+                    self._refused.labels(self.stage).inc()
+                    log.error("%s: registry record %s[%s]@%s refused: not a registry record (%r)", self.stage,
+                              record.topic, record.partition, record.offset, exc)
+                    continue
                 if isinstance(topic, str) and self.pattern.match(topic):
                     found.add(topic)
-                else:
+                else:  # another deployment's prefix sharing the registry, or garbage: not ours
                     self._refused.labels(self.stage).inc()
-                    log.error("%s: registry record %s[%s]@%s refused: %r %s", self.stage, record.topic,
-                              record.partition, record.offset, topic, why)
+                    log.warning("%s: registry record %s[%s]@%s names %r, which does not match %s", self.stage,
+                                record.topic, record.partition, record.offset, topic, self.pattern.pattern)
         return found
 
     async def _hand_over(self, found: set[str]) -> None:

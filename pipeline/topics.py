@@ -28,7 +28,8 @@ def topic_map(settings: Settings) -> list[TopicSpec]:
     s = settings
     return [
         TopicSpec(s.text_topic_prefix + "<agent>", "session_id", "TextEvent",
-                  "agents (SDK, OpenAI adapter, replay)", "gate (by pattern)", pattern=True),
+                  "agents (SDK, OpenAI adapter, replay)", "gate (registered in the agent registry, or found by listing)",
+                  pattern=True),
         TopicSpec(s.control_topic, "session_id", "ControlEvent",
                   "edge (barge-in), agents, CLI", "gate, synthesis workers, edge"),
         TopicSpec(s.synthesis_topic, "session_id", "SynthesisRequest", "gate", "synthesis workers (one group)"),
@@ -53,7 +54,7 @@ def text_topic(settings: Settings, agent_id: str) -> str:
 
 
 def text_topic_pattern(settings: Settings) -> str:
-    """The regex the gate subscribes with, so a new agent's topic is picked up without a restart."""
+    """The regex a text topic name matches (the gate reads every topic that matches it)."""
     return "^" + re.escape(settings.text_topic_prefix) + r"[A-Za-z0-9._-]+$"
 
 

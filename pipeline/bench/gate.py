@@ -3,7 +3,7 @@
 `voicebus bench gate` (uses the broker at ``VOICEBUS_BOOTSTRAP`` or starts a local one) prints:
 
 - core: µs per event of `GateSession`, in memory and with its state through JSON around every
-  event (what the faust worker does);
+  event (what the gate worker does);
 - broker: the latency from sending the token that completes a sentence to a consumer holding its
   synthesis request, through one gate worker subprocess, p50/p95/max.
 
@@ -76,6 +76,7 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
         partitions=1, text_topic_prefix=f"bench{uid}.text.", control_topic=f"bench{uid}.control",
         synthesis_topic=f"bench{uid}.synthesis", deadletter_topic=f"bench{uid}.deadletter",
         gate_app_id=f"bench-gate-{uid}", gate_changelog_topic=f"bench-gate-{uid}-changelog",
+        agents_topic=f"bench{uid}.agents",
     )
     await ensure_topics(settings, [settings.control_topic, settings.synthesis_topic, settings.deadletter_topic,
                                    text_topic(settings, "bench")])

@@ -26,7 +26,7 @@ Offsets count characters of everything fed since the segmenter was created:
   before it was released. It is 0 when the piece that finished the utterance also settled it.
 
 Rules are in docs/segmentation.md. State is plain data (`to_state`/`from_state`), so the gate can
-keep it in a faust Table.
+keep it in its changelog topic.
 """
 
 from __future__ import annotations

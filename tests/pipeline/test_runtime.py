@@ -1,6 +1,6 @@
 """The whole pipeline through the real broker: agent -> gate -> synthesis worker -> edge -> listener.
 
-Real Kafka, the real faust gate (a subprocess), the real kokoro code (tiny random weights), the
+Real Kafka, the real gate (a subprocess), the real kokoro code (tiny random weights), the
 real edge over a WebSocket. These are the paths the demo and `voicebus bench ttfa` stand on.
 """
 
