@@ -29,6 +29,7 @@ from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.settings import Settings
 from pipeline.topics import text_topic
+from schemas.contract import ControlAction
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +104,19 @@ def text_event(
 
 def cancel_event(
     session_id: str, turn_id: str | None = None, *, reason: str = "", source: str = "agent",
-    issued_at_us: int | None = None,
+    issued_at_us: int | None = None, turn_ids: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A CANCEL ControlEvent; `turn_id=None` cancels every turn of the session issued before it."""
+    """A CANCEL ControlEvent: one turn; or, with `turn_id=None`, the turns in `turn_ids`, or
+    (none listed) every turn of the session that each stage has seen when the cancel reaches it.
+    `issued_at_us` is for latency metrics only; no stage compares it with its own clock."""
     return {
         "session_id": session_id,
         "turn_id": turn_id,
-        "action": "CANCEL",
+        "action": ControlAction.CANCEL,
         "reason": reason,
         "source": source,
         "issued_at_us": now_us() if issued_at_us is None else issued_at_us,
+        "turn_ids": list(turn_ids),
     }
 
 
