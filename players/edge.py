@@ -28,6 +28,7 @@ from players import protocol
 from players.auth import TokenError, verify_token
 from players.metrics import EdgeMetrics
 from players.router import ClientChannel, ClientClosed, OutFrame, SessionRouter, UnroutableChunk
+from schemas.contract import ControlAction
 
 log = logging.getLogger(__name__)
 
@@ -304,10 +305,11 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
     elif mtype == protocol.CANCEL:
         turn_id = message.get("turn_id")
         issued = now_us()
-        router.cancel(channel.session_id, turn_id, issued, source="edge")  # locally at once
+        router.cancel(channel.session_id, turn_id, source="edge")  # locally at once
         await _publish(link, channel, settings.control_topic, "ControlEvent", {
-            "session_id": channel.session_id, "turn_id": turn_id, "action": "CANCEL",
+            "session_id": channel.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
             "reason": str(message.get("reason") or "barge-in")[:200], "source": "edge", "issued_at_us": issued,
+            "turn_ids": [],
         })
     elif mtype == protocol.REPORT:
         report = {

@@ -18,6 +18,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.contract import LIMITS, is_valid_id
+
 PROTOCOL_VERSION = 1
 
 # --- binary audio frames ---------------------------------------------------------------------
@@ -138,6 +140,9 @@ def encode_control(message_type: str, **fields: Any) -> str:
     return json.dumps({"type": message_type, "v": PROTOCOL_VERSION, **fields}, separators=(",", ":"))
 
 
+# Ids in client frames end up in bus events: the contract's rule (schemas.contract.is_valid_id).
+ID_RULE = f"1-{LIMITS.max_id_chars} characters, no control characters"
+
 # Required fields (name -> accepted types) of each client message.
 _CLIENT_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     HELLO: {"session": (str,), "token": (str,)},
@@ -169,17 +174,19 @@ def parse_client_message(text: str) -> dict[str, Any]:
             raise MalformedFrame(f"{mtype}: field {name!r} is missing or not {'/'.join(k.__name__ for k in kinds)}")
     if mtype == REPORT and message["kind"] not in REPORT_KINDS:
         raise MalformedFrame(f"report: unknown kind {message['kind']!r}; expected one of {sorted(REPORT_KINDS)}")
-    if mtype == CANCEL and message.get("turn_id") is not None and not isinstance(message["turn_id"], str):
-        raise MalformedFrame("cancel: turn_id must be a string or absent")
+    if mtype == CANCEL and message.get("turn_id") is not None and not is_valid_id(message["turn_id"]):
+        raise MalformedFrame(f"cancel: turn_id must be absent or an id ({ID_RULE})")
+    if mtype == REPORT and not is_valid_id(message["turn_id"]):
+        raise MalformedFrame(f"report: turn_id must be an id ({ID_RULE})")
     for name, limit in _INTEGER_FIELDS.items():
         value = message.get(name)
         if name in message and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit):
             raise MalformedFrame(f"{mtype}: field {name!r} must be an integer in [0, {limit})")
     resume = message.get("resume")
     if mtype == HELLO and resume is not None:
-        if not (isinstance(resume, dict) and isinstance(resume.get("turn_id"), str)
+        if not (isinstance(resume, dict) and is_valid_id(resume.get("turn_id"))
                 and isinstance(resume.get("sentence_seq"), int) and 0 <= resume["sentence_seq"] < 2**31):
-            raise MalformedFrame("hello: resume must be {turn_id: string, sentence_seq: integer}")
+            raise MalformedFrame(f"hello: resume must be {{turn_id: id ({ID_RULE}), sentence_seq: integer}}")
     return message
 
 

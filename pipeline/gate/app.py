@@ -408,7 +408,7 @@ class GateWorker:
     # --- one record ------------------------------------------------------------------------------
     async def _process(self, record: Any, expect: str, partition: int, position: tuple[str, int] | None) -> None:
         """(Under the lock.) One record through the record policy, then its effects."""
-        effects: list[tuple[_Entry, str, list[dict]]] = []
+        effects: list[tuple[_Entry, str, list[dict], dict | None]] = []
 
         def handle(decoded: Any) -> None:
             event = decoded.message.value
@@ -428,9 +428,9 @@ class GateWorker:
                 if expect == "TextEvent":
                     closing = entry.session.end_failed_turn(event, now, exc)
                 if closing:
-                    effects.append((entry, sid, closing))
+                    effects.append((entry, sid, closing, None))
                 raise
-            effects.append((entry, sid, requests))
+            effects.append((entry, sid, requests, entry.session.resolution))
 
         await self.policy.process(record, expect, handle)
         before = self._positions.get(position) if position is not None else None
@@ -438,18 +438,26 @@ class GateWorker:
             self._positions[position] = record.offset + 1  # written after the state it produced
             self._dirty_positions.add(partition)
         try:
-            for entry, sid, requests in effects:
-                await self._commit_effects(entry, sid, requests, self.clock_us())
+            for entry, sid, requests, resolution in effects:
+                await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
         except BaseException:
             if position is not None and before is not None and position in self._positions:
                 self._positions[position] = before  # not applied after all: read it again
             raise
 
-    async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int) -> None:
-        """(Under the lock.) Send the requests, then store the state (bounded) and positions."""
+    async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int,
+                              resolution: dict | None = None) -> None:
+        """(Under the lock.) Send the requests (and the resolution of a whole-session cancel),
+        then store the state (bounded) and positions."""
         try:
             more, encoded = entry.session.shed(now)
             await self._emit(requests + more, entry.partition)
+            if resolution is not None:
+                # Later stages drop these turns even if they had not seen them yet. It comes back
+                # to this worker too, where it only cancels turns already cancelled.
+                await self._send_retrying(entry.partition, [(
+                    self.settings.control_topic, session_key(sid),
+                    self.codec.encode("ControlEvent", resolution), None)])
             await self._write(entry.partition, sid, encoded.encode("utf-8"))
             entry.state = encoded
             entry.due_us = self._due(entry.session)

@@ -17,6 +17,7 @@ from pipeline.codecs import Codec
 from pipeline.gate.app import READY_LINE, start_gate_subprocess
 from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
 from pipeline.topics import text_topic
+from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -110,21 +111,6 @@ async def send_all(settings, events_by_agent):
         await producer.stop()
 
 
-def unchecked_encode(codec, message_type, value) -> bytes:
-    """What a producer without voicebus's codec could send: valid Avro that breaks the contract."""
-    import io
-
-    from fastavro import schemaless_writer
-
-    from pipeline.codecs import MAGIC
-
-    buf = io.BytesIO()
-    buf.write(MAGIC)
-    buf.write(codec.fingerprint_of(message_type))
-    schemaless_writer(buf, codec._readers[message_type], dict(value))
-    return buf.getvalue()
-
-
 async def collect(settings, done, timeout=60.0, topic=None):
     """Synthesis requests (decoded) until `done(requests)` or `timeout`."""
     codec = Codec()
@@ -182,8 +168,9 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         + interleaved + [("llm", x) for x in d_ev + e_ev]
         + [("retriever", rb.ready("order"))]
         + [("raw", (text_topic(settings, "llm"), b"not avro at all"))]
-        + [("raw", (text_topic(settings, "llm"), unchecked_encode(
-            Codec(), "TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0]), b"sx"))]
+        + [("raw", (text_topic(settings, "llm"),
+                    foreign_encode("TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0]),
+                    b"sx"))]
         + [("llm", Turn(session="sy", turn="t9").pending(None))]  # a mark without a claim id
         + [("newcomer", x) for x in f.tokens("A new agent speaks. ") + [f.end()]]
     )

@@ -26,7 +26,7 @@ from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.codecs import Codec
 from pipeline.gate.app import POSITIONS_KEY, GateWorker
 from pipeline.topics import session_key, text_topic
-from tests.pipeline.gate.test_core import Turn
+from tests.pipeline.gate.test_core import Turn, cancel
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -320,3 +320,38 @@ async def test_a_text_record_on_the_wrong_partition_for_its_session_is_dead_lett
     finally:
         await dead.stop()
     assert {dict(r.headers)["voicebus.error.reason"] for r in got} == {b"wrong-partition"}
+
+
+async def test_a_whole_session_cancel_is_resolved_and_published_once(make_settings, workers):
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    await workers(settings)
+    t1, t2 = Turn(turn="t1", session="barge"), Turn(turn="t2", session="barge")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", t1.tokens("Spoken first. ") + [t1.end()] + t2.tokens("Then this. And"))
+        await requests.until(lambda got: len(got) >= 2, "t1 ended and t2's first sentence")
+        await send(settings, "llm", [cancel(session="barge")])
+        await send(settings, "llm", t2.tokens(" never this. ") + [t2.end()])
+        t3 = Turn(turn="t3", session="barge")  # first seen after the cancel: a new turn
+        await send(settings, "llm", t3.tokens("A new turn. ") + [t3.end()])
+        await requests.until(lambda got: any(r["turn_id"] == "t3" and r["is_last_in_turn"] for r in got), "t3")
+    assert [(t, x) for t, _, x, _ in requests.of("barge")] == [
+        ("t1", "Spoken first."), ("t2", "Then this."), ("t3", "A new turn.")]
+    control = make_consumer(settings, settings.control_topic, auto_offset_reset="earliest")
+    await control.start()
+    try:
+        events: list[dict] = []
+
+        async def probe():
+            for records in (await control.getmany(timeout_ms=200)).values():
+                events.extend(Codec().decode(r.value, expect="ControlEvent").value for r in records)
+            return len(events) >= 2
+        await eventually(probe, what="the gate's resolution on the control topic")
+        await asyncio.sleep(0.5)  # a second resolution (the gate answering its own) would be here by now
+        await probe()
+    finally:
+        await control.stop()
+    resolutions = [e for e in events if e["source"] == "gate"]
+    assert len(resolutions) == 1 and resolutions[0]["turn_ids"] == ["t1", "t2"]
+    assert resolutions[0]["turn_id"] is None and resolutions[0]["session_id"] == "barge"
