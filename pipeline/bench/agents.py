@@ -6,13 +6,17 @@ an agent that has been there since the start. Two phases of the same length, in 
 - quiet: only the others speak;
 - churn: new agents join at a steady rate (default 20 a minute). Each one starts its SDK
   `Publisher` (which creates its text topic and registers it in the agent registry), speaks its
-  first turn at once, then two later turns, and leaves.
+  first turn at once, then two later turns, and leaves. The joiners run in a child process of
+  their own (agents are other processes), so their client start-ups do not share an event loop
+  with the others' sends.
 
 Release latency of a sentence = from sending the token that completes it (the event the pure
 core releases the sentence on, found by replaying the turn offline) to ``released_at_us`` of its
 synthesis request (the gate's clock; same machine). Reported as JSON:
 ``new_agent_first_turn_ms`` and ``later_turns_ms`` ({p50, p95}, the new agents' sentences), and
-``others_ms`` ({quiet: {p50, p99}, churn: {p50, p99}}). ``--quick`` runs a few minutes.
+``others_ms`` ({quiet: {p50, p99}, churn: {p50, p99}}). ``--quick`` runs a few minutes. Each
+figure also has its split: ``to_gate`` (send -> the gate applied the completing token: produce,
+broker, the gate's fetch) and ``in_gate`` (applied -> released).
 
 It uses the broker at ``VOICEBUS_BOOTSTRAP`` (or starts a local one) with topic names of its own.
 """
@@ -22,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -102,6 +108,21 @@ async def newcomer(settings: Settings, sent: Sent, k: int, uid: str) -> None:
             await speak(publisher, sent, f"new{k}", f"t{turn}", agent, kind, "".join(SENTENCES))
 
 
+async def joiners(settings: Settings, phase_s: float, rate_per_min: float, uid: str) -> dict:
+    """The churn: new agents at a steady rate for `phase_s` (run in the child process)."""
+    sent = Sent()
+    tasks: list[asyncio.Task] = []
+    gap = 60.0 / rate_per_min
+    started = time.monotonic()
+    k = 0
+    while time.monotonic() - started < phase_s:
+        tasks.append(asyncio.create_task(newcomer(settings, sent, k, uid)))
+        k += 1
+        await asyncio.sleep(gap)
+    await asyncio.gather(*tasks)
+    return {"joined": k, "sent": [[s, t, times, sent.kind[(s, t)]] for (s, t), times in sent.releasing_sent_us.items()]}
+
+
 async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, n_others: int) -> dict:
     from pipeline.bus import ensure_topics, make_consumer
     from pipeline.codecs import Codec
@@ -149,15 +170,17 @@ async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, 
         speaking = asyncio.create_task(others(settings, sent, phase, n_others, stop))
         await asyncio.sleep(phase_s)
         phase["name"] = "churn"
-        joiners: list[asyncio.Task] = []
-        gap = 60.0 / rate_per_min
-        started = time.monotonic()
-        k = 0
-        while time.monotonic() - started < phase_s:
-            joiners.append(asyncio.create_task(newcomer(settings, sent, k, uid)))
-            k += 1
-            await asyncio.sleep(gap)
-        await asyncio.gather(*joiners)
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pipeline.bench.agents", "--joiners", str(phase_s), str(rate_per_min), uid,
+            env={**os.environ, **settings.to_env()}, stdout=asyncio.subprocess.PIPE)
+        out, _ = await child.communicate()
+        if child.returncode != 0:
+            raise RuntimeError(f"the joiners' process failed (exit code {child.returncode})")
+        churn = json.loads(out.decode().strip().splitlines()[-1])
+        k = churn["joined"]
+        for session, turn, times, kind in churn["sent"]:
+            sent.releasing_sent_us[(session, turn)] = times
+            sent.kind[(session, turn)] = kind
         stop.set()
         await speaking
         expected = sum(len(v) for v in sent.releasing_sent_us.values())
@@ -175,25 +198,34 @@ async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, 
             gate.kill()
             gate.wait(10)
 
-    by_kind: dict[str, list[float]] = {"first": [], "later": [], "quiet": [], "churn": []}
+    kinds = ("first", "later", "quiet", "churn")
+    by_kind: dict[str, list[float]] = {k: [] for k in kinds}
+    to_gate: dict[str, list[float]] = {k: [] for k in kinds}
+    in_gate: dict[str, list[float]] = {k: [] for k in kinds}
     for r in received:
         key = (r["session_id"], r["turn_id"])
         times = sent.releasing_sent_us.get(key)
         if times is None or r["sentence_seq"] >= len(times):
             continue
-        by_kind[sent.kind[key]].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
+        kind = sent.kind[key]
+        by_kind[kind].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
+        to_gate[kind].append((r["text_complete_at_us"] - times[r["sentence_seq"]]) / 1000)
+        in_gate[kind].append((r["released_at_us"] - r["text_complete_at_us"]) / 1000)
 
-    def stats(values: list[float], high: int) -> dict:
+    def pct(values: list[float], high: int) -> dict:
         values = sorted(values)
         if not values:
-            return {"p50": None, f"p{high}": None, "n": 0}
-        return {"p50": round(statistics.median(values), 1), f"p{high}": round(percentile(values, high), 1),
-                "n": len(values)}
+            return {"p50": None, f"p{high}": None}
+        return {"p50": round(statistics.median(values), 1), f"p{high}": round(percentile(values, high), 1)}
+
+    def stats(kind: str, high: int) -> dict:
+        return {**pct(by_kind[kind], high), "n": len(by_kind[kind]),
+                "to_gate": pct(to_gate[kind], high), "in_gate": pct(in_gate[kind], high)}
 
     return {
-        "new_agent_first_turn_ms": stats(by_kind["first"], 95),
-        "later_turns_ms": stats(by_kind["later"], 95),
-        "others_ms": {"quiet": stats(by_kind["quiet"], 99), "churn": stats(by_kind["churn"], 99)},
+        "new_agent_first_turn_ms": stats("first", 95),
+        "later_turns_ms": stats("later", 95),
+        "others_ms": {"quiet": stats("quiet", 99), "churn": stats("churn", 99)},
         "agents_joined": k,
         "config": {"phase_s": phase_s, "rate_per_min": rate_per_min, "other_sessions": n_others,
                    "partitions": settings.partitions, "token_chars": TOKEN_CHARS, "token_gap_ms": TOKEN_GAP_S * 1000},
@@ -227,3 +259,10 @@ def run_agents_bench(args: argparse.Namespace, settings: Settings) -> int:
         with open(args.json, "w") as f:
             f.write(text + "\n")
     return 0
+
+
+if __name__ == "__main__":  # the joiners' child process: python -m pipeline.bench.agents --joiners S RATE UID
+    if sys.argv[1:2] != ["--joiners"]:
+        sys.exit("usage: python -m pipeline.bench.agents --joiners PHASE_S RATE_PER_MIN UID (run by the bench)")
+    result = asyncio.run(joiners(Settings.from_env(), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]))
+    print(json.dumps(result))

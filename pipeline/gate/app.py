@@ -45,7 +45,7 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,6 +62,7 @@ from pipeline.topics import fixed_topics, session_key, text_topic_pattern
 log = logging.getLogger(__name__)
 
 READY_LINE = "voicebus-gate assigned"  # printed (JSON list of "topic:partition" after it) when ready
+TEXT_BATCH_RECORDS = 100  # text records per batch at most: a control event waits for one batch at most
 POSITIONS_KEY = b"\x00gate.positions"  # changelog key of a partition's text positions (no session
 # id can be it: ids have no control characters, schemas/contract.py)
 
@@ -78,6 +79,22 @@ class WrongPartition(ValueError):
 
 class PartitionRevoked(Exception):
     """The partition of the event being handled was revoked while its output was retried."""
+
+
+def _tp(topic: str, partition: int) -> Any:
+    from aiokafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
+
+
+@dataclass
+class _Batch:
+    """The effects of one fetched batch of text records, committed together."""
+
+    entries: dict = field(default_factory=dict)  # session id -> _Entry touched
+    applied: dict = field(default_factory=dict)  # session id -> [(event, now_us)] applied in order
+    requests: list = field(default_factory=list)
+    positions: dict = field(default_factory=dict)  # (topic, p) -> next offset
 
 
 @dataclass
@@ -252,21 +269,18 @@ class GateWorker:
 
     async def _assign_text(self) -> None:
         """(Under the lock.) Assign partition p of every text topic for every owned p, each at
-        its position: where this worker is, else the changelog's, else the beginning."""
+        its position: where this worker is, else the changelog's, else the beginning. No network
+        round trip: the lock holds every session up while this runs."""
         from aiokafka.structs import TopicPartition
 
         tps = [TopicPartition(t, p) for t in sorted(self._text_topics) for p in sorted(self._owned)]
-        missing = []
         for tp in tps:
             if (tp.topic, tp.partition) not in self._positions:
+                # No stored position: from the beginning. Offset 0 says so without a round trip
+                # under the lock: past a retention cut the consumer's reset (earliest) moves it
+                # to the log start, and every record there is >= 0.
                 stored = self._stored_positions.get(tp.partition, {}).get(tp.topic)
-                if stored is None:
-                    missing.append(tp)
-                else:
-                    self._positions[(tp.topic, tp.partition)] = stored
-        if missing:
-            for tp, offset in (await self.text.beginning_offsets(missing)).items():
-                self._positions[(tp.topic, tp.partition)] = offset
+                self._positions[(tp.topic, tp.partition)] = 0 if stored is None else stored
         self.text.assign(tps)  # replaces the assignment and forgets positions: seek every one
         for tp in tps:
             self.text.seek(tp, self._positions[(tp.topic, tp.partition)])
@@ -344,7 +358,7 @@ class GateWorker:
                         if tp.partition not in self._owned:
                             continue  # fetched before a revoke
                         try:
-                            await self._process(record, "ControlEvent", tp.partition, None)
+                            await self._process_control(record, tp.partition)
                         except PartitionRevoked as exc:
                             log.info("gate: %s", exc)
                             continue
@@ -361,19 +375,97 @@ class GateWorker:
             if not self.text.assignment():
                 await asyncio.sleep(0.05)  # nothing owned yet: no fetch to wait in
                 continue
-            batch = await self.text.getmany(timeout_ms=500)
-            for tp, records in batch.items():
-                for record in records:
-                    async with self._lock:
-                        key = (tp.topic, tp.partition)
-                        if tp.partition not in self._owned or key not in self._positions:
-                            continue  # fetched before a revoke
-                        if record.offset < self._positions[key]:
-                            continue  # applied already (a seek back after a reassignment)
-                        try:
-                            await self._process(record, "TextEvent", tp.partition, key)
-                        except PartitionRevoked as exc:
-                            log.info("gate: %s", exc)
+            fetched = await self.text.getmany(timeout_ms=500, max_records=TEXT_BATCH_RECORDS)
+            if fetched:
+                async with self._lock:
+                    await self._process_text_batch(fetched)
+
+    async def _process_text_batch(self, fetched: dict) -> None:
+        """(Under the lock.) Every text record fetched, applied in order per partition, then their
+        effects in one go: all requests sent and acked, then each touched session's state and each
+        partition's positions written once. At one record per fetch (a quiet gate) that is the
+        per-event order; under load it turns two broker round trips per event into two per
+        batch, so the gate keeps up instead of falling behind."""
+        batch = _Batch()
+        for tp, records in fetched.items():
+            key = (tp.topic, tp.partition)
+            for record in records:
+                if tp.partition not in self._owned or key not in self._positions:
+                    break  # fetched before a revoke
+                if record.offset < batch.positions.get(key, self._positions[key]):
+                    continue  # applied already (a seek back after a reassignment)
+                await self.policy.process(record, "TextEvent",
+                                          lambda decoded: self._apply_in_batch(decoded, record, tp.partition, batch))
+                batch.positions[key] = record.offset + 1
+        try:
+            await self._commit_batch(batch)
+        except BaseException as exc:
+            # Nothing of the batch counts: sessions back to their stored state, partitions read
+            # again from the stored positions (a revoked partition is gone anyway).
+            for sid, entry in batch.entries.items():
+                entry.session = self._restored(sid, entry)
+            for topic, p in batch.positions:
+                if (topic, p) in self._positions and p in self._owned:
+                    self.text.seek(_tp(topic, p), self._positions[(topic, p)])
+            if isinstance(exc, PartitionRevoked):
+                log.info("gate: %s", exc)
+                return
+            raise
+
+    def _apply_in_batch(self, decoded: Any, record: Any, partition: int, batch: "_Batch") -> None:
+        event = decoded.message.value
+        sid = event["session_id"]
+        if self._partition_of(sid) != partition:
+            raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
+                                 f"its record is on {record.topic}[{partition}]")
+        entry = self._entry(sid, partition)
+        now = self.clock_us()
+        try:
+            requests = entry.session.apply(event, now)
+        except Exception as exc:
+            # The core may have half-applied the event: rebuild the session from its stored
+            # state and this batch's earlier events (deterministic, their requests are already
+            # in the batch), then make sure the turn still ends. The policy dead-letters it.
+            session = self._restored(sid, entry)
+            for earlier, at in batch.applied.get(sid, []):
+                session.apply(earlier, at)
+            entry.session = session
+            closing = session.end_failed_turn(event, now, exc)
+            batch.entries[sid] = entry
+            batch.requests.extend(closing)
+            raise
+        batch.entries[sid] = entry
+        batch.applied.setdefault(sid, []).append((event, now))
+        batch.requests.extend(requests)
+
+    async def _commit_batch(self, batch: "_Batch") -> None:
+        if not batch.entries and not batch.positions:
+            return
+        now = self.clock_us()
+        states: dict[str, str] = {}
+        for sid, entry in batch.entries.items():
+            more, states[sid] = entry.session.shed(now)
+            batch.requests.extend(more)
+        partitions = {p for _, p in batch.positions} | {e.partition for e in batch.entries.values()}
+        await self._send_retrying(partitions, [(self.settings.synthesis_topic, session_key(r["session_id"]),
+                                                self._encode_request(r), None) for r in batch.requests])
+        previous = {key: self._positions[key] for key in batch.positions}
+        self._positions.update(batch.positions)
+        topic = self.settings.gate_changelog_topic
+        try:
+            await self._send_retrying(partitions, [
+                *[(topic, session_key(sid), states[sid].encode("utf-8"), entry.partition)
+                  for sid, entry in batch.entries.items()],
+                *[(topic, POSITIONS_KEY, self._positions_record(p), p) for p in sorted(partitions)],
+            ])
+        except BaseException:
+            self._positions.update(previous)
+            raise
+        for p in partitions:
+            self._dirty_positions.discard(p)
+        for sid, entry in batch.entries.items():
+            entry.state = states[sid]
+            entry.due_us = self._due(entry.session)
 
     async def _timer_loop(self) -> None:
         while True:
@@ -405,45 +497,25 @@ class GateWorker:
             for p in sorted(self._dirty_positions & self._owned):
                 await self._write_positions(p)
 
-    # --- one record ------------------------------------------------------------------------------
-    async def _process(self, record: Any, expect: str, partition: int, position: tuple[str, int] | None) -> None:
-        """(Under the lock.) One record through the record policy, then its effects."""
+    # --- one control record ---------------------------------------------------------------------
+    async def _process_control(self, record: Any, partition: int) -> None:
+        """(Under the lock.) One control record through the record policy, then its effects."""
         effects: list[tuple[_Entry, str, list[dict], dict | None]] = []
 
         def handle(decoded: Any) -> None:
             event = decoded.message.value
             sid = event["session_id"]
-            if position is not None and self._partition_of(sid) != partition:
-                raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
-                                     f"its record is on {record.topic}[{partition}]")
             entry = self._entry(sid, partition)
-            now = self.clock_us()
             try:
-                requests = entry.session.apply(event, now)
-            except Exception as exc:
-                # The core may have half-applied the event: go back to the stored state, and
-                # make sure the turn still ends; then the policy dead-letters the record.
-                entry.session = self._restored(sid, entry)
-                closing = []
-                if expect == "TextEvent":
-                    closing = entry.session.end_failed_turn(event, now, exc)
-                if closing:
-                    effects.append((entry, sid, closing, None))
-                raise
+                requests = entry.session.apply(event, self.clock_us())
+            except Exception:
+                entry.session = self._restored(sid, entry)  # it may be half-applied
+                raise  # the policy dead-letters it
             effects.append((entry, sid, requests, entry.session.resolution))
 
-        await self.policy.process(record, expect, handle)
-        before = self._positions.get(position) if position is not None else None
-        if position is not None:
-            self._positions[position] = record.offset + 1  # written after the state it produced
-            self._dirty_positions.add(partition)
-        try:
-            for entry, sid, requests, resolution in effects:
-                await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
-        except BaseException:
-            if position is not None and before is not None and position in self._positions:
-                self._positions[position] = before  # not applied after all: read it again
-            raise
+        await self.policy.process(record, "ControlEvent", handle)
+        for entry, sid, requests, resolution in effects:
+            await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
 
     async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int,
                               resolution: dict | None = None) -> None:
@@ -523,9 +595,13 @@ class GateWorker:
         self._stored_positions[partition] = positions
         return json.dumps(positions, separators=(",", ":")).encode()
 
-    async def _send_retrying(self, partition: int, records: list[tuple[str, bytes, bytes | None, int | None]]) -> None:
+    async def _send_retrying(self, partition: int | set[int],
+                             records: list[tuple[str, bytes, bytes | None, int | None]]) -> None:
+        """Send and wait for every ack; on a failure retry the lot with backoff while every
+        partition they belong to is still owned (else `PartitionRevoked`: the new owner's job)."""
         from aiokafka.errors import KafkaError
 
+        partitions = {partition} if isinstance(partition, int) else partition
         backoff = 0.1
         while True:
             try:
@@ -534,8 +610,9 @@ class GateWorker:
                     await fut  # acked before the state that produced it is written
                 return
             except KafkaError as exc:
-                if partition not in self._owned:
-                    raise PartitionRevoked(f"partition {partition} revoked while its output failed: {exc}") from exc
+                if not partitions <= self._owned:
+                    raise PartitionRevoked(f"partitions {sorted(partitions - self._owned)} revoked while "
+                                           f"their output failed: {exc}") from exc
                 log.warning("gate: send failed (%s); retrying in %.1f s", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(5.0, backoff * 2)
