@@ -1,7 +1,8 @@
 """`voicebus bench agents`: what an agent joining costs, to itself and to everyone else (issue 16).
 
 One gate worker (a subprocess, as deployed) and a few "other" sessions speaking all the time from
-an agent that has been there since the start. Two phases of the same length, in one run:
+an agent that has been there since the start. Phases in blocks of the same length, taken in turn
+(quiet, churn, churn_unseen, quiet, ...) so the machine's drifting load falls on each alike:
 
 - quiet: only the others speak;
 - churn: new agents join at a steady rate (default 20 a minute). Each one starts its SDK
@@ -14,9 +15,12 @@ Release latency of a sentence = from sending the token that completes it (the ev
 core releases the sentence on, found by replaying the turn offline) to ``released_at_us`` of its
 synthesis request (the gate's clock; same machine). Reported as JSON:
 ``new_agent_first_turn_ms`` and ``later_turns_ms`` ({p50, p95}, the new agents' sentences), and
-``others_ms`` ({quiet: {p50, p99}, churn: {p50, p99}}). ``--quick`` runs a few minutes. Each
-figure also has its split: ``to_gate`` (send -> the gate applied the completing token: produce,
-broker, the gate's fetch) and ``in_gate`` (applied -> released).
+``others_ms`` ({quiet: {p50, p99}, churn: {p50, p99}}). ``--quick`` runs a few minutes.
+
+The third phase, ``churn_unseen``, runs the same joiners with a text prefix and registry the gate
+does not follow: the broker creates their topics and they speak, but the gate never reads them.
+``others_ms.churn_unseen`` is what agent churn costs this machine and broker by itself; the gap
+between it and ``churn`` is what it costs the gate.
 
 It uses the broker at ``VOICEBUS_BOOTSTRAP`` (or starts a local one) with topic names of its own.
 """
@@ -69,7 +73,7 @@ class Sent:
     """What was sent per (session, turn): the send time of each releasing event, in request order."""
 
     releasing_sent_us: dict[tuple[str, str], list[int]] = field(default_factory=dict)
-    kind: dict[tuple[str, str], str] = field(default_factory=dict)  # first | later | quiet | churn
+    kind: dict[tuple[str, str], str] = field(default_factory=dict)  # first | later | quiet | churn...
 
 
 async def speak(publisher, sent: Sent, session: str, turn: str, agent: str, kind: str, text: str) -> None:
@@ -105,7 +109,7 @@ async def newcomer(settings: Settings, sent: Sent, k: int, uid: str) -> None:
     agent = f"joiner{uid}-{k}"
     async with Publisher(settings, agent_id=agent) as publisher:  # creates and registers its topic
         for turn, kind in ((0, "first"), (1, "later"), (2, "later")):
-            await speak(publisher, sent, f"new{k}", f"t{turn}", agent, kind, "".join(SENTENCES))
+            await speak(publisher, sent, f"new-{uid}-{k}", f"t{turn}", agent, kind, "".join(SENTENCES))
 
 
 async def joiners(settings: Settings, phase_s: float, rate_per_min: float, uid: str) -> dict:
@@ -123,7 +127,7 @@ async def joiners(settings: Settings, phase_s: float, rate_per_min: float, uid: 
     return {"joined": k, "sent": [[s, t, times, sent.kind[(s, t)]] for (s, t), times in sent.releasing_sent_us.items()]}
 
 
-async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, n_others: int) -> dict:
+async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per_min: float, n_others: int) -> dict:
     from pipeline.bus import ensure_topics, make_consumer
     from pipeline.codecs import Codec
     from pipeline.gate.app import READY_LINE, start_gate_subprocess
@@ -168,19 +172,29 @@ async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, 
         phase = {"name": "quiet"}
         stop = asyncio.Event()
         speaking = asyncio.create_task(others(settings, sent, phase, n_others, stop))
-        await asyncio.sleep(phase_s)
-        phase["name"] = "churn"
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pipeline.bench.agents", "--joiners", str(phase_s), str(rate_per_min), uid,
-            env={**os.environ, **settings.to_env()}, stdout=asyncio.subprocess.PIPE)
-        out, _ = await child.communicate()
-        if child.returncode != 0:
-            raise RuntimeError(f"the joiners' process failed (exit code {child.returncode})")
-        churn = json.loads(out.decode().strip().splitlines()[-1])
-        k = churn["joined"]
-        for session, turn, times, kind in churn["sent"]:
-            sent.releasing_sent_us[(session, turn)] = times
-            sent.kind[(session, turn)] = kind
+        unseen = settings.replace(text_topic_prefix=f"bench{uid}.unseen.", agents_topic=f"bench{uid}.unseen-agents",
+                                  synthesis_topic=f"bench{uid}.unseen-synthesis")
+        k = 0
+        # Blocks of each phase in turn, so the machine's drifting load falls on all three alike.
+        for block in range(rounds):
+            for name, joiner_settings in (("quiet", None), ("churn", settings), ("churn_unseen", unseen)):
+                phase["name"] = name
+                if joiner_settings is None:
+                    await asyncio.sleep(block_s)
+                    continue
+                child = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "pipeline.bench.agents", "--joiners", str(block_s), str(rate_per_min),
+                    f"{uid}{name}{block}", env={**os.environ, **joiner_settings.to_env()},
+                    stdout=asyncio.subprocess.PIPE)
+                out, _ = await child.communicate()
+                if child.returncode != 0:
+                    raise RuntimeError(f"the joiners' process failed (exit code {child.returncode})")
+                churn = json.loads(out.decode().strip().splitlines()[-1])
+                if name == "churn":
+                    k += churn["joined"]
+                    for session, turn, times, kind in churn["sent"]:
+                        sent.releasing_sent_us[(session, turn)] = times
+                        sent.kind[(session, turn)] = kind
         stop.set()
         await speaking
         expected = sum(len(v) for v in sent.releasing_sent_us.values())
@@ -198,19 +212,14 @@ async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, 
             gate.kill()
             gate.wait(10)
 
-    kinds = ("first", "later", "quiet", "churn")
+    kinds = ("first", "later", "quiet", "churn", "churn_unseen")
     by_kind: dict[str, list[float]] = {k: [] for k in kinds}
-    to_gate: dict[str, list[float]] = {k: [] for k in kinds}
-    in_gate: dict[str, list[float]] = {k: [] for k in kinds}
     for r in received:
         key = (r["session_id"], r["turn_id"])
         times = sent.releasing_sent_us.get(key)
         if times is None or r["sentence_seq"] >= len(times):
             continue
-        kind = sent.kind[key]
-        by_kind[kind].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
-        to_gate[kind].append((r["text_complete_at_us"] - times[r["sentence_seq"]]) / 1000)
-        in_gate[kind].append((r["released_at_us"] - r["text_complete_at_us"]) / 1000)
+        by_kind[sent.kind[key]].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
 
     def pct(values: list[float], high: int) -> dict:
         values = sorted(values)
@@ -219,15 +228,15 @@ async def run_bench(settings: Settings, *, phase_s: float, rate_per_min: float, 
         return {"p50": round(statistics.median(values), 1), f"p{high}": round(percentile(values, high), 1)}
 
     def stats(kind: str, high: int) -> dict:
-        return {**pct(by_kind[kind], high), "n": len(by_kind[kind]),
-                "to_gate": pct(to_gate[kind], high), "in_gate": pct(in_gate[kind], high)}
+        return {**pct(by_kind[kind], high), "n": len(by_kind[kind])}
 
     return {
         "new_agent_first_turn_ms": stats("first", 95),
         "later_turns_ms": stats("later", 95),
-        "others_ms": {"quiet": stats("quiet", 99), "churn": stats("churn", 99)},
+        "others_ms": {"quiet": stats("quiet", 99), "churn": stats("churn", 99),
+                      "churn_unseen": stats("churn_unseen", 99)},
         "agents_joined": k,
-        "config": {"phase_s": phase_s, "rate_per_min": rate_per_min, "other_sessions": n_others,
+        "config": {"block_s": block_s, "rounds": rounds, "rate_per_min": rate_per_min, "other_sessions": n_others,
                    "partitions": settings.partitions, "token_chars": TOKEN_CHARS, "token_gap_ms": TOKEN_GAP_S * 1000},
         "requests": {"expected": expected, "received": len(received)},
     }
@@ -238,10 +247,11 @@ def register(bench_subparsers) -> None:
         "agents", help="agents joining while others speak: a new agent's first-turn release latency vs later turns, "
                        "others' latency quiet vs churn")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
-    p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="a short run (about 3 minutes: 3 rounds of 15 s blocks)")
     p.add_argument("--rate", type=float, default=20.0, metavar="PER_MIN", help="agents joining per minute (20)")
-    p.add_argument("--phase", type=float, default=None, metavar="S",
-                   help="seconds of each phase, quiet and churn (180; --quick: 45)")
+    p.add_argument("--block", type=float, default=30.0, metavar="S",
+                   help="seconds of each block; a round is one block of quiet, churn and churn_unseen (30; --quick: 15)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds (6; --quick: 3)")
     p.add_argument("--others", type=int, default=4, metavar="N", help="other sessions speaking throughout (4)")
     p.set_defaults(func=run_agents_bench)
 
@@ -249,10 +259,11 @@ def register(bench_subparsers) -> None:
 def run_agents_bench(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.broker import ensure_local_kafka
 
-    phase_s = args.phase if args.phase is not None else (45.0 if args.quick else 180.0)
+    block_s = 15.0 if args.quick and args.block == 30.0 else args.block
+    rounds = args.rounds if args.rounds is not None else (3 if args.quick else 6)
     rate = args.rate * (2 if args.quick and args.rate == 20.0 else 1)  # enough joiners in a short run
     with ensure_local_kafka(settings) as live:
-        result = asyncio.run(run_bench(live, phase_s=phase_s, rate_per_min=rate, n_others=args.others))
+        result = asyncio.run(run_bench(live, block_s=block_s, rounds=rounds, rate_per_min=rate, n_others=args.others))
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -273,6 +273,8 @@ class GateWorker:
         round trip: the lock holds every session up while this runs."""
         from aiokafka.structs import TopicPartition
 
+        if self.text is None:
+            return  # stopping
         tps = [TopicPartition(t, p) for t in sorted(self._text_topics) for p in sorted(self._owned)]
         for tp in tps:
             if (tp.topic, tp.partition) not in self._positions:
@@ -622,6 +624,8 @@ class GateWorker:
         from aiokafka.errors import KafkaError
         from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+        if self.control is None:
+            return  # stopping
         todo = {p: o for p, o in self._control_done.items()
                 if (only is None or p in only) and self._control_committed.get(p) != o}
         if not todo:

@@ -355,3 +355,24 @@ async def test_a_whole_session_cancel_is_resolved_and_published_once(make_settin
     resolutions = [e for e in events if e["source"] == "gate"]
     assert len(resolutions) == 1 and resolutions[0]["turn_ids"] == ["t1", "t2"]
     assert resolutions[0]["turn_id"] is None and resolutions[0]["session_id"] == "barge"
+
+
+async def test_a_bad_event_inside_a_batch_costs_only_itself(make_settings, workers):
+    """The worker applies a fetched batch before it writes anything; an event the core rejects in
+    the middle of a session's batch must not undo the session's events before it."""
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    t = Turn(session="mixed")
+    events = t.tokens("One is here. Two") + [t.pending(None)] + t.tokens(" goes on. ") + [t.end()]
+    codec = Codec()
+    async with make_producer(settings) as producer:  # all queued before the worker starts: one batch
+        for e in events:
+            await producer.send(text_topic(settings, "llm"), codec.encode("TextEvent", e), key=b"mixed")
+        await producer.flush()
+    gate = await workers(settings)
+    async with Requests(settings) as requests:
+        await requests.until(ended(1), "the turn's end")
+    assert requests.of("mixed") == [("t1", 0, "One is here.", False), ("t1", 1, "Two goes on.", True)]
+    assert gate.registry.get_sample_value("voicebus_records_dead_lettered_total",
+                                          {"stage": "gate", "reason": "gate-rejected"}) == 1
