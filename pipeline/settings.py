@@ -80,10 +80,6 @@ class Settings:
     topic_discovery_interval_s: float = 2.0
     """How often a gate worker lists the broker's topics for text topics matching the prefix that
     were never registered (producers other than the SDK)."""
-    gate_fresh_topic_settle_s: float = 30.0
-    """A new text topic is read by a gate worker's second ("fresh") text consumer for this long
-    before it moves to the main one, so agents joining re-assign only the fresh consumer and the
-    other sessions' reads are not disturbed (0: straight to the main consumer at the next tick)."""
     gate_max_buffer_chars: int = 2048
     """A turn's segmenter releases what it holds once its buffer reaches this many characters (cut
     at a word boundary): run-on text and unclosed code fences cannot grow the state."""

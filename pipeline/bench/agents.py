@@ -17,12 +17,6 @@ synthesis request (the gate's clock; same machine). Reported as JSON:
 ``new_agent_first_turn_ms`` and ``later_turns_ms`` ({p50, p95}, the new agents' sentences), and
 ``others_ms`` ({quiet: {p50, p99}, churn: {p50, p99}}). ``--quick`` runs a few minutes.
 
-Two gate workers run side by side on the same text, each in its own group writing its own
-synthesis topic (an A/B under the same load): ``fresh_consumer`` (the default: a join re-assigns
-only the worker's fresh text consumer) and ``one_consumer`` (``gate_fresh_topic_settle_s`` = 0: a
-join re-assigns the consumer every session is read by). The top-level figures are the default's;
-``variants`` has both.
-
 The third phase, ``churn_unseen``, runs the same joiners with a text prefix and registry the gate
 does not follow: the broker creates their topics and they speak, but the gate never reads them.
 ``others_ms.churn_unseen`` is what agent churn costs this machine and broker by itself; the gap
@@ -133,12 +127,6 @@ async def joiners(settings: Settings, phase_s: float, rate_per_min: float, uid: 
     return {"joined": k, "sent": [[s, t, times, sent.kind[(s, t)]] for (s, t), times in sent.releasing_sent_us.items()]}
 
 
-VARIANTS = {  # gate workers run side by side on the same text, each to its own synthesis topic
-    "fresh_consumer": {},  # the default: a join re-assigns only the fresh text consumer
-    "one_consumer": {"gate_fresh_topic_settle_s": 0.0},  # a join re-assigns the one main consumer
-}
-
-
 async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per_min: float, n_others: int) -> dict:
     from pipeline.bus import ensure_topics, make_consumer
     from pipeline.codecs import Codec
@@ -152,40 +140,32 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
         audio_topic=f"bench{uid}.audio", playback_topic=f"bench{uid}.playback", agents_topic=f"bench{uid}.agents",
         gate_app_id=f"bench-agents-{uid}", gate_changelog_topic=f"bench-agents-{uid}-changelog",
     )
-    lanes = {name: settings.replace(synthesis_topic=f"bench{uid}.{name}.synthesis", gate_app_id=f"bench-{uid}-{name}",
-                                    gate_changelog_topic=f"bench-{uid}-{name}-changelog", **overrides)
-             for name, overrides in VARIANTS.items()}
     await ensure_topics(settings)
     await ensure_topics(settings, [text_topic(settings, "steady")])
-    gates: dict[str, subprocess.Popen] = {}
-    ready = {name: threading.Event() for name in lanes}
+    gate = start_gate_subprocess(settings, stderr=subprocess.DEVNULL)
+    ready = threading.Event()
 
-    def pump(name: str, stream) -> None:  # drain the child's stdout so it never blocks on a full pipe
-        for line in stream:
+    def pump() -> None:  # drain the child's stdout so it never blocks on a full pipe
+        for line in gate.stdout:
             if line.startswith(READY_LINE):
-                ready[name].set()
+                ready.set()
 
+    threading.Thread(target=pump, daemon=True).start()
     codec = Codec()
-    received: dict[str, list[dict]] = {name: [] for name in lanes}
-    topic_lane = {lane.synthesis_topic: name for name, lane in lanes.items()}
-    consumer = make_consumer(settings, *topic_lane, auto_offset_reset="earliest")
+    received: list[dict] = []
+    consumer = make_consumer(settings, settings.synthesis_topic, auto_offset_reset="earliest")
     try:
-        for name, lane in lanes.items():
-            await ensure_topics(lane)
-            gates[name] = start_gate_subprocess(lane, stderr=subprocess.DEVNULL)
-            threading.Thread(target=pump, args=(name, gates[name].stdout), daemon=True).start()
         deadline = time.monotonic() + 90
-        while not all(e.is_set() for e in ready.values()):
-            if any(g.poll() is not None for g in gates.values()) or time.monotonic() > deadline:
-                raise RuntimeError("a gate worker did not get its partitions")
+        while not ready.is_set():
+            if gate.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the gate worker did not get its partitions")
             await asyncio.sleep(0.05)
         await consumer.start()
 
         async def consume() -> None:
             while True:
-                for tp, records in (await consumer.getmany(timeout_ms=200)).items():
-                    received[topic_lane[tp.topic]].extend(
-                        codec.decode(r.value, expect="SynthesisRequest").value for r in records)
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    received.extend(codec.decode(r.value, expect="SynthesisRequest").value for r in records)
 
         consuming = asyncio.create_task(consume())
         sent = Sent()
@@ -205,7 +185,7 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
                 child = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "pipeline.bench.agents", "--joiners", str(block_s), str(rate_per_min),
                     f"{uid}{name}{block}", env={**os.environ, **joiner_settings.to_env()},
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+                    stdout=asyncio.subprocess.PIPE)
                 out, _ = await child.communicate()
                 if child.returncode != 0:
                     raise RuntimeError(f"the joiners' process failed (exit code {child.returncode})")
@@ -219,53 +199,46 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
         await speaking
         expected = sum(len(v) for v in sent.releasing_sent_us.values())
         wait_until = time.monotonic() + 30
-        while min(len(r) for r in received.values()) < expected and time.monotonic() < wait_until:
+        while len(received) < expected and time.monotonic() < wait_until:
             await asyncio.sleep(0.1)
         consuming.cancel()
         await asyncio.gather(consuming, return_exceptions=True)
     finally:
         await consumer.stop()
-        for gate in gates.values():
-            gate.terminate()
-            try:
-                gate.wait(20)
-            except subprocess.TimeoutExpired:
-                gate.kill()
-                gate.wait(10)
+        gate.terminate()
+        try:
+            gate.wait(20)
+        except subprocess.TimeoutExpired:
+            gate.kill()
+            gate.wait(10)
+
+    kinds = ("first", "later", "quiet", "churn", "churn_unseen")
+    by_kind: dict[str, list[float]] = {k: [] for k in kinds}
+    for r in received:
+        key = (r["session_id"], r["turn_id"])
+        times = sent.releasing_sent_us.get(key)
+        if times is None or r["sentence_seq"] >= len(times):
+            continue
+        by_kind[sent.kind[key]].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
 
     def pct(values: list[float], high: int) -> dict:
         values = sorted(values)
         if not values:
-            return {"p50": None, f"p{high}": None, "n": 0}
-        return {"p50": round(statistics.median(values), 1), f"p{high}": round(percentile(values, high), 1),
-                "n": len(values)}
+            return {"p50": None, f"p{high}": None}
+        return {"p50": round(statistics.median(values), 1), f"p{high}": round(percentile(values, high), 1)}
 
-    def figures(requests: list[dict]) -> dict:
-        by_kind: dict[str, list[float]] = {k: [] for k in ("first", "later", "quiet", "churn", "churn_unseen")}
-        for r in requests:
-            key = (r["session_id"], r["turn_id"])
-            times = sent.releasing_sent_us.get(key)
-            if times is None or r["sentence_seq"] >= len(times):
-                continue
-            by_kind[sent.kind[key]].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
-        return {
-            "new_agent_first_turn_ms": pct(by_kind["first"], 95),
-            "later_turns_ms": pct(by_kind["later"], 95),
-            "others_ms": {"quiet": pct(by_kind["quiet"], 99), "churn": pct(by_kind["churn"], 99),
-                          "churn_unseen": pct(by_kind["churn_unseen"], 99)},
-            "requests": len(requests),
-        }
+    def stats(kind: str, high: int) -> dict:
+        return {**pct(by_kind[kind], high), "n": len(by_kind[kind])}
 
-    variants = {name: figures(requests) for name, requests in received.items()}
-    main = next(iter(VARIANTS))
     return {
-        **{k: v for k, v in variants[main].items() if k != "requests"},
-        "variants": variants,
+        "new_agent_first_turn_ms": stats("first", 95),
+        "later_turns_ms": stats("later", 95),
+        "others_ms": {"quiet": stats("quiet", 99), "churn": stats("churn", 99),
+                      "churn_unseen": stats("churn_unseen", 99)},
         "agents_joined": k,
         "config": {"block_s": block_s, "rounds": rounds, "rate_per_min": rate_per_min, "other_sessions": n_others,
-                   "partitions": settings.partitions, "token_chars": TOKEN_CHARS, "token_gap_ms": TOKEN_GAP_S * 1000,
-                   "gate": main},
-        "requests_expected": expected,
+                   "partitions": settings.partitions, "token_chars": TOKEN_CHARS, "token_gap_ms": TOKEN_GAP_S * 1000},
+        "requests": {"expected": expected, "received": len(received)},
     }
 
 

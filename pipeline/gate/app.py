@@ -118,7 +118,6 @@ class GateWorker:
         session_timeout_s: float = 10.0,
         timer_interval_s: float = 0.2,
         discovery_interval_s: float | None = None,
-        fresh_settle_s: float | None = None,
         announce: bool = False,
         clock_us: Callable[[], int] = now_us,
         registry: Any = None,
@@ -135,7 +134,6 @@ class GateWorker:
         self.discovery_interval_s = (settings.topic_discovery_interval_s if discovery_interval_s is None
                                      else discovery_interval_s)
         self.clock_us = clock_us
-        self.fresh_settle_s = settings.gate_fresh_topic_settle_s if fresh_settle_s is None else fresh_settle_s
         self._announce = announce
         self._out = out
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -148,7 +146,6 @@ class GateWorker:
         self._owned: set[int] = set()
         self._sessions: dict[str, _Entry] = {}
         self._text_topics: set[str] = set()
-        self._fresh_topics: dict[str, int] = {}  # topic read by the fresh consumer -> since (clock_us)
         self.refused_topics: dict[str, str] = {}
         self._positions: dict[tuple[str, int], int] = {}  # (text topic, p) -> next offset to apply
         self._stored_positions: dict[int, dict[str, int]] = {}  # p -> positions as recovered/written
@@ -158,7 +155,6 @@ class GateWorker:
         self.producer = None
         self.control = None
         self.text = None
-        self.fresh = None
         self.changelog = None
         self.policy: RecordPolicy | None = None
         self.discovery: TopicDiscovery | None = None
@@ -185,7 +181,6 @@ class GateWorker:
             common = dict(bootstrap_servers=s.bootstrap, enable_auto_commit=False,
                           fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
             self.text = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
-            self.fresh = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
             self.changelog = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
             session_ms = int(self.session_timeout_s * 1000)
             self.control = AIOKafkaConsumer(
@@ -193,7 +188,6 @@ class GateWorker:
                 heartbeat_interval_ms=max(300, session_ms // 5), rebalance_timeout_ms=max(session_ms, 10_000),
                 **common)
             await self.text.start()
-            await self.fresh.start()
             await self.changelog.start()
             await self.control.start()
             # Known text topics first, so the first assignment already reads them.
@@ -203,8 +197,7 @@ class GateWorker:
             await self.discovery.start()
             self.control.subscribe([s.control_topic], listener=_Listener(self))
             self.supervisor.start("control", self._control_loop)
-            self.supervisor.start("text", lambda: self._text_loop("text"))
-            self.supervisor.start("fresh", lambda: self._text_loop("fresh"))
+            self.supervisor.start("text", self._text_loop)
             self.supervisor.start("timer", self._timer_loop)
             self.supervisor.start("registry", self.discovery.follow_registry)
             self.supervisor.start("listing", self.discovery.poll_listing)
@@ -218,7 +211,7 @@ class GateWorker:
             await self.supervisor.stop()
             if self.control is not None:
                 await self._commit_control(force=True)
-        for name in ("control", "text", "fresh", "changelog"):
+        for name in ("control", "text", "changelog"):
             client = getattr(self, name)
             setattr(self, name, None)
             if client is not None:
@@ -271,50 +264,28 @@ class GateWorker:
             return
         async with self._lock:
             self._text_topics.update(new)
-            now = self.clock_us()
-            self._fresh_topics.update({t: now for t in new})
-            await self._assign_text(fresh_only=True)  # the other sessions' consumer is not touched
+            await self._assign_text()
         log.info("gate: reading new text topics %s", new)
 
-    async def _settle_fresh_topics(self) -> None:
-        """(Under the lock.) Move the fresh consumer's topics to the main one, once the oldest of
-        them has been fresh for ``fresh_settle_s``: one re-assignment of the main consumer per
-        settle period, however many agents joined in it."""
-        if self._fresh_topics and self.clock_us() - min(self._fresh_topics.values()) >= self.fresh_settle_s * 1e6:
-            log.info("gate: %d new text topics join the main text consumer", len(self._fresh_topics))
-            self._fresh_topics.clear()
-            await self._assign_text()
-
-    async def _assign_text(self, fresh_only: bool = False) -> None:
+    async def _assign_text(self) -> None:
         """(Under the lock.) Assign partition p of every text topic for every owned p, each at
         its position: where this worker is, else the changelog's, else the beginning. No network
-        round trip: the lock holds every session up while this runs.
-
-        Two group-less consumers share the text topics: ``fresh`` reads the topics found in the
-        last ``fresh_settle_s``, ``text`` all the others. aiokafka's ``assign`` replaces a
-        consumer's whole assignment and drops what it had prefetched, so a join re-assigns only
-        the fresh consumer and the other sessions' reads are not disturbed."""
+        round trip: the lock holds every session up while this runs."""
         from aiokafka.structs import TopicPartition
 
-        if self.text is None or self.fresh is None:
+        if self.text is None:
             return  # stopping
-        owned = sorted(self._owned)
-        fresh = [TopicPartition(t, p) for t in sorted(self._fresh_topics) for p in owned]
-        main = [TopicPartition(t, p) for t in sorted(self._text_topics - set(self._fresh_topics)) for p in owned]
-        for tp in fresh + main:
+        tps = [TopicPartition(t, p) for t in sorted(self._text_topics) for p in sorted(self._owned)]
+        for tp in tps:
             if (tp.topic, tp.partition) not in self._positions:
                 # No stored position: from the beginning. Offset 0 says so without a round trip
                 # under the lock: past a retention cut the consumer's reset (earliest) moves it
                 # to the log start, and every record there is >= 0.
                 stored = self._stored_positions.get(tp.partition, {}).get(tp.topic)
                 self._positions[(tp.topic, tp.partition)] = 0 if stored is None else stored
-        for consumer, tps in ((self.fresh, fresh), *(() if fresh_only else ((self.text, main),))):
-            consumer.assign(tps)  # replaces the assignment and forgets positions: seek every one
-            for tp in tps:
-                consumer.seek(tp, self._positions[(tp.topic, tp.partition)])
-
-    def _consumer_of(self, topic: str) -> Any:
-        return self.fresh if topic in self._fresh_topics else self.text
+        self.text.assign(tps)  # replaces the assignment and forgets positions: seek every one
+        for tp in tps:
+            self.text.seek(tp, self._positions[(tp.topic, tp.partition)])
 
     # --- rebalance -------------------------------------------------------------------------------
     async def _revoke(self, partitions: set[int]) -> None:
@@ -399,16 +370,14 @@ class GateWorker:
                     await self._commit_control()
                 last_commit = loop.time()
 
-    async def _text_loop(self, name: str) -> None:
-        """Fetch and apply text records from one of the two text consumers (``text``, ``fresh``)."""
+    async def _text_loop(self) -> None:
         async with self._lock:
             await self._assign_text()  # a restarted loop goes on from the positions applied
         while True:
-            consumer = getattr(self, name)
-            if not consumer.assignment():
-                await asyncio.sleep(0.05)  # nothing assigned: no fetch to wait in
+            if not self.text.assignment():
+                await asyncio.sleep(0.05)  # nothing owned yet: no fetch to wait in
                 continue
-            fetched = await consumer.getmany(timeout_ms=500, max_records=TEXT_BATCH_RECORDS)
+            fetched = await self.text.getmany(timeout_ms=500, max_records=TEXT_BATCH_RECORDS)
             if fetched:
                 async with self._lock:
                     await self._process_text_batch(fetched)
@@ -438,9 +407,8 @@ class GateWorker:
             for sid, entry in batch.entries.items():
                 entry.session = self._restored(sid, entry)
             for topic, p in batch.positions:
-                consumer = self._consumer_of(topic)
-                if (topic, p) in self._positions and p in self._owned and _tp(topic, p) in consumer.assignment():
-                    consumer.seek(_tp(topic, p), self._positions[(topic, p)])
+                if (topic, p) in self._positions and p in self._owned:
+                    self.text.seek(_tp(topic, p), self._positions[(topic, p)])
             if isinstance(exc, PartitionRevoked):
                 log.info("gate: %s", exc)
                 return
@@ -530,7 +498,6 @@ class GateWorker:
         async with self._lock:
             for p in sorted(self._dirty_positions & self._owned):
                 await self._write_positions(p)
-            await self._settle_fresh_topics()
 
     # --- one control record ---------------------------------------------------------------------
     async def _process_control(self, record: Any, partition: int) -> None:
