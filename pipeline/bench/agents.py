@@ -185,7 +185,7 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
                 child = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "pipeline.bench.agents", "--joiners", str(block_s), str(rate_per_min),
                     f"{uid}{name}{block}", env={**os.environ, **joiner_settings.to_env()},
-                    stdout=asyncio.subprocess.PIPE)
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
                 out, _ = await child.communicate()
                 if child.returncode != 0:
                     raise RuntimeError(f"the joiners' process failed (exit code {child.returncode})")
