@@ -376,3 +376,18 @@ async def test_a_bad_event_inside_a_batch_costs_only_itself(make_settings, worke
     assert requests.of("mixed") == [("t1", 0, "One is here.", False), ("t1", 1, "Two goes on.", True)]
     assert gate.registry.get_sample_value("voicebus_records_dead_lettered_total",
                                           {"stage": "gate", "reason": "gate-rejected"}) == 1
+
+
+async def test_an_idle_session_expires_its_open_turn_ends_and_its_state_is_tombstoned(make_settings, workers):
+    settings = make_settings(partitions=1, gate_session_idle_s=1.0)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    gate = await workers(settings)
+    t = Turn(session="left")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", t.tokens("The agent says this. And then it vanishes mid"))
+        await requests.until(ended(1), "the abandoned turn ended by expiry", timeout_s=30)
+    assert requests.of("left") == [("t1", 0, "The agent says this.", False),
+                                   ("t1", 1, "And then it vanishes mid", True)]
+    await eventually(lambda: "left" not in gate._sessions, what="the session dropped from memory")
+    assert (await changelog_states(settings))["left"] is None  # a tombstone: compaction removes it
