@@ -62,6 +62,7 @@ from pipeline.topics import fixed_topics, session_key, text_topic_pattern
 log = logging.getLogger(__name__)
 
 READY_LINE = "voicebus-gate assigned"  # printed (JSON list of "topic:partition" after it) when ready
+RECOVERY_TIMEOUT_S = 60.0  # reading a changelog partition to its end; then the recovery is retried
 TEXT_BATCH_RECORDS = 100  # text records per batch at most: a control event waits for one batch at most
 POSITIONS_KEY = b"\x00gate.positions"  # changelog key of a partition's text positions (no session
 # id can be it: ids have no control characters, schemas/contract.py)
@@ -307,11 +308,22 @@ class GateWorker:
             log.info("gate: partitions %s revoked", sorted(partitions))
 
     async def _assign(self, partitions: set[int]) -> None:
-        async with self._lock:
-            new = partitions - self._owned
-            await self._recover(new)
-            self._owned |= new
-            await self._assign_text()
+        from aiokafka.errors import KafkaError
+
+        backoff = 0.2
+        while True:  # aiokafka swallows a callback's error: the partitions would sit unread
+            try:
+                async with self._lock:
+                    new = partitions - self._owned
+                    await self._recover(new)
+                    self._owned |= new
+                    await self._assign_text()
+                break
+            except KafkaError as exc:
+                log.error("gate: recovering partitions %s failed (%s); retrying in %.1f s", sorted(partitions),
+                          exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
         log.info("gate: partitions %s assigned and recovered (%d sessions)", sorted(partitions), len(self._sessions))
         self.ready.set()
         if self._announce:
@@ -321,6 +333,7 @@ class GateWorker:
 
     async def _recover(self, partitions: set[int]) -> None:
         """(Under the lock.) Read changelog partitions to their end: sessions and positions."""
+        from aiokafka.errors import KafkaTimeoutError
         from aiokafka.structs import TopicPartition
 
         if not partitions:
@@ -329,11 +342,15 @@ class GateWorker:
         self.changelog.assign(tps)
         await self.changelog.seek_to_beginning(*tps)
         ends = await self.changelog.end_offsets(tps)
-        states: dict[str, tuple[int, dict | None]] = {}
+        states: dict[str, tuple[int, str | None]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RECOVERY_TIMEOUT_S
         while True:
             behind = [tp for tp in tps if await self.changelog.position(tp) < ends[tp]]
             if not behind:
                 break
+            if loop.time() > deadline:
+                raise KafkaTimeoutError(f"changelog partitions {behind} not read to their end in {RECOVERY_TIMEOUT_S} s")
             for tp, records in (await self.changelog.getmany(*behind, timeout_ms=500)).items():
                 for r in records:
                     if r.key == POSITIONS_KEY:
