@@ -61,8 +61,27 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
                 await admin.create_topics(wanted)
             except TopicAlreadyExistsError:
                 pass  # a concurrent creator won the race: that's fine
+            await _wait_until_described(admin, [t.name for t in wanted])
     finally:
         await admin.close()
+
+
+async def _wait_until_described(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 15.0) -> None:
+    """Until the metadata of just-created topics names a leader for every partition, so callers
+    (and a stage starting before anyone else) do not begin with "unknown topic" retries."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        if all(t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+               for t in described):
+            return
+        if loop.time() > deadline:
+            log.warning("topics %s have no leader for every partition after %.0f s", names, timeout_s)
+            return
+        await asyncio.sleep(0.05)
 
 
 async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any]) -> None:
