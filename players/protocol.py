@@ -14,9 +14,12 @@ with the turn's id in the ``turn_start`` control message, so audio frames stay f
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
+
+from schemas.contract import LIMITS
 
 PROTOCOL_VERSION = 1
 
@@ -63,6 +66,7 @@ CLOSE_UNAUTHORIZED = 4401  # token missing, forged, expired or for another sessi
 CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
 CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
 CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
+CLOSE_TRY_AGAIN_LATER = 1013  # connection limit reached: this edge (edge-full) or this session (session-full)
 
 
 class ProtocolError(ValueError):
@@ -84,6 +88,12 @@ class UnknownMessageType(ProtocolError):
 class UnsupportedVersion(ProtocolError):
     code = "unsupported-version"
     close_code = CLOSE_UNSUPPORTED_VERSION
+
+
+class OutOfRange(MalformedFrame):
+    """A number in a client message is negative, too large for its Avro field, or not finite."""
+
+    code = "out-of-range"
 
 
 @dataclass(frozen=True)
@@ -171,17 +181,33 @@ def parse_client_message(text: str) -> dict[str, Any]:
         raise MalformedFrame(f"report: unknown kind {message['kind']!r}; expected one of {sorted(REPORT_KINDS)}")
     if mtype == CANCEL and message.get("turn_id") is not None and not isinstance(message["turn_id"], str):
         raise MalformedFrame("cancel: turn_id must be a string or absent")
+    if mtype == PING and not math.isfinite(message["t0"]):
+        raise OutOfRange("ping: t0 must be a finite number")  # it is echoed: NaN/Infinity are not JSON
     for name, limit in _INTEGER_FIELDS.items():
-        value = message.get(name)
-        if name in message and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit):
-            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer in [0, {limit})")
+        if name not in message:
+            continue
+        value = message[name]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer")
+        if not 0 <= value < limit:
+            raise OutOfRange(f"{mtype}: field {name!r} is {value}, outside [0, {limit})")
+    if mtype in (CANCEL, REPORT) and message.get("turn_id") is not None:
+        _check_id(mtype, "turn_id", message["turn_id"])
     resume = message.get("resume")
     if mtype == HELLO and resume is not None:
         if not (isinstance(resume, dict) and isinstance(resume.get("turn_id"), str)
-                and isinstance(resume.get("sentence_seq"), int) and 0 <= resume["sentence_seq"] < 2**31):
+                and isinstance(resume.get("sentence_seq"), int) and not isinstance(resume["sentence_seq"], bool)):
             raise MalformedFrame("hello: resume must be {turn_id: string, sentence_seq: integer}")
+        _check_id(mtype, "resume.turn_id", resume["turn_id"])
+        if not 0 <= resume["sentence_seq"] <= LIMITS.max_seq:
+            raise OutOfRange(f"hello: resume.sentence_seq is {resume['sentence_seq']}, outside [0, {LIMITS.max_seq}]")
     return message
 
 
+def _check_id(mtype: str, name: str, value: str) -> None:
+    if not value or len(value) > LIMITS.max_id_chars or any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        raise MalformedFrame(f"{mtype}: {name} must be 1-{LIMITS.max_id_chars} characters without control characters")
+
+
 # Integer fields of client messages and their bounds (they end up in Avro int/long fields).
-_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": 2**31}
+_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1}
