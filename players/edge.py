@@ -64,12 +64,11 @@ class KafkaLink:
         self.policy: RecordPolicy | None = None
         self.follower: ControlFollower | None = None
         self.supervisor = Supervisor("edge", registry=metrics.registry)
+        self._positions: dict[Any, int] = {}  # audio partition -> next offset to read
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        from aiokafka import TopicPartition
-
-        from pipeline.bus import ensure_topics, make_consumer, make_producer
+        from pipeline.bus import ensure_topics, make_producer
 
         s = self.settings
         await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.deadletter_topic])
@@ -80,14 +79,7 @@ class KafkaLink:
         # Cancels first: caught up to the end of the control topic before any audio is read.
         self.follower = ControlFollower(s, self.policy, self.router.apply_control, lookback_s=s.edge_cancel_lookback_s)
         await self.follower.start()
-        # No consumer group: every edge sees every session (clients of a session may be on any edge).
-        self.consumer = make_consumer(s, group_id=None)
-        await self.consumer.start()
-        tps = [TopicPartition(s.audio_topic, p) for p in sorted(await self.producer.partitions_for(s.audio_topic))]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve positions now, so "ready" means nothing published from here on is missed
-            await self.consumer.position(tp)
+        await self._open_consumer()
         self.supervisor.start("control", self.follower.follow)
         self.supervisor.start("audio", self._consume)
         self.ready.set()
@@ -97,8 +89,7 @@ class KafkaLink:
         await self.supervisor.stop()
         if self.follower is not None:
             await self.follower.stop()
-        if self.consumer is not None:
-            await self.consumer.stop()
+        await self._close_consumer()
         if self.producer is not None:
             await self.producer.stop()
 
@@ -119,16 +110,54 @@ class KafkaLink:
         assert self.policy is not None
         await self.policy.dead_letter(failure)
 
+    async def _open_consumer(self) -> None:
+        """The audio consumer: no consumer group (every edge sees every session: clients of a
+        session may be on any edge), at the end of each partition the first time, then where the
+        previous consumer stopped (a restart after the task died)."""
+        from aiokafka import TopicPartition
+
+        from pipeline.bus import make_consumer
+
+        s = self.settings
+        self.consumer = make_consumer(s, group_id=None)
+        await self.consumer.start()
+        try:
+            tps = [TopicPartition(s.audio_topic, p) for p in sorted(await self.producer.partitions_for(s.audio_topic))]
+            self.consumer.assign(tps)
+            await self.consumer.seek_to_end(*[tp for tp in tps if tp not in self._positions])
+            for tp in tps:
+                if tp in self._positions:
+                    self.consumer.seek(tp, self._positions[tp])
+                # resolved now, so "ready" means nothing published from here on is missed
+                self._positions[tp] = await self.consumer.position(tp)
+        except BaseException:
+            await self._close_consumer()
+            raise
+
+    async def _close_consumer(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
     async def _consume(self) -> None:
+        """Route audio records until cancelled. Each record's failure is the policy's; if the
+        loop itself dies (its consumer failed), the Supervisor restarts it with a new consumer."""
         assert self.policy is not None
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=100)
-            consumed_ns, received_us = time.perf_counter_ns(), now_us()
-            for records in batches.values():
-                for record in records:
-                    await self.policy.process(
-                        record, "AudioChunk",
-                        lambda d: self.router.route(d.message.value, consumed_ns, received_us))
+        if self.consumer is None:
+            await self._open_consumer()
+        try:
+            while True:
+                batches = await self.consumer.getmany(timeout_ms=100)
+                consumed_ns, received_us = time.perf_counter_ns(), now_us()
+                for tp, records in batches.items():
+                    for record in records:
+                        await self.policy.process(
+                            record, "AudioChunk",
+                            lambda d: self.router.route(d.message.value, consumed_ns, received_us))
+                        self._positions[tp] = record.offset + 1
+        except BaseException:
+            await self._close_consumer()
+            raise
 
     async def publish(self, topic: str, message_type: str, value: dict) -> None:
         from pipeline.bus import publish
