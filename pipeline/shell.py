@@ -143,6 +143,8 @@ class RecordPolicy:
         if self.producer is None:
             raise RuntimeError(f"{self.stage}: no producer to dead-letter {record.topic}[{record.partition}]@{record.offset}")
         headers = deadletter_headers(failure.error, record.topic, record.partition, record.offset)
+        # the reason the counter uses (an untyped error is "handler-error", not the codec's "unhandled")
+        headers = [(k, failure.reason.encode()) if k == "voicebus.error.reason" else (k, v) for k, v in headers]
         headers.append(("voicebus.error.stage", self.stage.encode()))
         await self.producer.send_and_wait(self.settings.deadletter_topic, record.value, key=record.key, headers=headers)
         log.warning("%s: dead-lettered %s[%s]@%s (%s): %s", self.stage, record.topic, record.partition,
