@@ -165,8 +165,9 @@ async def test_a_consume_task_that_dies_is_restarted_where_it_stopped_and_health
         ws, _ = await connect(client, "S")
         backoff = asyncio.Event()
 
-        async def held_backoff(seconds: float) -> None:  # the test decides when the restart happens
+        async def held_backoff(seconds: float) -> None:  # the test decides when the first restart happens
             await backoff.wait()
+            await asyncio.sleep(seconds)  # then the real backoff: a restart that fails again must not spin
 
         link.supervisor.sleep = held_backoff
         await link.consumer.stop()  # its consumer is gone: the task dies outside any record
