@@ -28,7 +28,7 @@ from players import protocol
 from players.auth import TokenError, verify_token
 from players.metrics import EdgeMetrics
 from players.router import ClientChannel, ClientClosed, OutFrame, SessionRouter, UnroutableChunk
-from schemas.contract import ControlAction
+from schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +320,7 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
         }
         router.metrics.reports.labels(report["kind"]).inc()
         started = router.turn_started_at(channel.session_id, report["turn_id"])
-        if report["kind"] == "AUDIBLE_START" and started and report["audible_at_us"] > started:
+        if report["kind"] == PlaybackKind.AUDIBLE_START and started and report["audible_at_us"] > started:
             router.metrics.stage_latency.labels("first_token_to_audible").observe((report["audible_at_us"] - started) / 1e6)
         app[REPORTS_KEY].append(report)
         await _publish(link, channel, settings.playback_topic, "PlaybackReport", report)

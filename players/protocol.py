@@ -18,14 +18,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.contract import LIMITS, is_valid_id
+from schemas.contract import LIMITS, AudioEncoding, PlaybackKind, is_valid_id
 
 PROTOCOL_VERSION = 1
 
 # --- binary audio frames ---------------------------------------------------------------------
 FRAME_AUDIO = 0x01
 ENCODING_PCM16LE = 0x01
-ENCODINGS = {"PCM16LE": ENCODING_PCM16LE}
+ENCODINGS = {AudioEncoding.PCM16LE: ENCODING_PCM16LE}
 
 FLAG_LAST_IN_SENTENCE = 0x01
 FLAG_LAST_IN_TURN = 0x02
@@ -54,7 +54,7 @@ REPORT = "report"
 
 CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
 SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, SKIP, PONG, ERROR})
-REPORT_KINDS = frozenset({"AUDIBLE_START", "PLAYBACK_END", "STOPPED", "UNDERRUN"})
+REPORT_KINDS = frozenset(PlaybackKind)
 MAX_TEXT_FRAME_BYTES = 16 * 1024
 
 # --- close codes (4000-4999 are the application's range) -------------------------------------
