@@ -68,7 +68,7 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     from agents.corpus import corpus_path
     from agents.replay import copy_session_id, replay
     from pipeline.runtime import PipelineStack
-    from players.auth import issue_token
+    from players.auth import issue_token, player_url
     from players.listener import Listener
 
     names = [n.strip() for n in args.conversations.split(",") if n.strip()]
@@ -95,7 +95,7 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
             try:
                 for sid in sessions.values():
                     token = issue_token(stack.settings.edge_secret, sid, stack.settings.token_ttl_s)
-                    console.print(f"[bold]{name}[/]: player {stack.edge_url}/?session={sid}&token={token}")
+                    console.print(f"[bold]{name}[/]: player {player_url(stack.edge_url, sid, token)}")
                 console.log(f"replaying {name!r}: {conversation.title}")
                 await replay(stack.settings, conversation.events, speed=args.speed, run_id=run_id)
                 for recorded_sid, turn_id in conversation.turns():
