@@ -35,6 +35,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_demo)
 
 
+def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
+    """Where the demo writes a turn's audio: ``<out>/<conversation>/<turn_id>.wav``. Both names come
+    from data (a conversation's name, a turn id in its file): each is made one safe file-name
+    component (`pipeline.paths.safe_name`), so no name leaves `out`."""
+    from pipeline.paths import path_under
+
+    return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
+
+
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
@@ -69,6 +78,7 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     from agents.replay import copy_session_id, replay
     from pipeline.runtime import PipelineStack
     from players.auth import issue_token, player_url
+    from pipeline.paths import UnsafePath
     from players.listener import Listener
 
     names = [n.strip() for n in args.conversations.split(",") if n.strip()]
@@ -113,7 +123,15 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
                         table.add_row(f"{name}/{turn_id}" + (" (cancelled before audio)" if cancelled else " (no audio)"),
                                       *["-"] * len(TABLE_STAGES), "0")
                         continue
-                    wav = turn.write_wav(args.out / name / f"{turn_id}.wav")
+                    try:
+                        target = wav_path(args.out, name, turn_id)
+                    except UnsafePath as exc:
+                        failures += 1
+                        console.print(f"[red]{name}/{turn_id!r}: not written: {exc}")
+                        continue
+                    if target.name != f"{turn_id}.wav":
+                        console.log(f"turn id {turn_id!r} is written as {target.name} (a file name cannot carry it as is)")
+                    wav = turn.write_wav(target)
                     timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()), None)
                     stages = first_audio_stages(timeline, turn.first_audio_at_us) if timeline else {}
                     label = f"{name}/{turn_id}" + (" (cancelled)" if turn.stopped else "")
