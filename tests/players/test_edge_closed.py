@@ -143,3 +143,28 @@ async def test_frame_size_limits_close_with_4400_or_1009_as_documented():
         await ws.send_str("x" * (protocol.MAX_WS_MESSAGE_BYTES + 1))
         got = await collect(ws, lambda m: False)
         assert got[-1].type == WSMsgType.CLOSE and ws.close_code == protocol.CLOSE_MESSAGE_TOO_BIG == 1009
+
+
+HELLO_S1 = json.dumps({"type": "hello", "v": 1, "session": "s1", "token": issue_token(SECRET, "s1", 3600)})
+
+
+@pytest.mark.parametrize("frame, code, close_code", [
+    ("[]", "malformed-frame", 4400),
+    ('{"v":1}', "unknown-message-type", 4400),
+    ('{"type":7,"v":1}', "unknown-message-type", 4400),
+    ('{"type":"ping","t0":1}', "unsupported-version", 4426),
+    ('{"type":"ping","v":1,"t0":true}', "malformed-frame", 4400),
+    ('{"type":"report","v":1,"kind":"LOUD","turn_id":"t"}', "malformed-frame", 4400),
+    ('{"type":"cancel","v":1,"turn_id":5}', "malformed-frame", 4400),
+    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","sentence_seq":-1}', "malformed-frame", 4400),
+    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","audible_at_us":-5}', "malformed-frame", 4400),
+    (HELLO_S1, "malformed-frame", 4400),  # a second hello
+    (b"\x01" * 24, "malformed-frame", 4400),  # a binary frame after hello
+])
+async def test_each_documented_4400_cause_gets_its_documented_reason(frame, code, close_code):
+    """The tables of docs/protocol.md, *Errors and close codes*, frame by frame."""
+    async with running_edge(edge_settings(), with_kafka=False) as (app, client):
+        ws, _ = await connect(client, "s1")
+        await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_str(frame))
+        got = await collect(ws, lambda m: False)
+        assert of_type(got, "error")[0]["code"] == code and ws.close_code == close_code
