@@ -47,7 +47,14 @@ def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
+    from players.edge import InsecureEdgeConfig, check_exposure
+
     console = Console(width=max(120, Console().width))
+    try:
+        check_exposure(settings)
+    except InsecureEdgeConfig as exc:
+        console.print(f"[red]voicebus demo: {exc}")
+        return 2
     return asyncio.run(_demo(args, settings, console))
 
 
@@ -93,7 +100,11 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     with console.status("starting the pipeline") as status:
         agent_ids = tuple(sorted({e.agent_id for c in conversations.values() for e in c.events if e.type == "text"}))
         stack = PipelineStack(settings, engine, agent_ids=agent_ids)
-        await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+        try:
+            await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+        except BaseException:
+            await stack.stop()  # what started before the failure (broker, gate process, worker) is stopped
+            raise
     try:
         console.log(f"pipeline up: Kafka at {stack.settings.bootstrap}, edge at {stack.edge_url}")
         run_id = time.strftime("%H%M%S")

@@ -49,6 +49,19 @@ def test_the_edge_command_refuses_to_start_open_and_says_why(monkeypatch, capsys
     monkeypatch.setenv("VOICEBUS_EDGE_SECRET", "")
     assert main(["token", "--session", "s1"]) == 2
     assert "VOICEBUS_EDGE_SECRET is empty" in capsys.readouterr().err
+    monkeypatch.delenv("VOICEBUS_EDGE_SECRET")
+    monkeypatch.setenv("VOICEBUS_EDGE_HOST", "0.0.0.0")
+    assert main(["demo", "--tiny"]) == 2  # before loading a model or starting anything
+    assert "with the default VOICEBUS_EDGE_SECRET" in capsys.readouterr().out
+
+
+async def test_the_pipeline_stack_refuses_an_exposed_edge_before_starting_anything():
+    from pipeline.runtime import PipelineStack
+
+    stack = PipelineStack(Settings(edge_host="0.0.0.0", bootstrap="192.0.2.1:9"), None)
+    with pytest.raises(InsecureEdgeConfig):
+        await stack.start()  # not BrokerError: the bus is never tried
+    await stack.stop()
 
 
 def _non_loopback_address() -> str:
