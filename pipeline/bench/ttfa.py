@@ -172,12 +172,12 @@ class _Browser:
             await self._pw.stop()
 
     async def open(self, edge_url: str, session_id: str, secret: str):
-        from players.auth import issue_token
+        from players.auth import issue_token, player_url
 
         page = await self._browser.new_page()
         page.on("pageerror", lambda exc: self.errors.append(f"{session_id}: {exc}"))
         try:
-            await page.goto(f"{edge_url}/?session={session_id}&token={issue_token(secret, session_id, 3600)}")
+            await page.goto(player_url(edge_url, session_id, issue_token(secret, session_id, 3600)))
             await page.click("#start")
             await page.wait_for_function(PAGE_READY, timeout=20000)
             # The live waveform redraws a 960 px canvas ~90 times a second; shrink it so the
