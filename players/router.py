@@ -31,7 +31,7 @@ from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from players import protocol
 from players.metrics import EdgeMetrics
-from schemas.contract import LIMITS, ControlAction
+from schemas.contract import LIMITS, AudioEncoding, ControlAction
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -345,7 +345,7 @@ class SessionRouter:
         self.metrics.clients.inc()
         self.metrics.sessions.set(len(self._sessions))
         for turn in session.turns.values():
-            if turn.stopped or self._is_cancelled(session_id, turn):
+            if turn.stopped or self.cancels.is_cancelled(session_id, turn.turn_id):
                 continue
             if resume and resume.get("turn_id") == turn.turn_id:
                 from_sentence = int(resume.get("sentence_seq") or 0)
@@ -430,7 +430,7 @@ class SessionRouter:
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
         sentence, chunk_seq = chunk["sentence_seq"], chunk["chunk_seq"]
         started = chunk.get("first_token_at_us") or None
-        if len(chunk["pcm"]) % 2 or chunk.get("encoding", "PCM16LE") not in protocol.ENCODINGS:
+        if len(chunk["pcm"]) % 2 or chunk.get("encoding", AudioEncoding.PCM16LE) not in protocol.ENCODINGS:
             raise UnroutableChunk(
                 f"chunk {session_id}/{turn_id}/{sentence}/{chunk_seq}: "
                 f"{len(chunk['pcm'])} bytes of {chunk.get('encoding')} is not whole PCM16LE samples"
@@ -446,9 +446,10 @@ class SessionRouter:
         if session is None:  # nobody listens to this session here: no frame, no replay, no state
             self.metrics.unserved_chunks.inc()
             return 0
+        self.cancels.observe(session_id, turn_id)  # a later whole-session cancel covers it
         turn = session.turns.get(turn_id)
         if turn is None:
-            if self._is_cancelled(session_id, None, turn_id, started):
+            if self.cancels.is_cancelled(session_id, turn_id):
                 self.metrics.drops.labels("cancelled").inc()
                 return 0
             turn = session.turns[turn_id] = _Turn(turn_id, next(session.turn_numbers), started, chunk.get("sample_rate", 24000))
@@ -464,7 +465,7 @@ class SessionRouter:
         elif turn.stopped or turn.ended:
             self.metrics.drops.labels("cancelled" if turn.stopped else "after-turn-end").inc()
             return 0
-        elif self._is_cancelled(session_id, turn):
+        elif self.cancels.is_cancelled(session_id, turn_id):
             self._stop_turns(session, [turn])
             self.metrics.drops.labels("cancelled").inc()
             return 0
@@ -483,7 +484,7 @@ class SessionRouter:
         )
         frame = protocol.encode_audio(protocol.AudioFrame(
             turn.number, sentence, chunk_seq, chunk.get("sample_rate", 24000), chunk["pcm"], flags,
-            protocol.ENCODINGS[chunk.get("encoding", "PCM16LE")],
+            protocol.ENCODINGS[chunk.get("encoding", AudioEncoding.PCM16LE)],
         ))
         turn.replay.append((sentence, frame))
         turn.replay_bytes += len(frame)
@@ -546,12 +547,6 @@ class SessionRouter:
             self._client_left(session_id, session)
 
     # --- control --------------------------------------------------------------------------
-    def _is_cancelled(self, session_id: str, turn: _Turn | None, turn_id: str | None = None,
-                      started_at_us: int | None = None) -> bool:
-        if turn is not None:
-            turn_id, started_at_us = turn.turn_id, turn.started_at_us
-        return self.cancels.is_cancelled(session_id, turn_id, started_at_us)
-
     def _stop_turns(self, session: _Session, turns: list[_Turn]) -> int:
         """Stop `turns` at every client of the session: queued audio goes, `stop` goes first."""
         dropped = 0
@@ -566,20 +561,24 @@ class SessionRouter:
         self.metrics.drops.labels("cancelled").inc(dropped)
         return dropped
 
-    def cancel(self, session_id: str, turn_id: str | None, issued_at_us: int | None = None, source: str = "bus") -> int:
-        """Apply a cancel: later chunks of the turn(s) are dropped, queued audio goes now and
-        every client of the session is told to stop. Returns the number of frames dropped."""
-        issued_at_us = issued_at_us or now_us()
-        self.cancels.cancel(session_id, turn_id, issued_at_us)
+    def cancel(self, session_id: str, turn_id: str | None, turn_ids: list[str] | tuple[str, ...] = (),
+               source: str = "bus") -> int:
+        """Apply a cancel (one turn, the listed turns, or every turn of the session seen so far):
+        later chunks of the turn(s) are dropped, queued audio goes now and every client of the
+        session is told to stop. Returns the number of frames dropped. No clock is compared: a
+        turn this edge sees after the cancel is not covered unless it is listed (a gate resolution)."""
+        self.cancels.cancel(session_id, turn_id, turn_ids)
         self.metrics.cancels.labels(source).inc()
         session = self._sessions.get(session_id)
         if session is None:
             return 0
         # Not yet stopped only: the edge's own cancel comes back from the bus, stop once.
-        hit = [t for t in session.turns.values() if not t.stopped and self._is_cancelled(session_id, t)]
+        hit = [t for t in session.turns.values()
+               if not t.stopped and self.cancels.is_cancelled(session_id, t.turn_id)]
         return self._stop_turns(session, hit)
 
     def apply_control(self, event: dict) -> int:
         if event.get("action") != ControlAction.CANCEL:
             return 0
-        return self.cancel(event["session_id"], event.get("turn_id"), event.get("issued_at_us"), source=event.get("source") or "bus")
+        return self.cancel(event["session_id"], event.get("turn_id"), event.get("turn_ids") or (),
+                           source=event.get("source") or "bus")
