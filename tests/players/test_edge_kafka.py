@@ -88,6 +88,11 @@ async def test_client_cancel_lands_on_the_control_topic_and_reports_on_the_playb
         assert events[0]["action"] == "CANCEL" and events[0]["source"] == "edge" and events[0]["reason"] == "barge-in"
         reports = await read_topic(settings, settings.playback_topic, "PlaybackReport", lambda v: v)
         assert reports[0]["kind"] == "AUDIBLE_START" and reports[0]["client_id"] == ready["client_id"]
+        # a barge-in without a turn id names the turns this edge knows: no clock is compared anywhere
+        app[LINK_KEY].router.route(tone_turn("S", "t2", 1, 1)[0])
+        await ws.send_str(json.dumps({"type": "cancel", "v": 1, "reason": "barge-in"}))
+        events = await read_topic(settings, settings.control_topic, "ControlEvent", lambda v: len(v) >= 2)
+        assert events[1]["turn_id"] is None and events[1]["turn_ids"] == ["t1", "t2"]
 
 
 async def test_a_cancel_from_the_bus_stops_players_and_drops_the_turns_later_chunks(make_settings):

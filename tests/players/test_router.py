@@ -219,3 +219,66 @@ def test_the_cancel_bucket_allows_a_burst_then_its_rate():
     assert [bucket.take() for _ in range(3)] == [True, True, False]
     clock.now += 3600
     assert sum(bucket.take() for _ in range(10)) == 5  # never more than the burst
+
+
+YEAR_US = 365 * 24 * 3600 * 1_000_000
+
+
+def whole_session_cancel(session_id: str, turn_ids=(), issued_at_us: int = 0, source: str = "agent") -> dict:
+    from pipeline.clock import now_us
+
+    return {"session_id": session_id, "turn_id": None, "turn_ids": list(turn_ids), "action": "CANCEL",
+            "reason": "test", "source": source, "issued_at_us": issued_at_us or now_us()}
+
+
+def test_a_whole_session_cancel_from_the_far_future_stops_the_turns_seen_and_mutes_nothing_later():
+    from pipeline.clock import now_us
+
+    router = SessionRouter()
+    channel = router.connect("s1")
+    router.route(tone_turn("s1", "t1", 2, 2)[0])
+    router.apply_control(whole_session_cancel("s1", issued_at_us=now_us() + 10 * YEAR_US))
+    assert [m["turn_id"] for m in controls(channel, "stop")] == ["t1"]
+    assert router.route(tone_turn("s1", "t1", 2, 2)[1]) == 0  # the cancelled turn's later chunks
+    channel.outbox.clear()
+    for chunk in tone_turn("s1", "t2", 1, 2):  # the next turn plays
+        assert router.route(chunk) == 1
+    assert heard(channel) == [(0, 0), (0, 1)] and controls(channel, "turn_end")
+
+
+def test_an_edge_clock_ahead_of_the_agent_s_does_not_cancel_a_new_turn():
+    # A player's barge-in stamps the edge's clock; the next turn's first token carries the agent's,
+    # an hour behind. Turns are cancelled by id, never by comparing those clocks.
+    router = SessionRouter()
+    channel = router.connect("s1")
+    router.route(tone_turn("s1", "t1", 2, 2)[0])
+    router.cancel("s1", None, router.known_turns("s1"), source="edge")
+    assert [m["turn_id"] for m in controls(channel, "stop")] == ["t1"]
+    channel.outbox.clear()
+    for chunk in tone_turn("s1", "t2", 1, 2):
+        from pipeline.clock import now_us
+
+        assert router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000}) == 1
+    assert heard(channel) == [(0, 0), (0, 1)]
+
+
+def test_a_gate_resolution_stops_listed_turns_whose_audio_comes_later():
+    router = SessionRouter()
+    channel = router.connect("s1")
+    router.route(tone_turn("s1", "t1", 1, 2)[0])
+    router.apply_control(whole_session_cancel("s1"))  # the agent's: the edge had seen t1 only
+    # the gate resolves it: it had t2 in flight too, whose audio had not reached the edge yet
+    router.apply_control(whole_session_cancel("s1", turn_ids=["t1", "t2"], source="gate"))
+    assert [m["turn_id"] for m in controls(channel, "stop")] == ["t1"]  # stopped once
+    assert all(router.route(c) == 0 for c in tone_turn("s1", "t2", 1, 2))
+    for chunk in tone_turn("s1", "t3", 1, 1):
+        assert router.route(chunk) == 1
+
+
+def test_cancels_with_made_up_turn_ids_do_not_grow_the_edge_s_memory():
+    router = SessionRouter()
+    router.connect("s1")
+    for i in range(5000):
+        router.cancel("s1", f"made-up-{i}", source="edge")
+    assert len(router.cancels.cancelled_turns("s1")) <= 64
+    assert len(router.cancels) == 1
