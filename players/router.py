@@ -1,12 +1,18 @@
 """The edge's pure core: which client gets which audio, in which order, and what is dropped.
 
 `SessionRouter` is fed decoded AudioChunks and ControlEvents (by the Kafka shell in
-`players.edge`, or directly by tests and the benchmark) and the clients' cancels. It keeps:
+`players.edge`, or directly by tests and the benchmark) and the clients' cancels. It keeps state
+only for the sessions this edge serves (a client attached now, or within the grace window after
+the last one left); chunks of any other session are counted and dropped unframed. For those:
 
 * per session: the turns it has seen (a small per-session turn number for the binary header) and a
-  bounded **replay buffer** of the active turn, so a client that reconnects mid-turn gets the rest
-  of the turn from the start of a sentence (see `docs/edge.md`);
-* per client: a `ClientChannel`, a bounded outbox of frames drained by one sender task.
+  bounded **replay buffer** of its recent turns, so a client that reconnects mid-turn gets the
+  rest of the turn from the start of a sentence (see `docs/edge.md`); all replay buffers together
+  stay under a byte limit;
+* per turn: what was forwarded, so each (turn, sentence_seq, chunk_seq) reaches a client once;
+* per client: a `ClientChannel`, a bounded outbox of frames drained by one sender task, and a
+  token bucket for its cancels. Connections per edge and per session are limited
+  (`ConnectionRefused`).
 
 Slow-client policy (**skip to the next sentence, then disconnect**): when a client's outbox is
 full, the oldest sentence in it is dropped whole (its queued frames and its later chunks), and the
