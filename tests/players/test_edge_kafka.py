@@ -213,10 +213,33 @@ async def test_a_retried_chunk_and_a_re_spoken_sentence_are_heard_once(make_sett
             for chunk in first[:2] + [first[1]]:  # a producer retry duplicates chunk (0, 1)
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
             # the worker died after chunk (0, 1); its successor speaks the sentence again from its start
-            for chunk in tone_turn("S", "t1", 2, 3):
+            again = tone_turn("S", "t1", 2, 3)
+            again[-1]["end_reason"] = "sentence-failed"  # its last sentence could not be spoken whole
+            for chunk in again:
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
         finally:
             await producer.stop()
         got = await collect(ws, turn_ended, timeout=15)
         assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-        assert len(of_type(got, "turn_end")) == 1
+        assert [m.get("reason") for m in of_type(got, "turn_end")] == ["sentence-failed"]
+
+
+async def test_a_cancel_published_before_the_edge_started_still_drops_its_turn(make_settings):
+    settings = make_settings(edge_secret=SECRET, edge_cancel_lookback_s=60.0)
+    producer, codec = make_producer(settings), Codec()
+    await producer.start()
+    try:
+        from pipeline.bus import ensure_topics
+
+        await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
+        await publish(producer, codec, settings.control_topic, "ControlEvent", {
+            "session_id": "S", "turn_id": "t1", "action": "CANCEL", "reason": "agent", "source": "agent",
+            "issued_at_us": now_us()})
+        async with running_edge(settings) as (app, client):
+            ws, _ = await connect(client, "S")
+            for chunk in tone_turn("S", "t1", 1, 2) + tone_turn("S", "t2", 1, 1):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            got = await collect(ws, turn_ended, timeout=15)
+    finally:
+        await producer.stop()
+    assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"] and len(audio(got)) == 1
