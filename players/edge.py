@@ -31,9 +31,9 @@ from aiohttp import WSMsgType, web
 from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
+from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from players import protocol
 from players.auth import TokenError, verify_token
-from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from players.metrics import EdgeMetrics
 from players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
 from schemas.contract import ControlAction, PlaybackKind
@@ -187,7 +187,9 @@ class KafkaLink:
         try:
             tps = [TopicPartition(s.audio_topic, p) for p in sorted(await self.producer.partitions_for(s.audio_topic))]
             self.consumer.assign(tps)
-            await self.consumer.seek_to_end(*[tp for tp in tps if tp not in self._positions])
+            new = [tp for tp in tps if tp not in self._positions]
+            if new:  # (seek_to_end() without partitions would move every one)
+                await self.consumer.seek_to_end(*new)
             for tp in tps:
                 if tp in self._positions:
                     self.consumer.seek(tp, self._positions[tp])

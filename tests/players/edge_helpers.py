@@ -66,19 +66,3 @@ def of_type(messages, mtype: str) -> list[dict]:
 def turn_ended(messages) -> bool:
     return bool(of_type(messages, "turn_end"))
 
-
-def raw_encode(message_type: str, value: dict) -> bytes:
-    """Single-object Avro encoding of `value` WITHOUT the contract check: what a producer that
-    bypasses the voicebus codec (another language's Avro library, a hostile one) can write."""
-    import io
-
-    from fastavro import parse_schema, schemaless_writer
-
-    import schemas
-    from pipeline.codecs import MAGIC, schema_fingerprint
-
-    raw = schemas.load(message_type)
-    buf = io.BytesIO(MAGIC + schema_fingerprint(raw))
-    buf.seek(0, io.SEEK_END)
-    schemaless_writer(buf, parse_schema(dict(raw), named_schemas={}), value)
-    return buf.getvalue()

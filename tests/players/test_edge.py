@@ -12,10 +12,10 @@ from players import protocol
 from players.auth import issue_token
 from players.edge import CLIENTS_KEY, REPORTS_KEY, ROUTER_KEY
 from players.tone import tone_turn
-from tests.waiting import eventually
 from tests.players.edge_helpers import (
     SECRET, audio, collect, connect, edge_settings, of_type, running_edge, turn_ended,
 )
+from tests.waiting import eventually
 
 
 async def test_each_client_gets_only_its_sessions_audio():

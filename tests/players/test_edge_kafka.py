@@ -12,8 +12,9 @@ from pipeline.codecs import Codec
 from players.edge import LINK_KEY
 from players.router import SessionRouter
 from players.tone import tone_turn
+from tests.foreign import foreign_encode
+from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
 from tests.waiting import eventually
-from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, raw_encode, running_edge, turn_ended
 
 pytestmark = pytest.mark.kafka
 
@@ -47,7 +48,7 @@ async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
             await producer.send_and_wait(settings.audio_topic, b"not avro", key=b"A")  # dead-lettered, ignored
             odd = {**tone_turn("A", "ta", 1, 1)[0], "pcm": b"\x01\x02\x03"}  # not whole PCM16 samples
-            await producer.send_and_wait(settings.audio_topic, raw_encode("AudioChunk", odd), key=b"A")
+            await producer.send_and_wait(settings.audio_topic, foreign_encode("AudioChunk", odd), key=b"A")
         finally:
             await producer.stop()
         for ws in (a1, a2):
@@ -141,7 +142,7 @@ async def test_a_bad_record_is_dead_lettered_with_its_reason_and_the_next_chunk_
             good = tone_turn("S", "t1", 1, 2)
             await publish(producer, codec, settings.audio_topic, "AudioChunk", good[0])
             # written by a producer that bypasses our codec: Avro takes a negative int
-            negative = raw_encode("AudioChunk", {**tone_turn("S", "t1", 1, 1)[0], "sentence_seq": -1, "end_reason": ""})
+            negative = foreign_encode("AudioChunk", {**tone_turn("S", "t1", 1, 1)[0], "sentence_seq": -1, "end_reason": ""})
             await producer.send_and_wait(settings.audio_topic, negative, key=b"S")
             await publish(producer, codec, settings.audio_topic, "AudioChunk", tone_turn("S", "boom", 1, 1)[0])
             await publish(producer, codec, settings.audio_topic, "AudioChunk", good[1])
