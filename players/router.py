@@ -226,6 +226,7 @@ class _Turn:
     # replay buffer: (sentence_seq, encoded frame), in arrival order
     replay: deque = field(default_factory=deque)
     replay_bytes: int = 0
+    session_id: str = ""
     # once-only delivery: per sentence, the highest chunk_seq forwarded (SENTENCE_DONE after its
     # last chunk); sentences below `done_below` are all done (the map is bounded).
     forwarded: dict[int, int] = field(default_factory=dict)
@@ -284,6 +285,8 @@ class SessionRouter:
         self.cancel_rate_per_s, self.cancel_burst = cancel_rate_per_s, cancel_burst
         self.clock = clock
         self.replay_bytes = 0  # all replay buffers together
+        # turns holding replay frames, least recently appended to first: the byte limit's eviction order
+        self._replaying: OrderedDict[tuple[str, str], _Turn] = OrderedDict()
         self.n_clients = 0
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently active first
         self._idle: OrderedDict[str, float] = OrderedDict()  # sessions without a client -> since when
@@ -458,7 +461,8 @@ class SessionRouter:
             if self.cancels.is_cancelled(session_id, turn_id):
                 self.metrics.drops.labels("cancelled").inc()
                 return 0
-            turn = session.turns[turn_id] = _Turn(turn_id, next(session.turn_numbers), started, chunk.get("sample_rate", 24000))
+            turn = session.turns[turn_id] = _Turn(turn_id, next(session.turn_numbers), started,
+                                                  chunk.get("sample_rate", 24000), session_id=session_id)
             while len(session.turns) > self.turns_per_session:
                 self._clear_replay(session.turns.popitem(last=False)[1])
             if chunk_seq > 0:
@@ -495,6 +499,8 @@ class SessionRouter:
         turn.replay.append((sentence, frame))
         turn.replay_bytes += len(frame)
         self.replay_bytes += len(frame)
+        self._replaying[(session_id, turn_id)] = turn
+        self._replaying.move_to_end((session_id, turn_id))
         self._trim_replay(turn)
         timeline = None
         if chunk_seq == 0:
@@ -525,11 +531,14 @@ class SessionRouter:
             freed = len(turn.replay.popleft()[1])
             turn.replay_bytes -= freed
             self.replay_bytes -= freed
+        if not turn.replay:
+            self._replaying.pop((turn.session_id, turn.turn_id), None)
 
     def _clear_replay(self, turn: _Turn) -> None:
         self.replay_bytes -= turn.replay_bytes
         turn.replay.clear()
         turn.replay_bytes = 0
+        self._replaying.pop((turn.session_id, turn.turn_id), None)
 
     def _trim_replay(self, turn: _Turn) -> None:
         # Bounded: past the cap, the oldest *whole* sentence goes, so a replay always starts at
@@ -539,12 +548,9 @@ class SessionRouter:
 
     def _enforce_replay_bytes(self) -> None:
         """All replay buffers together stay under `replay_max_bytes`: the oldest sentence of the
-        least recently active session goes first."""
-        while self.replay_bytes > self.replay_max_bytes:
-            victim = next((t for s in self._sessions.values() for t in s.turns.values() if t.replay), None)
-            if victim is None:
-                return
-            self._drop_oldest_sentence(victim)
+        turn least recently added to goes first (O(1) per sentence)."""
+        while self.replay_bytes > self.replay_max_bytes and self._replaying:
+            self._drop_oldest_sentence(next(iter(self._replaying.values())))
             self.metrics.replay_evictions.inc()
 
     def _reap_closed(self, session_id: str, session: _Session) -> None:

@@ -169,7 +169,7 @@ def test_a_session_is_kept_for_the_grace_window_after_its_last_client_left_then_
     assert heard(back) == [(1, 0), (1, 1), (2, 0)]
     router.disconnect(back)
     clock.now += 31
-    assert not router.served("s1") and router.replay_bytes == 0
+    assert not router.served("s1") and router.replay_bytes == 0 and not router._replaying
     router.route(chunks[5])
     assert router.replay_bytes == 0
     late = router.connect("s1", resume={"turn_id": "t1", "sentence_seq": 1})
