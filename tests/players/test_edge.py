@@ -274,3 +274,21 @@ async def test_a_resume_with_a_negative_sentence_is_refused_with_4400_out_of_ran
         assert error["type"] == "error" and error["code"] == "out-of-range"
         await collect(ws, lambda m: False)
         assert ws.close_code == protocol.CLOSE_PROTOCOL_ERROR
+
+
+async def test_a_barge_in_does_not_cancel_a_new_turn_whose_agent_clock_is_behind_the_edge_s():
+    # The edge's clock is an hour ahead of the agent's: the next turn's first token "happened"
+    # before the barge-in by the edge's clock. Cancels name turns; no clock is compared.
+    from pipeline.clock import now_us
+
+    async with running_edge(edge_settings(), with_kafka=False) as (app, client):
+        router = app[ROUTER_KEY]
+        ws, _ = await connect(client, "s1")
+        router.route(tone_turn("s1", "t1", 2, 1)[0])
+        await collect(ws, lambda m: audio(m))
+        await ws.send_str(json.dumps({"type": "cancel", "v": 1, "reason": "barge-in"}))
+        assert of_type(await collect(ws, lambda m: of_type(m, "stop")), "stop")[0]["turn_id"] == "t1"
+        for chunk in tone_turn("s1", "t2", 1, 2):
+            router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000})
+        got = await collect(ws, turn_ended)
+        assert of_type(got, "turn_start")[0]["turn_id"] == "t2" and len(audio(got)) == 2
