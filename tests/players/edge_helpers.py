@@ -65,4 +65,3 @@ def of_type(messages, mtype: str) -> list[dict]:
 
 def turn_ended(messages) -> bool:
     return bool(of_type(messages, "turn_end"))
-
