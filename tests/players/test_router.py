@@ -282,3 +282,18 @@ def test_cancels_with_made_up_turn_ids_do_not_grow_the_edge_s_memory():
         router.cancel("s1", f"made-up-{i}", source="edge")
     assert len(router.cancels.cancelled_turns("s1")) <= 64
     assert len(router.cancels) == 1
+
+
+def test_the_once_only_memory_of_a_turn_is_bounded_and_old_sentences_stay_done():
+    from players.router import TRACKED_SENTENCES
+
+    router = SessionRouter()
+    channel = router.connect("s1")
+    chunk = tone_turn("s1", "t1", 1, 1, chunk_ms=10)[0]
+    for s in range(TRACKED_SENTENCES + 100):
+        router.route({**chunk, "sentence_seq": s, "is_last_in_turn": False})
+    turn = router._sessions["s1"].turns["t1"]
+    assert len(turn.forwarded) <= TRACKED_SENTENCES
+    channel.outbox.clear()
+    router.route({**chunk, "sentence_seq": 0, "is_last_in_turn": False})  # forgotten, still done
+    assert heard(channel) == []
