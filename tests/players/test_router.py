@@ -297,3 +297,45 @@ def test_the_once_only_memory_of_a_turn_is_bounded_and_old_sentences_stay_done()
     channel.outbox.clear()
     router.route({**chunk, "sentence_seq": 0, "is_last_in_turn": False})  # forgotten, still done
     assert heard(channel) == []
+
+
+def _restarting_worker_chunks(data, sentences: int, chunks: int) -> list[tuple[int, int]]:
+    """(sentence, chunk) as workers that die and restart publish them: each attempt starts at a
+    sentence at or before the one being spoken (from an older committed offset) and speaks from its
+    chunk 0; the last attempt finishes the turn."""
+    from hypothesis import strategies as st
+
+    out: list[tuple[int, int]] = []
+    at = 0
+    for _ in range(data.draw(st.integers(0, 4), label="restarts")):
+        start = data.draw(st.integers(0, at), label="restart from sentence")
+        stop_sentence = data.draw(st.integers(start, sentences - 1), label="dies in sentence")
+        stop_chunk = data.draw(st.integers(0, chunks - 1), label="after chunk")
+        for s in range(start, stop_sentence + 1):
+            last = stop_chunk if s == stop_sentence else chunks - 1
+            out.extend((s, c) for c in range(last + 1))
+            if data.draw(st.booleans(), label="producer retry"):
+                out.append(out[-1])
+        at = stop_sentence
+    start = data.draw(st.integers(0, at), label="final attempt from")
+    out.extend((s, c) for s in range(start, sentences) for c in range(chunks))
+    return out
+
+
+def test_any_history_of_worker_restarts_and_retries_is_heard_exactly_once_in_order():
+    from hypothesis import given, settings as hsettings, strategies as st
+
+    sentences, chunks = 3, 4
+    template = {(c["sentence_seq"], c["chunk_seq"]): c for c in tone_turn("s1", "t1", sentences, chunks, chunk_ms=5)}
+
+    @hsettings(max_examples=150, deadline=None)
+    @given(st.data())
+    def check(data):
+        router = SessionRouter(client_queue_frames=4096)
+        channel = router.connect("s1")
+        for key in _restarting_worker_chunks(data, sentences, chunks):
+            router.route(template[key])
+        assert heard(channel) == sorted(template)  # every chunk once, in order: nothing lost, nothing twice
+        assert len(controls(channel, "turn_end")) == 1
+
+    check()
