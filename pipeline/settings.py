@@ -96,6 +96,11 @@ class Settings:
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000
     """Consumer-group session timeout: how soon a dead worker's partitions move to another."""
+    worker_publish_backoff_s: float = 0.1
+    """A worker's failed send (audio chunk, dead letter) or commit is retried after this long,
+    doubling up to ``worker_publish_max_backoff_s``; the request stays uncommitted meanwhile."""
+    worker_publish_max_backoff_s: float = 5.0
+    """The longest wait between two tries of a worker's failed send or commit."""
 
     # --- edge ----------------------------------------------------------------------------------
     edge_host: str = "127.0.0.1"
