@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Union
 
-from agents.sdk import END_OF_TURN, EVIDENCE_KINDS, TEXT_EVENT_KINDS, TOKEN
+from agents.sdk import END_OF_TURN, EVIDENCE_KINDS, TEXT_EVENT_KINDS, TOKEN, InvalidEventError, cancel_event, text_event
 from pipeline.settings import Settings
 from pipeline.topics import text_topic
+from schemas.contract import ControlAction
 
 FORMAT_VERSION = 1
 HEADER_KEY = "voicebus_conversation"
-CONTROL_ACTIONS = ("CANCEL",)
+CONTROL_ACTIONS = tuple(ControlAction)
 
 
 class ConversationFormatError(ValueError):
@@ -64,7 +65,7 @@ class ControlLine:
     t_ms: float
     session_id: str
     turn_id: str | None
-    action: str = "CANCEL"
+    action: str = ControlAction.CANCEL
     reason: str = ""
     source: str = ""
 
@@ -108,6 +109,13 @@ _TEXT_KEYS = {"t_ms", "type", "agent_id", "session_id", "turn_id", "kind", "text
 _CONTROL_KEYS = {"t_ms", "type", "session_id", "turn_id", "action", "reason", "source", "issued_at_us"}
 
 
+def _speakable(build: Any, where: tuple[str, int | None]) -> None:
+    try:
+        build()
+    except InvalidEventError as exc:
+        raise ConversationFormatError(str(exc), *where) from None
+
+
 def event_from_json(obj: Any, source: str = "<events>", line: int | None = None) -> ConversationEvent:
     where = (source, line)
     if not isinstance(obj, dict):
@@ -136,12 +144,18 @@ def event_from_json(obj: Any, source: str = "<events>", line: int | None = None)
         claim_id = _require(obj, "claim_id", str, where, optional=True)
         if kind in EVIDENCE_KINDS and not claim_id:
             raise ConversationFormatError(f"{kind} needs a 'claim_id'", *where)
-        return TextLine(
+        line = TextLine(
             t_ms=float(t_ms), agent_id=agent_id, session_id=_require(obj, "session_id", str, where),
             turn_id=_require(obj, "turn_id", str, where), kind=kind, text=text, claim_id=claim_id,
             language=_require(obj, "language", str, where, optional=True),
             voice=_require(obj, "voice", str, where, optional=True),
         )
+        # What replay will publish must be something the pipeline can act on (schemas.contract):
+        # a file naming a language no stage can speak is refused here, not half-way through a replay.
+        _speakable(lambda: text_event(
+            session_id=line.session_id, turn_id=line.turn_id, agent_id=line.agent_id, seq=0, kind=line.kind,
+            text=line.text, claim_id=line.claim_id, language=line.language, voice=line.voice, produced_at_us=0), where)
+        return line
     if kind_of_line == "control":
         unknown = set(obj) - _CONTROL_KEYS
         if unknown:
@@ -149,12 +163,15 @@ def event_from_json(obj: Any, source: str = "<events>", line: int | None = None)
         action = _require(obj, "action", str, where)
         if action not in CONTROL_ACTIONS:
             raise ConversationFormatError(f"'action' must be one of {CONTROL_ACTIONS}, got {action!r}", *where)
-        return ControlLine(
+        control = ControlLine(
             t_ms=float(t_ms), session_id=_require(obj, "session_id", str, where),
             turn_id=_require(obj, "turn_id", str, where, optional=True), action=action,
             reason=_require(obj, "reason", str, where, optional=True) or "",
             source=_require(obj, "source", str, where, optional=True) or "",
         )
+        _speakable(lambda: cancel_event(control.session_id, control.turn_id, reason=control.reason,
+                                        source=control.source or "replay", issued_at_us=0), where)
+        return control
     raise ConversationFormatError(f"'type' must be 'text' or 'control', got {kind_of_line!r}", *where)
 
 

@@ -29,15 +29,18 @@ from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.settings import Settings
 from pipeline.topics import text_topic
+from schemas import contract
+from schemas.contract import ControlAction, TextEventKind
 
 log = logging.getLogger(__name__)
 
-TOKEN = "TOKEN"
-EVIDENCE_PENDING = "EVIDENCE_PENDING"
-EVIDENCE_READY = "EVIDENCE_READY"
-EVIDENCE_FAILED = "EVIDENCE_FAILED"
-END_OF_TURN = "END_OF_TURN"
-TEXT_EVENT_KINDS = (TOKEN, EVIDENCE_PENDING, EVIDENCE_READY, EVIDENCE_FAILED, END_OF_TURN)
+# The kinds of TextEvent, as the schema's enum (schemas.contract): equal to their Avro symbols.
+TOKEN = TextEventKind.TOKEN
+EVIDENCE_PENDING = TextEventKind.EVIDENCE_PENDING
+EVIDENCE_READY = TextEventKind.EVIDENCE_READY
+EVIDENCE_FAILED = TextEventKind.EVIDENCE_FAILED
+END_OF_TURN = TextEventKind.END_OF_TURN
+TEXT_EVENT_KINDS = tuple(TextEventKind)
 EVIDENCE_KINDS = (EVIDENCE_PENDING, EVIDENCE_READY, EVIDENCE_FAILED)
 
 
@@ -50,7 +53,15 @@ class TurnEndedError(AgentError):
 
 
 class InvalidEventError(AgentError, ValueError):
-    """An event is missing what its kind needs (a claim id for evidence, ...)."""
+    """An event the pipeline could not act on: missing what its kind needs (a claim id for
+    evidence, ...), or breaking the contract (a language it cannot speak, an id too long, ...)."""
+
+
+def _check_contract(message_type: str, value: dict[str, Any]) -> dict[str, Any]:
+    problems = contract.violations(message_type, value)
+    if problems:
+        raise InvalidEventError(f"{message_type}: " + "; ".join(problems))
+    return value
 
 
 class PublisherNotStartedError(AgentError):
@@ -87,7 +98,7 @@ def text_event(
         raise InvalidEventError(f"{kind} carries no text (got {text!r})")
     if seq < 0:
         raise InvalidEventError(f"seq must be >= 0, got {seq}")
-    return {
+    return _check_contract("TextEvent", {
         "session_id": session_id,
         "turn_id": turn_id,
         "agent_id": agent_id,
@@ -98,22 +109,25 @@ def text_event(
         "language": language,
         "voice": voice,
         "produced_at_us": now_us() if produced_at_us is None else produced_at_us,
-    }
+    })
 
 
 def cancel_event(
     session_id: str, turn_id: str | None = None, *, reason: str = "", source: str = "agent",
-    issued_at_us: int | None = None,
+    issued_at_us: int | None = None, turn_ids: list[str] | tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A CANCEL ControlEvent; `turn_id=None` cancels every turn of the session issued before it."""
-    return {
+    """A CANCEL ControlEvent: one turn; or, with `turn_id=None`, the turns in `turn_ids`, or
+    (none listed) every turn of the session that each stage has seen when the cancel reaches it.
+    `issued_at_us` is for latency metrics only; no stage compares it with its own clock."""
+    return _check_contract("ControlEvent", {
         "session_id": session_id,
         "turn_id": turn_id,
-        "action": "CANCEL",
+        "action": ControlAction.CANCEL,
         "reason": reason,
         "source": source,
         "issued_at_us": now_us() if issued_at_us is None else issued_at_us,
-    }
+        "turn_ids": list(turn_ids),
+    })
 
 
 class TurnEvents:

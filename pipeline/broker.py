@@ -513,14 +513,31 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="kafka_command", metavar="ACTION")
     fetch = sub.add_parser("fetch", help="resolve the Kafka jars from Maven Central (once, cached)")
     fetch.set_defaults(func=_cmd_fetch)
-    start = sub.add_parser("start", help="start the broker; returns once it answers, printing its address")
+    start = sub.add_parser(
+        "start", help="start the broker; returns once it answers, printing its address",
+        description="Start a local Kafka (KRaft, one node, loopback). Prints its bootstrap address once it answers. "
+                    "The other voicebus commands connect to VOICEBUS_BOOTSTRAP (default 127.0.0.1:9092), which does "
+                    "not follow --port: with another port, set VOICEBUS_BOOTSTRAP=127.0.0.1:<port> for them.")
     start.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the broker")
-    start.set_defaults(func=_cmd_start)
     status = sub.add_parser("status", help="say whether the broker runs and answers (exit 0 if it does)")
-    status.set_defaults(func=_cmd_status)
     stop = sub.add_parser("stop", help="stop the broker started by `voicebus kafka start`")
-    stop.set_defaults(func=_cmd_stop)
+    for parser, func in ((start, _cmd_start), (status, _cmd_status), (stop, _cmd_stop)):
+        parser.add_argument("--port", type=int, metavar="P",
+                            help="the broker's client port (default: VOICEBUS_KAFKA_PORT, 9092)")
+        parser.add_argument("--controller-port", type=int, metavar="P",
+                            help="its KRaft controller port (default: VOICEBUS_KAFKA_CONTROLLER_PORT, 9093)")
+        parser.set_defaults(func=func)
     p.set_defaults(func=lambda args, settings: (p.print_help(), 2)[1])
+
+
+def broker_settings(args, settings: Settings) -> Settings:
+    """`--port`/`--controller-port` mapped onto `Settings.kafka_port`/`kafka_controller_port`."""
+    changes = {}
+    if getattr(args, "port", None) is not None:
+        changes["kafka_port"] = args.port
+    if getattr(args, "controller_port", None) is not None:
+        changes["kafka_controller_port"] = args.controller_port
+    return settings.replace(**changes) if changes else settings
 
 
 def _cmd_fetch(args, settings: Settings) -> int:
@@ -534,23 +551,29 @@ def _cmd_fetch(args, settings: Settings) -> int:
 
 
 def _cmd_start(args, settings: Settings) -> int:
+    settings = broker_settings(args, settings)
     try:
         fetch_jars(settings.kafka_dir, settings.kafka_version)
         broker = LocalKafka.from_settings(settings).start(args.timeout)
     except BrokerError as exc:
         print(f"voicebus kafka start: {exc}", file=sys.stderr)
         return 1
+    if broker.bootstrap not in [b.strip() for b in settings.bootstrap.split(",")]:
+        print(f"note: VOICEBUS_BOOTSTRAP is {settings.bootstrap}; the other commands reach this broker with "
+              f"VOICEBUS_BOOTSTRAP={broker.bootstrap}", file=sys.stderr)
     print(broker.bootstrap)
     return 0
 
 
 def _cmd_status(args, settings: Settings) -> int:
+    settings = broker_settings(args, settings)
     status = LocalKafka.from_settings(settings).status()
     print(status.describe())
     return 0 if status.answering else 1
 
 
 def _cmd_stop(args, settings: Settings) -> int:
+    settings = broker_settings(args, settings)
     broker = LocalKafka.from_settings(settings)
     print("stopped" if broker.stop() else "not running")
     return 0

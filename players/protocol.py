@@ -18,12 +18,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.contract import LIMITS, AudioEncoding, PlaybackKind, is_valid_id
+
 PROTOCOL_VERSION = 1
 
 # --- binary audio frames ---------------------------------------------------------------------
 FRAME_AUDIO = 0x01
 ENCODING_PCM16LE = 0x01
-ENCODINGS = {"PCM16LE": ENCODING_PCM16LE}
+ENCODINGS = {AudioEncoding.PCM16LE: ENCODING_PCM16LE}
 
 FLAG_LAST_IN_SENTENCE = 0x01
 FLAG_LAST_IN_TURN = 0x02
@@ -52,14 +54,19 @@ REPORT = "report"
 
 CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
 SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, SKIP, PONG, ERROR})
-REPORT_KINDS = frozenset({"AUDIBLE_START", "PLAYBACK_END", "STOPPED", "UNDERRUN"})
-MAX_TEXT_FRAME_BYTES = 16 * 1024
+REPORT_KINDS = frozenset(PlaybackKind)
+MAX_TEXT_FRAME_BYTES = 16 * 1024  # a longer client text frame (UTF-8 bytes) is refused: 4400 malformed-frame
+# The WebSocket layer's limit on one message from a client: above it the edge closes with 1009
+# (message too big) without parsing it.
+MAX_WS_MESSAGE_BYTES = 4 * MAX_TEXT_FRAME_BYTES
 
 # --- close codes (4000-4999 are the application's range) -------------------------------------
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # the edge shuts down
 CLOSE_PROTOCOL_ERROR = 4400  # malformed frame, unknown type, hello missing or repeated
+CLOSE_MESSAGE_TOO_BIG = 1009  # a client message over MAX_WS_MESSAGE_BYTES (closed by the WebSocket layer)
 CLOSE_UNAUTHORIZED = 4401  # token missing, forged, expired or for another session
+CLOSE_FORBIDDEN_ORIGIN = 4403  # a browser page of an origin the edge does not allow
 CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
 CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
 CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
@@ -84,6 +91,11 @@ class UnknownMessageType(ProtocolError):
 class UnsupportedVersion(ProtocolError):
     code = "unsupported-version"
     close_code = CLOSE_UNSUPPORTED_VERSION
+
+
+class OriginNotAllowed(ProtocolError):
+    code = "origin-not-allowed"
+    close_code = CLOSE_FORBIDDEN_ORIGIN
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,9 @@ def encode_control(message_type: str, **fields: Any) -> str:
     return json.dumps({"type": message_type, "v": PROTOCOL_VERSION, **fields}, separators=(",", ":"))
 
 
+# Ids in client frames end up in bus events: the contract's rule (schemas.contract.is_valid_id).
+ID_RULE = f"1-{LIMITS.max_id_chars} characters, no control characters"
+
 # Required fields (name -> accepted types) of each client message.
 _CLIENT_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     HELLO: {"session": (str,), "token": (str,)},
@@ -149,8 +164,9 @@ _CLIENT_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 def parse_client_message(text: str) -> dict[str, Any]:
     """Parse and validate one client text frame; raises a `ProtocolError` subclass."""
-    if len(text) > MAX_TEXT_FRAME_BYTES:
-        raise MalformedFrame(f"text frame of {len(text)} characters exceeds {MAX_TEXT_FRAME_BYTES}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_FRAME_BYTES:
+        raise MalformedFrame(f"text frame of {size} bytes exceeds {MAX_TEXT_FRAME_BYTES}")
     try:
         message = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -169,17 +185,19 @@ def parse_client_message(text: str) -> dict[str, Any]:
             raise MalformedFrame(f"{mtype}: field {name!r} is missing or not {'/'.join(k.__name__ for k in kinds)}")
     if mtype == REPORT and message["kind"] not in REPORT_KINDS:
         raise MalformedFrame(f"report: unknown kind {message['kind']!r}; expected one of {sorted(REPORT_KINDS)}")
-    if mtype == CANCEL and message.get("turn_id") is not None and not isinstance(message["turn_id"], str):
-        raise MalformedFrame("cancel: turn_id must be a string or absent")
+    if mtype == CANCEL and message.get("turn_id") is not None and not is_valid_id(message["turn_id"]):
+        raise MalformedFrame(f"cancel: turn_id must be absent or an id ({ID_RULE})")
+    if mtype == REPORT and not is_valid_id(message["turn_id"]):
+        raise MalformedFrame(f"report: turn_id must be an id ({ID_RULE})")
     for name, limit in _INTEGER_FIELDS.items():
         value = message.get(name)
         if name in message and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit):
             raise MalformedFrame(f"{mtype}: field {name!r} must be an integer in [0, {limit})")
     resume = message.get("resume")
     if mtype == HELLO and resume is not None:
-        if not (isinstance(resume, dict) and isinstance(resume.get("turn_id"), str)
+        if not (isinstance(resume, dict) and is_valid_id(resume.get("turn_id"))
                 and isinstance(resume.get("sentence_seq"), int) and 0 <= resume["sentence_seq"] < 2**31):
-            raise MalformedFrame("hello: resume must be {turn_id: string, sentence_seq: integer}")
+            raise MalformedFrame(f"hello: resume must be {{turn_id: id ({ID_RULE}), sentence_seq: integer}}")
     return message
 
 

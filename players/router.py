@@ -31,6 +31,7 @@ from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from players import protocol
 from players.metrics import EdgeMetrics
+from schemas.contract import AudioEncoding, ControlAction
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -231,7 +232,7 @@ class SessionRouter:
         self.metrics.clients.inc()
         self.metrics.sessions.set(len(self._sessions))
         for turn in session.turns.values():
-            if self.cancels.is_cancelled(session_id, turn.turn_id, turn.started_at_us):
+            if self.cancels.is_cancelled(session_id, turn.turn_id):
                 continue
             if resume and resume.get("turn_id") == turn.turn_id:
                 from_sentence = int(resume.get("sentence_seq") or 0)
@@ -289,7 +290,7 @@ class SessionRouter:
         edge_received_at_us = edge_received_at_us or now_us()
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
         started = chunk.get("first_token_at_us") or None
-        if len(chunk["pcm"]) % 2 or chunk.get("encoding", "PCM16LE") not in protocol.ENCODINGS:
+        if len(chunk["pcm"]) % 2 or chunk.get("encoding", AudioEncoding.PCM16LE) not in protocol.ENCODINGS:
             raise UnroutableChunk(
                 f"chunk {session_id}/{turn_id}/{chunk['sentence_seq']}/{chunk['chunk_seq']}: "
                 f"{len(chunk['pcm'])} bytes of {chunk.get('encoding')} is not whole PCM16LE samples"
@@ -297,7 +298,8 @@ class SessionRouter:
         # Only chunks the edge accepts count in the latency histograms: a rejected one says nothing
         # about the pipeline's speed and would skew the per-stage counts.
         self.metrics.observe_chunk(chunk, edge_received_at_us)
-        if self.cancels.is_cancelled(session_id, turn_id, started):
+        self.cancels.observe(session_id, turn_id)  # a later session cancel covers it
+        if self.cancels.is_cancelled(session_id, turn_id):
             self.metrics.drops.labels("cancelled").inc()
             return 0
         session = self._session(session_id)
@@ -316,7 +318,7 @@ class SessionRouter:
         )
         frame = protocol.encode_audio(protocol.AudioFrame(
             turn.number, chunk["sentence_seq"], chunk["chunk_seq"], chunk.get("sample_rate", 24000), chunk["pcm"], flags,
-            protocol.ENCODINGS[chunk.get("encoding", "PCM16LE")],
+            protocol.ENCODINGS[chunk.get("encoding", AudioEncoding.PCM16LE)],
         ))
         turn.replay.append((chunk["sentence_seq"], frame))
         self._trim_replay(turn)
@@ -349,18 +351,19 @@ class SessionRouter:
             self.metrics.clients.dec()
 
     # --- control --------------------------------------------------------------------------
-    def cancel(self, session_id: str, turn_id: str | None, issued_at_us: int | None = None, source: str = "bus") -> int:
-        """Apply a cancel: later chunks of the turn(s) are dropped, queued audio goes now and
-        every client of the session is told to stop. Returns the number of frames dropped."""
-        issued_at_us = issued_at_us or now_us()
-        self.cancels.cancel(session_id, turn_id, issued_at_us)
+    def cancel(self, session_id: str, turn_id: str | None, turn_ids: list[str] | tuple[str, ...] = (),
+               source: str = "bus") -> int:
+        """Apply a cancel (one turn, the listed turns, or every turn of the session seen so far):
+        later chunks of the turn(s) are dropped, queued audio goes now and every client of the
+        session is told to stop. Returns the number of frames dropped."""
+        self.cancels.cancel(session_id, turn_id, turn_ids)
         self.metrics.cancels.labels(source).inc()
         session = self._sessions.get(session_id)
         if session is None:
             return 0
         # Not yet stopped only: the edge's own cancel comes back from the bus, stop once.
         hit = [t for t in session.turns.values()
-               if not t.stopped and self.cancels.is_cancelled(session_id, t.turn_id, t.started_at_us)]
+               if not t.stopped and self.cancels.is_cancelled(session_id, t.turn_id)]
         dropped = 0
         for turn in hit:
             turn.replay.clear()
@@ -374,6 +377,7 @@ class SessionRouter:
         return dropped
 
     def apply_control(self, event: dict) -> int:
-        if event.get("action") != "CANCEL":
+        if event.get("action") != ControlAction.CANCEL:
             return 0
-        return self.cancel(event["session_id"], event.get("turn_id"), event.get("issued_at_us"), source=event.get("source") or "bus")
+        return self.cancel(event["session_id"], event.get("turn_id"), event.get("turn_ids") or (),
+                           source=event.get("source") or "bus")

@@ -119,6 +119,13 @@ class Limits:
 LIMITS = Limits()
 
 _ID = re.compile(r"[^\x00-\x1f\x7f]+")
+
+
+def is_valid_id(value: Any, limits: "Limits | None" = None) -> bool:
+    """A session, turn, claim or client id: a non-empty string of at most ``max_id_chars``
+    characters without control characters."""
+    limit = (limits or LIMITS).max_id_chars
+    return isinstance(value, str) and 0 < len(value) <= limit and bool(_ID.fullmatch(value))
 _AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 # --- the checks ----------------------------------------------------------------------------------
@@ -133,7 +140,7 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         v = value.get(name)
         if v is None and optional:
             return
-        if not isinstance(v, str) or not v or len(v) > limits.max_id_chars or not _ID.fullmatch(v):
+        if not is_valid_id(v, limits):
             problems.append(f"{name} must be 1-{limits.max_id_chars} characters without control characters")
 
     def non_negative(name: str, top: int) -> None:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 
 from pipeline.latency import percentile
 from pipeline.settings import Settings
+from schemas.contract import TextEventKind
 
 TARGET_P50_MS = 2.0
 TARGET_P99_MS = 10.0
@@ -59,7 +60,7 @@ async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: in
         await consumer.seek_to_end(tp)
         for i in range(warmup + events):
             value = {
-                "session_id": "bench", "turn_id": "t1", "agent_id": "bench", "seq": i, "kind": "TOKEN",
+                "session_id": "bench", "turn_id": "t1", "agent_id": "bench", "seq": i, "kind": TextEventKind.TOKEN,
                 "text": " word", "claim_id": None, "language": None, "voice": None, "produced_at_us": now_us(),
             }
             payload = codec.encode("TextEvent", value)

@@ -36,7 +36,9 @@ from pipeline.gate.evidence import (
     EvidenceGate,
 )
 from pipeline.settings import Settings, SettingsError
-from schemas.contract import DEFAULT_VOICES, LANGUAGES, SEGMENTER_LANGUAGE
+from schemas.contract import DEFAULT_VOICES, LANGUAGES, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
+
+RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,9 @@ class GateSession:
         self._early = EarlyResolutions.from_state(state.get("early", {}))
         cancel = state.get("cancel", {})
         self._cancelled_turns: list[str] = list(cancel.get("turns", []))
-        self._cancel_before_us: int = cancel.get("before_us", -1)
+        # The ControlEvent the shell must publish after the last `apply`: the gate's resolution
+        # of a whole-session cancel (the turns it cancelled), or None. Not part of the state.
+        self.resolution: dict | None = None
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict:
@@ -179,7 +183,7 @@ class GateSession:
             "turns": {t: turn.to_state() for t, turn in self._turns.items()},
             "guards": self._guards,
             "early": self._early.to_state(),
-            "cancel": {"turns": self._cancelled_turns, "before_us": self._cancel_before_us},
+            "cancel": {"turns": self._cancelled_turns},
         }
 
     @classmethod
@@ -189,6 +193,7 @@ class GateSession:
     # --- input ---------------------------------------------------------------------------------
     def apply(self, event: dict, now_us: int) -> list[dict]:
         """A decoded TextEvent or ControlEvent (told apart by its fields)."""
+        self.resolution = None
         if "action" in event:
             return self.apply_control(event, now_us)
         return self.apply_text(event, now_us)
@@ -205,21 +210,21 @@ class GateSession:
         while len(self._guards) > MAX_GUARDS_KEPT:
             self._guards.pop(next(iter(self._guards)))
 
-        if kind in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
-            return self._resolve_claim(self._claim_id(event), READY if kind == "EVIDENCE_READY" else FAILED, now_us)
+        if kind in (TextEventKind.EVIDENCE_READY, TextEventKind.EVIDENCE_FAILED):
+            return self._resolve_claim(self._claim_id(event), READY if kind == TextEventKind.EVIDENCE_READY else FAILED, now_us)
 
         turn = self._turns.get(turn_id)
         if turn is None:
             turn = self._open_turn(event)
         if not turn.live:
             return []
-        if kind == "TOKEN":
+        if kind == TextEventKind.TOKEN:
             return self._feed(turn, event, now_us)
-        if kind == "EVIDENCE_PENDING":
+        if kind == TextEventKind.EVIDENCE_PENDING:
             claim_id = self._claim_id(event)
             turn.evidence.place(claim_id, turn.segmenter.fed, now_us, early=self._early.take(claim_id, now_us))
             return []
-        if kind == "END_OF_TURN":
+        if kind == TextEventKind.END_OF_TURN:
             turn.ended = True
             for sentence in turn.segmenter.flush():
                 self._offer(turn, sentence, now_us)
@@ -227,24 +232,32 @@ class GateSession:
         raise GateInputError(f"unknown TextEvent kind {kind!r}")
 
     def apply_control(self, event: dict, now_us: int) -> list[dict]:
-        """A CANCEL for one turn (``turn_id``) or for every turn started before it (null)."""
+        """A CANCEL for one turn (``turn_id``), for the turns listed in ``turn_ids``, or (turn_id
+        null, no list) for every turn of the session the gate holds now. No clock is compared:
+        a turn whose first event reaches the gate after the cancel is a new turn. For the last
+        kind, `resolution` is set to the ControlEvent that names the turns cancelled, for the
+        shell to publish so that later stages drop them even if they had not seen them yet."""
         self._check_session(event)
-        if event.get("action") != "CANCEL":
+        if event.get("action") != ControlAction.CANCEL:
             return []
         turn_id = event.get("turn_id")
-        if turn_id is not None:
-            if turn_id not in self._cancelled_turns:
-                self._cancelled_turns.append(turn_id)
-                del self._cancelled_turns[:-MAX_TURNS_KEPT]
-            turn = self._turns.get(turn_id)
+        listed = list(event.get("turn_ids") or [])
+        targets = [turn_id] if turn_id is not None else listed or list(self._turns)
+        newly = []
+        for target in targets:
+            if target not in self._cancelled_turns:
+                self._cancelled_turns.append(target)
+                newly.append(target)
+            turn = self._turns.get(target)
             if turn is not None:
                 self._cancel(turn)
-            return []
-        issued = int(event.get("issued_at_us", 0))
-        self._cancel_before_us = max(self._cancel_before_us, issued)
-        for turn in self._turns.values():
-            if turn.started_at_us <= issued:
-                self._cancel(turn)
+        del self._cancelled_turns[:-MAX_TURNS_KEPT]
+        if turn_id is None and not listed and newly:
+            self.resolution = {
+                "session_id": self.session_id, "turn_id": None, "action": ControlAction.CANCEL,
+                "reason": f"resolved: {event.get('reason') or 'session cancel'}"[:200], "source": RESOLUTION_SOURCE,
+                "issued_at_us": now_us, "turn_ids": newly,
+            }
         return []
 
     def tick(self, now_us: int) -> list[dict]:
@@ -293,7 +306,7 @@ class GateSession:
             else DEFAULT_VOICES.get(language, self.config.default_voice)
         )
         started = int(event["produced_at_us"])
-        cancelled = event["turn_id"] in self._cancelled_turns or started <= self._cancel_before_us
+        cancelled = event["turn_id"] in self._cancelled_turns
         turn = _Turn(self.config, event["turn_id"], {
             "agent_id": event["agent_id"], "language": language, "voice": voice,
             "started_at_us": started, "cancelled": cancelled,

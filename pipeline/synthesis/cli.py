@@ -127,14 +127,20 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-id", default=None, help="name in AudioChunk.worker_id (default host-pid-random)")
     parser.add_argument("--announce", action="store_true",
                         help="print one line 'voicebus-worker ready {json}' on stdout once the worker consumes "
-                             "(control caught up, group joined)")
+                             "(engine warm, control caught up, group joined)")
 
 
-def ready_line(worker_id: str, partitions: list[int]) -> str:
-    """The `--announce` line: `READY_LINE` then JSON (worker id, partitions first assigned)."""
-    from pipeline.synthesis.worker import READY_LINE
+WORKER_READY_LINE = "voicebus-worker ready"  # == pipeline.synthesis.worker.READY_LINE (kept light here)
 
-    return f"{READY_LINE} {json.dumps({'worker_id': worker_id, 'partitions': partitions})}"
+
+def ready_line(settings: Settings, worker_id: str, partitions: list[int]) -> str:
+    """The `--announce` line: `WORKER_READY_LINE` then JSON: the worker's id, its group, the
+    synthesis topic and the partitions first assigned to it (possibly none)."""
+    from pipeline.synthesis.worker import worker_group_id
+
+    return f"{WORKER_READY_LINE} " + json.dumps({
+        "worker_id": worker_id, "group": worker_group_id(settings), "topic": settings.synthesis_topic,
+        "partitions": partitions})
 
 
 async def run_worker(
@@ -155,7 +161,7 @@ async def run_worker(
 
     def on_ready(partitions: list[int]) -> None:
         if announce and worker is not None:
-            print(ready_line(worker.worker_id, partitions), flush=True)
+            print(ready_line(settings, worker.worker_id, partitions), flush=True)
 
     worker = SynthesisWorker(settings, engine, worker_id=worker_id, metrics_port=metrics_port, on_ready=on_ready)
     async with worker:

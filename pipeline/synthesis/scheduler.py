@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
+from schemas.contract import AudioEncoding
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
 
@@ -137,6 +138,7 @@ class SynthesisScheduler:
         """Accept a request. Returns its job; a duplicate or an already-cancelled request is
         settled at once (and does not take a slot)."""
         job = SynthesisJob(request, received_at_us if received_at_us is not None else now_us(), origin)
+        self.cancels.observe(job.session_id, request["turn_id"])  # a later session cancel covers it
         if job.key in self._active_keys or job.key in self._completed:
             self._on_settled(job, Outcome.DUPLICATE)
             return job
@@ -230,10 +232,7 @@ class SynthesisScheduler:
 
     # --- internals ---------------------------------------------------------------------------
     def _is_cancelled(self, job: SynthesisJob) -> bool:
-        r = job.request
-        # the turn's first token time stands in for when the turn started (session-wide cancels
-        # cover the turns that started before the cancel was issued)
-        return self.cancels.is_cancelled(r["session_id"], r["turn_id"], r.get("first_token_at_us") or None)
+        return self.cancels.is_cancelled(job.session_id, job.request["turn_id"])
 
     def _settle(self, job: SynthesisJob, outcome: Outcome) -> None:
         self._active_keys.discard(job.key)
@@ -361,7 +360,7 @@ class ChunkAssembler:
             "is_last_chunk": last,
             "is_last_in_turn": bool(last and r.get("is_last_in_turn", False)),
             "sample_rate": self.sample_rate,
-            "encoding": "PCM16LE",
+            "encoding": AudioEncoding.PCM16LE,
             "pcm": pcm,
             "worker_id": self.worker_id,
             "first_token_at_us": int(r.get("first_token_at_us", 0)),

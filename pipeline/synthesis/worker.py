@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 
 WORKER_GROUP_SUFFIX = "-workers"
 REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may finish before it is cut
-READY_LINE = "voicebus-worker ready"  # `--announce`: printed (JSON after it) once the worker consumes
+READY_LINE = "voicebus-worker ready"  # `--announce` (pipeline.synthesis.cli): printed, JSON after it, once it consumes
 _END = object()
 
 # What the engine raises for text it cannot speak: the same request fails the same way on every

@@ -101,3 +101,53 @@ def test_corpus_covers_what_the_issue_lists():
     t1_kinds = [e.kind for e in interrupted.events if isinstance(e, TextLine) and e.turn_id == "t1"]
     assert END_OF_TURN not in t1_kinds and t1_kinds.count(TOKEN) > 10
     assert _turn_text(interrupted, "t2").endswith(".")
+
+
+# --- fuzz: any line is taken whole or refused with the file's error ------------------------------
+
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
+
+from agents.conversation_file import ConversationFormatError, parse_lines  # noqa: E402
+from pipeline.codecs import Codec  # noqa: E402
+from agents.replay import plan_replay  # noqa: E402
+from agents.sdk import InvalidEventError  # noqa: E402
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=8,
+)
+_TEXTISH = st.fixed_dictionaries({
+    "t_ms": st.one_of(st.integers(-5, 10_000), st.floats(allow_nan=True)), "type": st.sampled_from(["text", "control", "x"]),
+    "agent_id": st.text(max_size=8), "session_id": st.text(max_size=140), "turn_id": st.text(max_size=6),
+    "kind": st.sampled_from(["TOKEN", "END_OF_TURN", "EVIDENCE_PENDING", "nope"]), "text": st.text(max_size=8),
+}, optional={"language": st.one_of(st.none(), st.sampled_from(["en", "es", "pt", "j", "klingon", ""])),
+             "claim_id": st.text(max_size=5), "action": st.sampled_from(["CANCEL", "MUTE"])})
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_JSON.map(json.dumps), _TEXTISH.map(json.dumps), st.text(max_size=30)), max_size=6))
+def test_any_lines_parse_into_what_replay_can_publish_or_raise_the_format_error(lines):
+    """Fuzz (issue 10): a conversation file is either refused with ConversationFormatError or
+    every event replay makes of it encodes (the pipeline can act on it): a language the engine
+    cannot speak, an over-long id or a control character used to pass and fail mid-replay."""
+    try:
+        conversation = parse_lines(lines)
+    except ConversationFormatError:
+        return
+    codec = Codec()
+    try:
+        _, copies = plan_replay(conversation.events, sessions=3)
+    except InvalidEventError:  # refused whole before anything is published (e.g. a copy's id too long)
+        return
+    for copy in copies:
+        for item in copy.schedule:
+            codec.encode(item.message_type, item.value)
+
+
+def test_a_language_no_stage_can_speak_is_refused_at_parse():
+    """Regression: the file used to pass, and its replay failed half-way (the codec refuses it)."""
+    line = json.dumps({"t_ms": 0, "type": "text", "agent_id": "a", "session_id": "s", "turn_id": "t",
+                       "kind": "TOKEN", "text": "Qapla'.", "language": "klingon"})
+    with pytest.raises(ConversationFormatError, match=r"<events>:1: TextEvent: language 'klingon' cannot be spoken"):
+        parse_lines([line])

@@ -82,3 +82,42 @@ def test_token_signed_with_another_secret_or_tampered_is_rejected():
 def test_malformed_tokens_are_rejected(token):
     with pytest.raises(auth.TokenError):
         auth.verify_token("secret", token, "s1")
+
+
+# --- fuzz: a client frame is refused, or what the edge makes of it is within the contract -------
+
+from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st  # noqa: E402
+
+from schemas import contract  # noqa: E402
+
+_FIELD = st.one_of(st.none(), st.booleans(), st.integers(-2**64, 2**64), st.floats(), st.text(max_size=200),
+                   st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+_FRAME = st.fixed_dictionaries(
+    {"type": st.sampled_from(sorted(protocol.CLIENT_MESSAGE_TYPES) + ["nope"]), "v": st.sampled_from([1, 2, "1"])},
+    optional={"turn_id": _FIELD, "kind": st.sampled_from(sorted(protocol.REPORT_KINDS) + ["X"]) | _FIELD,
+              "sentence_seq": _FIELD, "audible_at_us": _FIELD, "session": _FIELD, "token": _FIELD,
+              "t0": _FIELD, "resume": st.one_of(_FIELD, st.fixed_dictionaries({"turn_id": _FIELD, "sentence_seq": _FIELD})),
+              "reason": _FIELD, "detail": _FIELD})
+
+
+@hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(_FRAME.map(json.dumps), st.text(max_size=50)))
+@example(json.dumps({"type": "report", "v": 1, "kind": "STOPPED", "turn_id": "a\nb"}))
+@example(json.dumps({"type": "cancel", "v": 1, "turn_id": "x" * 129}))
+@example(json.dumps({"type": "hello", "v": 1, "session": "s", "token": "t", "resume": {"turn_id": "", "sentence_seq": 0}}))
+def test_any_client_text_frame_is_refused_or_yields_ids_the_contract_accepts(text):
+    """Fuzz (issue 10): the edge turns a client's cancel and report into bus events; an id the
+    contract refuses (control characters, over 128 characters) used to pass the frame check and
+    fail only when the edge encoded the event."""
+    try:
+        message = protocol.parse_client_message(text)
+    except protocol.ProtocolError as exc:
+        assert str(exc)
+        return
+    for name in ("turn_id",):
+        if message.get(name) is not None:
+            value = {"session_id": "s", name: message[name]}
+            assert not contract.violations("ControlEvent", value), message
+    resume = message.get("resume")
+    if isinstance(resume, dict):
+        assert not contract.violations("ControlEvent", {"session_id": "s", "turn_id": resume["turn_id"]})

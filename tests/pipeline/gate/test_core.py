@@ -44,9 +44,9 @@ class Turn:
         return self._event("END_OF_TURN")
 
 
-def cancel(session="s1", turn=None, at=0):
+def cancel(session="s1", turn=None, at=0, turn_ids=()):
     return {"session_id": session, "turn_id": turn, "action": "CANCEL", "reason": "barge-in", "source": "test",
-            "issued_at_us": at}
+            "issued_at_us": at, "turn_ids": list(turn_ids)}
 
 
 def run(events, config=CONFIG):
@@ -168,12 +168,40 @@ def test_cancel_of_a_turn_drops_buffered_and_held_text_and_ignores_later_events(
     assert gate.session("s1").is_cancelled("t1")
 
 
-def test_session_cancel_covers_turns_started_before_it_only():
+def test_session_cancel_covers_the_turns_the_gate_holds_by_order_not_by_clock():
     old, new = Turn("old", t0=1 * S), Turn("new", t0=5 * S)
-    late_old = Turn("late", t0=2 * S)  # started before the cancel, first seen after it
-    out, _ = run(old.tokens("Old text") + [cancel(at=3 * S)] + old.tokens(" here. ") + [old.end()]
-                 + late_old.tokens("Late. ") + [late_old.end()] + new.tokens("New. ") + [new.end()])
-    assert texts(out) == ["New."]
+    late = Turn("late", t0=2 * S)  # its agent's clock says it started before the cancel; first seen after it
+    out, gate = run(old.tokens("Old text") + [cancel(at=3 * S)] + old.tokens(" here. ") + [old.end()]
+                    + late.tokens("Late. ") + [late.end()] + new.tokens("New. ") + [new.end()])
+    assert texts(out) == ["Late.", "New."]  # a turn first seen after the cancel is a new turn
+    assert gate.session("s1").is_cancelled("old")
+
+
+def test_a_far_future_cancel_timestamp_mutes_nothing():
+    """Regression (issue 10): a whole-session cancel with issued_at_us far ahead used to cancel
+    every turn that started before it, i.e. every later turn of the session, for good."""
+    t1, t2 = Turn("t1", t0=1 * S), Turn("t2", t0=2 * S)
+    out, _ = run(t1.tokens("First. ") + [t1.end(), cancel(at=2**62)] + t2.tokens("Second. ") + [t2.end()])
+    assert texts(out) == ["First.", "Second."]
+
+
+def test_a_whole_session_cancel_is_resolved_into_the_turns_it_cancelled():
+    t1, t2 = Turn("t1"), Turn("t2")
+    session = GateSession("s1", CONFIG)
+    for e in t1.tokens("One. ") + [t1.end()] + t2.tokens("Two two"):
+        session.apply(e, e["produced_at_us"])
+        assert session.resolution is None
+    session.apply(cancel(at=1), 10**12)
+    assert session.resolution["turn_ids"] == ["t1", "t2"] and session.resolution["turn_id"] is None
+    assert session.resolution["source"] == "gate"
+    session.apply(cancel(at=2), 10**12)  # nothing new to cancel: no resolution to publish
+    assert session.resolution is None
+
+
+def test_listed_turns_are_cancelled_even_before_the_gate_sees_them():
+    t1, t2 = Turn("t1"), Turn("t2")
+    out, _ = run([cancel(turn_ids=["t2"])] + t1.tokens("Kept. ") + [t1.end()] + t2.tokens("Gone. ") + [t2.end()])
+    assert texts(out) == ["Kept."]
 
 
 def test_cancel_before_any_text_of_the_turn():

@@ -17,6 +17,7 @@ from pipeline.codecs import Codec
 from pipeline.gate.app import READY_LINE, start_gate_subprocess
 from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
 from pipeline.topics import text_topic
+from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -167,7 +168,8 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         + interleaved + [("llm", x) for x in d_ev + e_ev]
         + [("retriever", rb.ready("order"))]
         + [("raw", (text_topic(settings, "llm"), b"not avro at all"))]
-        + [("llm", Turn(session="sx", language="klingon").tokens("Qapla'.")[0])]
+        + [("raw", (text_topic(settings, "llm"),
+                    foreign_encode("TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0])))]
         + [("newcomer", x) for x in f.tokens("A new agent speaks. ") + [f.end()]]
     )
     await send_all(settings, phase1)
@@ -204,7 +206,7 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
 
     dead = await collect(settings, lambda got: len(got) >= 2, timeout=10, topic=settings.deadletter_topic)
     reasons = {dict(r.headers)["voicebus.error.reason"]: r.value for r in dead}  # two partitions
-    assert set(reasons) == {b"malformed", b"gate-rejected"}
+    assert set(reasons) == {b"malformed", b"contract-violation"}
     assert reasons[b"malformed"] == b"not avro at all"
     assert "sx" not in sessions
 

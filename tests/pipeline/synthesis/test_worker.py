@@ -109,13 +109,18 @@ def test_cancel_purges_queued_and_stops_running_but_not_other_turns_or_sessions(
     assert rec.settled[-1] == (("s1", "t1", 9), Outcome.CANCELLED)
 
 
-def test_session_wide_cancel_covers_turns_started_before_it_only():
+def test_session_wide_cancel_covers_the_turns_seen_so_far_and_the_gate_resolution_the_rest():
     sched = SynthesisScheduler(max_in_flight=8)
     sched.submit(request("s1", "old", 0, first_token_at_us=1_000))
-    sched.submit(request("s1", "new", 0, first_token_at_us=9_000))
-    purged, _ = sched.apply_control({**cancel("s1", None, issued_at_us=5_000), "turn_id": None})
+    # a far-future timestamp compares with no clock (it used to mute every later turn)
+    purged, _ = sched.apply_control({**cancel("s1", None, issued_at_us=2**62), "turn_ids": []})
     assert [j.key.turn_id for j in purged] == ["old"]
+    sched.submit(request("s1", "new", 0, first_token_at_us=9_000))
     assert sched.next_job().key.turn_id == "new"
+    # the gate's resolution names a turn this worker had not seen yet: its requests are skipped
+    sched.apply_control({**cancel("s1", None), "source": "gate", "turn_ids": ["late"]})
+    late = sched.submit(request("s1", "late", 0))
+    assert sched.is_cancelled(late)
 
 
 def test_dedupe_of_completed_and_of_queued_requests():

@@ -1,0 +1,125 @@
+"""The shells' shared plumbing: the record policy, the supervisor and the control follower."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
+from pipeline.codecs import Codec
+from pipeline.shell import ControlFollower, RecordPolicy, Supervisor
+from tests.foreign import foreign_encode
+from tests.waiting import eventually
+
+
+def control(session: str, turn: str | None = "t1", turn_ids=()) -> dict:
+    return {"session_id": session, "turn_id": turn, "action": "CANCEL", "reason": "", "source": "test",
+            "issued_at_us": 1, "turn_ids": list(turn_ids)}
+
+
+class Record:
+    """The fields of an aiokafka ConsumerRecord that the policy reads (pure tests)."""
+
+    def __init__(self, value: bytes, offset: int = 0) -> None:
+        self.topic, self.partition, self.offset, self.key, self.timestamp = "t", 0, offset, b"k", 0
+        self.value, self.headers = value, ()
+
+
+async def test_one_bad_record_costs_only_itself_and_every_failure_reaches_the_callback(make_settings):
+    codec, failures, handled = Codec(), [], []
+
+    async def collect(failure):
+        failures.append((failure.reason, failure.expected, failure.record.offset))
+
+    def handle(decoded):
+        if decoded.message.value["session_id"] == "boom":
+            raise KeyError("a bug in the handler")
+        handled.append(decoded.message.value["session_id"])
+
+    policy = RecordPolicy("test", make_settings(), codec, None, on_error=collect)
+    records = [
+        Record(b"not avro", 0),
+        Record(foreign_encode("ControlEvent", {**control("s"), "issued_at_us": -5}), 1),  # breaks the contract
+        Record(codec.encode("ControlEvent", control("boom")), 2),
+        Record(codec.encode("TextEvent", {"session_id": "s", "turn_id": "t", "agent_id": "a", "seq": 0,
+                                          "kind": "TOKEN", "text": "x", "claim_id": None, "language": None,
+                                          "voice": None, "produced_at_us": 0}), 3),  # wrong type
+        Record(codec.encode("ControlEvent", control("fine")), 4),
+    ]
+    results = [await policy.process(r, "ControlEvent", handle) for r in records]
+    assert results == [False, False, False, False, True]
+    assert handled == ["fine"]
+    assert failures == [("malformed", True, 0), ("contract-violation", True, 1), ("handler-error", False, 2),
+                        ("wrong-type", True, 3)]
+    assert policy.failures.labels("test", "handler-error")._value.get() == 1
+
+
+@pytest.mark.kafka
+async def test_the_default_callback_dead_letters_with_reason_and_stage(make_settings):
+    settings = make_settings()
+    await ensure_topics(settings, [settings.deadletter_topic])
+    async with make_producer(settings) as producer:
+        policy = RecordPolicy("edge", settings, Codec(), producer)
+        assert not await policy.process(Record(b"junk", 7), "AudioChunk", lambda d: None)
+    consumer = make_consumer(settings, settings.deadletter_topic, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        record = await asyncio.wait_for(consumer.getone(), 30)
+    finally:
+        await consumer.stop()
+    headers = dict(record.headers)
+    assert record.value == b"junk" and record.key == b"k"
+    assert headers["voicebus.error.reason"] == b"malformed" and headers["voicebus.error.stage"] == b"edge"
+    assert headers["voicebus.source.offset"] == b"7"
+
+
+async def test_a_task_that_dies_is_restarted_with_backoff_and_reported():
+    waits: list[float] = []
+
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    runs = 0
+    done = asyncio.Event()
+
+    async def flaky() -> None:
+        nonlocal runs
+        runs += 1
+        if runs <= 3:
+            raise RuntimeError(f"death {runs}")
+        done.set()
+        await asyncio.Event().wait()  # then runs until stopped
+
+    supervisor = Supervisor("test", sleep=no_wait)
+    supervisor.start("flaky", flaky)
+    await asyncio.wait_for(done.wait(), 5)
+    health = supervisor.health()["flaky"]
+    assert health["restarts"] == 3 and health["running"] and health["last_error"] == "RuntimeError: death 3"
+    assert waits == [0.1, 0.2, 0.4] and supervisor.healthy
+    await supervisor.stop()
+    assert not supervisor.health()["flaky"]["running"]
+
+
+@pytest.mark.kafka
+async def test_the_control_follower_applies_the_lookback_before_start_returns_then_follows(make_settings):
+    settings = make_settings(partitions=3)
+    await ensure_topics(settings, [settings.control_topic, settings.deadletter_topic])
+    codec, seen = Codec(), []
+    async with make_producer(settings) as producer:
+        for i in range(6):
+            await publish(producer, codec, settings.control_topic, "ControlEvent", control(f"before{i}"))
+        await producer.send_and_wait(settings.control_topic, b"junk", key=b"before0")
+        follower = ControlFollower(settings, RecordPolicy("test", settings, codec, producer),
+                                   lambda event: seen.append(event["session_id"]), lookback_s=60)
+        await follower.start()
+        try:
+            assert sorted(seen) == [f"before{i}" for i in range(6)]  # caught up before start returned
+            supervisor = Supervisor("test")
+            supervisor.start("control", follower.follow)
+            await publish(producer, codec, settings.control_topic, "ControlEvent", control("after"))
+            await eventually(lambda: "after" in seen, timeout_s=30, what="a control event after start")
+            await supervisor.stop()
+        finally:
+            await follower.stop()
+    assert follower.applied == 7
