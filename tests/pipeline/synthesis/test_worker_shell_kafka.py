@@ -120,7 +120,7 @@ async def test_a_sentence_the_engine_cannot_speak_still_ends_its_sentence_and_tu
         async with SynthesisWorker(settings, strict, worker_id="w1", warm_up=False) as worker:
             await bus.requests(t1 + t2)
             await bus.wait_for(turn_done(bus, "s1", "t1"), what="s1/t1")
-            await bus.wait_for(turn_done(bus, "s1", "t2"), what="s1/t2 (its last sentence failed)")
+            await bus.wait_for(turn_done(bus, "s1", "t2"), timeout=120, what="s1/t2 (its last sentence failed)")
             await eventually(async_committed(worker, 1 + len(t1) + len(t2)), what="every request committed")
             settled = outcomes(worker)
             failures = {s.labels["reason"]: s.value for m in worker.metrics.failures.collect() for s in m.samples
