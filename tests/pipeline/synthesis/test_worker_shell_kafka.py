@@ -6,6 +6,7 @@ settled (10.1). (`--announce` and a worker started first: test_worker_cli.py.)""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 
@@ -69,11 +70,12 @@ async def test_a_refused_send_is_retried_and_its_request_stays_uncommitted_until
         await set_topic_config(settings, settings.audio_topic, {"max.message.bytes": "1000"})
         async with SynthesisWorker(settings, engine, worker_id="w1", warm_up=False) as worker:
             await bus.requests(turn_requests("s1", "t1", ["One."]))
-            await eventually(lambda: total(worker.metrics.publish_retries) >= 3, timeout_s=120,
+            # (or settled: what the worker did before it retried, and the test then fails below)
+            await eventually(lambda: total(worker.metrics.publish_retries) >= 3 or outcomes(worker), timeout_s=120,
                              what="the worker retrying the refused send")
+            assert not outcomes(worker) and worker.scheduler.in_flight == 1, "still held, not settled"
             [(committed, end)] = (await worker.commit_state()).values()
             assert end == 1 and committed in (None, 0), "a request whose audio is not published is not committed"
-            assert worker.scheduler.in_flight == 1 and not outcomes(worker), "still held, not settled"
             assert bus.of("s1") == []
             await set_topic_config(settings, settings.audio_topic, {"max.message.bytes": str(1024 * 1024 + 512)})
             await bus.wait_for(turn_done(bus, "s1", "t1"), what="the audio once the topic takes it")
@@ -146,3 +148,57 @@ async def test_a_sentence_the_engine_cannot_speak_still_ends_its_sentence_and_tu
         assert headers["voicebus.error.reason"] == b"contract-violation"
         assert headers["voicebus.error.stage"] == b"worker"
         assert b"sentence_seq -1" in headers["voicebus.error.message"]
+
+
+@pytest.fixture
+def own_broker(tmp_path):
+    """A broker of this test alone (it is stopped and started again mid-test; the session's
+    broker is shared)."""
+    from pipeline.broker import QUICK_START_JVM_OPTIONS, LocalKafka, fetch_jars, free_port
+    from pipeline.settings import Settings
+
+    shared = Settings.from_env()
+    port, controller_port = free_port(), free_port()
+    while controller_port == port:
+        controller_port = free_port()
+    broker = LocalKafka(tmp_path / "kafka", fetch_jars(shared.kafka_dir, shared.kafka_version), port=port,
+                        controller_port=controller_port, jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True)
+    try:
+        broker.start(timeout=180)
+        yield broker
+    finally:
+        broker.stop()
+
+
+async def test_audio_whose_broker_went_down_is_published_after_the_restart_and_only_then_committed(
+        own_broker, engine, tmp_path):
+    """9.3 with the broker itself down: a request whose audio cannot be sent (refused, then the
+    broker stopped and started again) is still held uncommitted when the broker is back, and its
+    audio arrives, whole, once the topic takes it; only then is it committed."""
+    from pipeline.settings import Settings
+
+    settings = Settings(bootstrap=own_broker.bootstrap, partitions=1, cache_dir=tmp_path / "cache",
+                        worker_publish_backoff_s=0.05, worker_publish_max_backoff_s=0.5,
+                        worker_session_timeout_ms=6000)
+    async with Bus(settings) as bus:
+        await set_topic_config(settings, settings.audio_topic, {"max.message.bytes": "1000"})
+        async with SynthesisWorker(settings, engine, worker_id="w1", warm_up=False) as worker:
+            await bus.requests(turn_requests("s1", "t1", ["One."]))
+            await eventually(lambda: total(worker.metrics.publish_retries) >= 1 or outcomes(worker), timeout_s=120,
+                             what="the first refused send")
+            assert not outcomes(worker), "a refused send settles nothing"
+            await asyncio.to_thread(own_broker.stop)
+            refused_before = total(worker.metrics.publish_retries)
+            await asyncio.to_thread(own_broker.start, 180)
+            await eventually(lambda: total(worker.metrics.publish_retries) > refused_before + 2, timeout_s=120,
+                             what="sends retried across the broker's restart")
+            await eventually(lambda: worker.assigned, timeout_s=120, what="the partition back after the restart")
+            [(committed, end)] = (await worker.commit_state()).values()
+            assert end == 1 and committed in (None, 0), "audio not published: the request is not committed"
+            assert bus.of("s1") == [] and "failed" not in outcomes(worker)
+            await set_topic_config(settings, settings.audio_topic, {"max.message.bytes": str(1024 * 1024 + 512)})
+            await bus.wait_for(turn_done(bus, "s1", "t1"), timeout=180, what="the audio after the restart")
+            await eventually(async_committed(worker, 1), timeout_s=120, what="the request committed after its audio")
+            settled = outcomes(worker)
+        assert settled.get("spoken") == 1.0 and "failed" not in settled
+        assert complete_sentences(bus.of("s1", "t1")) == {0}
