@@ -130,7 +130,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                              "(engine warm, control caught up, group joined)")
 
 
-WORKER_READY_LINE = "voicebus-worker ready"  # == pipeline.synthesis.worker.READY_LINE (kept light here)
+WORKER_READY_LINE = "voicebus-worker ready"  # `--announce`: printed, JSON after it, once the worker consumes
 
 
 def ready_line(settings: Settings, worker_id: str, partitions: list[int]) -> str:

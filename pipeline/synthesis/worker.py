@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from pipeline.synthesis.engine import SynthesisEngine
 
 __all__ = [
-    "READY_LINE", "CancelObservation", "SynthesisWorker", "WorkerError", "WorkerMetrics", "new_worker_id",
+    "CancelObservation", "SynthesisWorker", "WorkerError", "WorkerMetrics", "new_worker_id",
     "speak_failure_reason", "worker_group_id",
 ]
 
@@ -85,7 +85,6 @@ log = logging.getLogger(__name__)
 
 WORKER_GROUP_SUFFIX = "-workers"
 REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may finish before it is cut
-READY_LINE = "voicebus-worker ready"  # `--announce` (pipeline.synthesis.cli): printed, JSON after it, once it consumes
 _END = object()
 
 # What the engine raises for text it cannot speak: the same request fails the same way on every
