@@ -2,6 +2,11 @@
 creates topics, publishes encoded messages and dead-letters bad records.
 
 Every client made here has an owner that stops it (`async with` or an explicit `stop()`).
+
+Durability is set here for every stage at once: producers wait for every in-sync replica
+(acks=all) and are idempotent (a retried send is written once), and `ensure_topics` creates
+topics with the replication, ``min.insync.replicas``, retention and cleanup policy of
+`pipeline.topics` (docs/kafka.md).
 """
 
 from __future__ import annotations
@@ -16,12 +21,19 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from pipeline.codecs import Codec, CodecError, Decoded, deadletter_headers
 from pipeline.settings import Settings
-from pipeline.topics import fixed_topics, session_key
+from pipeline.topics import Durability, durability, fixed_topics, session_key, topic_configs
 
 log = logging.getLogger(__name__)
 
-# Latency over throughput: a voice pipeline sends small events and wants each one now.
-PRODUCER_OPTIONS: dict[str, Any] = {"linger_ms": 0, "acks": 1, "enable_idempotence": False}
+# Latency over throughput: a voice pipeline sends small events and wants each one now
+# (linger 0). Nothing acknowledged may be lost when a broker dies: acks=all waits for every
+# in-sync replica (at least min.insync.replicas of them), and idempotence makes the producer's own
+# retries after a leader change write each record once. Its cost is in docs/benchmarks.md.
+PRODUCER_OPTIONS: dict[str, Any] = {"linger_ms": 0, "acks": "all", "enable_idempotence": True}
+
+
+class TopicCreationError(RuntimeError):
+    """The broker refused to create a topic (other than because it already exists)."""
 
 
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
@@ -42,24 +54,50 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
 
 
 async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, partitions: int | None = None) -> None:
-    """Create `names` (default: every fixed topic) if missing; idempotent."""
+    """Create `names` (default: every fixed topic) if missing; idempotent.
+
+    Each new topic gets the replication of `pipeline.topics.durability` for the brokers the
+    cluster reports now, its class's retention and cleanup policy, and min.insync.replicas.
+    Topics that exist are left as they are (Kafka never changes a topic's replication by itself;
+    docs/kafka.md says how to alter one). A refusal raises `TopicCreationError`.
+    """
     names = list(names) if names is not None else fixed_topics(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if not missing:
+            return
+        durable = await cluster_durability(settings, admin)
         wanted = [
-            NewTopic(n, num_partitions=partitions or settings.partitions, replication_factor=settings.replication_factor)
-            for n in names
-            if n not in existing
+            NewTopic(n, num_partitions=partitions or settings.partitions,
+                     replication_factor=durable.replication_factor,
+                     topic_configs=topic_configs(settings, n, durable))
+            for n in missing
         ]
-        if wanted:
-            try:
-                await admin.create_topics(wanted)
-            except TopicAlreadyExistsError:
-                pass  # a concurrent creator won the race: that's fine
+        try:
+            response = await admin.create_topics(wanted)
+        except TopicAlreadyExistsError:
+            return  # a concurrent creator won the race: that's fine
+        refused = [
+            f"{err[0]}: error {err[1]}" + (f" ({err[2]})" if len(err) > 2 and err[2] else "")
+            for err in response.topic_errors
+            if err[1] not in (0, TopicAlreadyExistsError.errno)
+        ]
+        if refused:
+            raise TopicCreationError("Kafka refused to create " + "; ".join(refused))
     finally:
         await admin.close()
+
+
+async def cluster_durability(settings: Settings, admin: AIOKafkaAdminClient) -> Durability:
+    """`pipeline.topics.durability` for the brokers the cluster reports (alive, not fenced)."""
+    brokers = len((await admin.describe_cluster())["brokers"])
+    durable = durability(settings, brokers)
+    if not settings.replication_factor and brokers == 2:  # e.g. a 3-broker cluster with one down
+        log.warning("the cluster reports 2 brokers: new topics get 2 replicas, not 3")
+    return durable
 
 
 async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any]) -> None:
