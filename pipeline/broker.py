@@ -1,6 +1,7 @@
-"""A local Apache Kafka broker run by the project itself, without Docker.
+"""A local Apache Kafka broker (or a replicated cluster) run by the project itself, without Docker.
 
-This module owns `voicebus kafka fetch|start|status|stop` and the `LocalKafka` class behind them:
+This module owns `voicebus kafka fetch|start [--brokers N]|status|kill N|restart N|stop` and the
+`LocalKafka` and `LocalCluster` classes behind them:
 
 * `fetch_jars` resolves the broker's classpath (the official jars from Maven Central) once with the
   machine's Maven, from `tools/kafka/pom.xml`, into ``<kafka_dir>/jars/<version>/``.
@@ -10,8 +11,14 @@ This module owns `voicebus kafka fetch|start|status|stop` and the `LocalKafka` c
   runs) in its own process group. `start()` returns once the broker answers a Kafka ApiVersions
   request; `stop()` sends SIGTERM, then SIGKILL, and leaves no process. A pid file in the data dir
   lets another process (the CLI's ``status``/``stop``) find the broker.
+* `LocalCluster` runs N such nodes (each a combined broker + controller with its own ports and
+  data dir) whose controllers form an N-voter quorum, formatted with ``--initial-controllers``;
+  it starts, SIGKILLs (`kill`), restarts and stops nodes, and reads which node leads which
+  partition from the cluster metadata (`cluster_metadata`, aiokafka's admin client). One node is
+  the single `LocalKafka` above, in the layout it always had. docs/kafka.md has the details.
 * `ensure_local_kafka(settings)` is for the demo and the benchmarks: it uses a broker already
-  answering at ``settings.bootstrap`` or starts a throwaway one and stops it on exit.
+  answering at ``settings.bootstrap`` or starts a throwaway one and stops it on exit;
+  `throwaway_cluster(settings, n)` starts an N-node one for benchmarks that compare sizes.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from pipeline.settings import Settings
 
@@ -613,7 +620,7 @@ class ClusterMetadata:
         return sorted((p for p in self.partitions if p.topic == topic), key=lambda p: p.partition)
 
 
-def leaders_by_node(partitions: Iterator[PartitionState] | tuple[PartitionState, ...]) -> dict[int, dict[str, list[int]]]:
+def leaders_by_node(partitions: Iterable[PartitionState]) -> dict[int, dict[str, list[int]]]:
     """node id -> topic -> the partitions it leads (sorted); leaderless partitions under -1."""
     leads: dict[int, dict[str, list[int]]] = {}
     for p in partitions:
@@ -849,7 +856,7 @@ class LocalCluster:
         raise BrokerStartError(f"the cluster at {self.bootstrap} was not ready within {timeout:.0f} s "
                                f"(waiting for {waiting_for})", tails)
 
-    def wait_in_sync(self, timeout: float = 120.0, topics: Iterator[str] | list[str] | None = None) -> ClusterMetadata:
+    def wait_in_sync(self, timeout: float = 120.0, topics: Iterable[str] | None = None) -> ClusterMetadata:
         """Wait until every node is registered and every partition (of `topics`, default all) has a
         leader and all its replicas in sync: the state to run the next chaos step from."""
         wanted = set(topics) if topics is not None else None
@@ -997,6 +1004,31 @@ def ensure_local_kafka(settings: Settings, start_timeout: float = 90.0) -> Itera
     finally:
         broker.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def throwaway_cluster(settings: Settings, brokers: int, start_timeout: float = 240.0,
+                      jvm_options: tuple[str, ...] = DEFAULT_JVM_OPTIONS) -> Iterator[Settings]:
+    """Start a `brokers`-node cluster on free loopback ports in a temporary data dir under the
+    cache, yield settings pointed at all its nodes, and stop it and remove the dir on exit (for
+    benchmarks that compare cluster sizes; nothing of the machine's own broker is touched)."""
+    jars = fetch_jars(settings.kafka_dir, settings.kafka_version)
+    Path(settings.kafka_dir).mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f"ephemeral-{brokers}x-", dir=settings.kafka_dir))
+    ports: list[int] = []
+    while len(ports) < 2 * brokers:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    cluster = LocalCluster(root, jars, ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)],
+                           extra_config={"num.partitions": str(settings.partitions)},
+                           jvm_options=jvm_options, die_with_parent=True)
+    try:
+        cluster.start(start_timeout)
+        yield settings.replace(bootstrap=cluster.bootstrap)
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- CLI -----------------------------------------------------------------------------------------
