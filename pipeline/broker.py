@@ -424,7 +424,7 @@ class LocalKafka:
         return pid
 
     def kill(self) -> int | None:
-        """SIGKILL the broker (a crash: no controlled shutdown, no flush); its pid, or None if it
+        """SIGKILL the broker (a crash: no controlled shutdown); its pid, or None if it
         was not running. Returns once the process is gone."""
         pid = self._proc.pid if self._proc is not None and self._proc.poll() is None else self._read_pid()
         if pid is None or not _is_our_kafka(pid, self.properties_file):
@@ -857,8 +857,9 @@ class LocalCluster:
                                f"(waiting for {waiting_for})", tails)
 
     def wait_in_sync(self, timeout: float = 120.0, topics: Iterable[str] | None = None) -> ClusterMetadata:
-        """Wait until every node is registered and every partition (of `topics`, default all) has a
-        leader and all its replicas in sync: the state to run the next chaos step from."""
+        """Wait until every node is registered and every partition (of `topics`, default all; each
+        of them must be in the metadata) has a leader and all its replicas in sync: the state to
+        run the next chaos step from."""
         wanted = set(topics) if topics is not None else None
         deadline = time.monotonic() + timeout
         last = "no metadata yet"
@@ -871,9 +872,11 @@ class LocalCluster:
                 lagging = [p for p in metadata.partitions
                            if (wanted is None or p.topic in wanted)
                            and (p.leader < 0 or set(p.isr) != set(p.replicas))]
-                if metadata.brokers >= {n.node_id for n in self.nodes} and not lagging:
+                missing = (wanted or set()) - {p.topic for p in metadata.partitions}
+                if metadata.brokers >= {n.node_id for n in self.nodes} and not lagging and not missing:
                     return metadata
-                last = f"brokers {sorted(metadata.brokers)}, {len(lagging)} partitions not fully in sync"
+                last = (f"brokers {sorted(metadata.brokers)}, {len(lagging)} partitions not fully in sync, "
+                        f"topics not in the metadata yet: {sorted(missing)}")
             time.sleep(0.25)
         raise BrokerError(f"the cluster at {self.bootstrap} did not get back in sync within {timeout:.0f} s: {last}")
 

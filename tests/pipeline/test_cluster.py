@@ -127,9 +127,7 @@ async def test_topics_on_the_cluster_are_replicated_3_times_and_every_node_leads
         kafka_cluster, make_cluster_settings):
     settings = make_cluster_settings()
     await ensure_topics(settings, [settings.audio_topic])
-    metadata = await _wait_for(
-        lambda: (m := kafka_cluster.metadata()).partitions_of(settings.audio_topic) and m,
-        60, "the topic's metadata")
+    metadata = await asyncio.to_thread(kafka_cluster.wait_in_sync, 120, [settings.audio_topic])
     parts = metadata.partitions_of(settings.audio_topic)
     assert len(parts) == settings.partitions
     assert all(len(p.replicas) == 3 for p in parts)
