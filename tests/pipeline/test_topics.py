@@ -52,3 +52,16 @@ def test_each_topic_class_has_its_retention():
         assert int(configs["segment.ms"]) <= int(configs["retention.ms"]) // 6
     # a topic outside the map (a benchmark's) gets the durability but the broker's retention
     assert topic_configs(s, "voicebus.bench.bus.x", durable) == {"min.insync.replicas": "2"}
+
+
+def test_the_readme_and_kafka_md_topic_tables_are_what_voicebus_topics_prints(capsys):
+    from pathlib import Path
+
+    from pipeline.topics_cli import run
+
+    run(None, Settings())
+    printed = capsys.readouterr().out.strip()
+    assert "| `voicebus.audio` |" in printed and "delete, 1 h |" in printed
+    root = Path(__file__).resolve().parents[2]
+    for doc in ("README.md", "docs/kafka.md"):
+        assert printed in (root / doc).read_text(), f"{doc}'s topic table is not `voicebus topics`'s"
