@@ -11,13 +11,16 @@ topics with the replication, ``min.insync.replicas``, retention and cleanup poli
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import (KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
+                             TopicAlreadyExistsError)
 
 from pipeline.codecs import Codec, CodecError, Decoded, deadletter_headers
 from pipeline.settings import Settings
@@ -53,16 +56,49 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
     return AIOKafkaConsumer(*topics, bootstrap_servers=settings.bootstrap, **options)
 
 
-async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, partitions: int | None = None) -> None:
+# A broker that just died stays in the cluster metadata until the controller fences it (seconds);
+# an admin request the client sends to it fails with these. Retried until this long has passed.
+ADMIN_RETRY_S = 30.0
+ADMIN_REQUEST_TIMEOUT_MS = 10_000
+_RETRIABLE_ADMIN_ERRORS = (NodeNotReadyError, RequestTimedOutError, NotControllerError, KafkaTimeoutError,
+                           asyncio.TimeoutError)
+_RETRIABLE_TOPIC_ERROR_CODES = {RequestTimedOutError.errno, NotControllerError.errno}
+
+
+class _RetriableTopicError(Exception):
+    """A per-topic error in a CreateTopics response that a later attempt may not get."""
+
+
+async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, partitions: int | None = None,
+                        retry_s: float = ADMIN_RETRY_S) -> None:
     """Create `names` (default: every fixed topic) if missing; idempotent.
 
     Each new topic gets the replication of `pipeline.topics.durability` for the brokers the
     cluster reports now, its class's retention and cleanup policy, and min.insync.replicas.
     Topics that exist are left as they are (Kafka never changes a topic's replication by itself;
     docs/kafka.md says how to alter one). A refusal raises `TopicCreationError`.
+
+    A request that reaches a broker that is down while others answer (one just killed, still in
+    the metadata) is retried with a fresh client for up to `retry_s` seconds; no broker answering
+    at all still fails at once (aiokafka's `KafkaConnectionError`).
     """
     names = list(names) if names is not None else fixed_topics(settings)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    deadline = time.monotonic() + retry_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await _ensure_topics_once(settings, names, partitions)
+            return
+        except (*_RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
+            if time.monotonic() >= deadline:
+                raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
+            log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)
+            await asyncio.sleep(min(1.0, 0.1 * attempt))
+
+
+async def _ensure_topics_once(settings: Settings, names: list[str], partitions: int | None) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -80,13 +116,13 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
             response = await admin.create_topics(wanted)
         except TopicAlreadyExistsError:
             return  # a concurrent creator won the race: that's fine
-        refused = [
-            f"{err[0]}: error {err[1]}" + (f" ({err[2]})" if len(err) > 2 and err[2] else "")
-            for err in response.topic_errors
-            if err[1] not in (0, TopicAlreadyExistsError.errno)
-        ]
-        if refused:
-            raise TopicCreationError("Kafka refused to create " + "; ".join(refused))
+        errors = [err for err in response.topic_errors if err[1] not in (0, TopicAlreadyExistsError.errno)]
+        described = [f"{err[0]}: error {err[1]}" + (f" ({err[2]})" if len(err) > 2 and err[2] else "")
+                     for err in errors]
+        if errors and all(err[1] in _RETRIABLE_TOPIC_ERROR_CODES for err in errors):
+            raise _RetriableTopicError("; ".join(described))
+        if errors:
+            raise TopicCreationError("Kafka refused to create " + "; ".join(described))
     finally:
         await admin.close()
 

@@ -161,6 +161,11 @@ async def test_a_sigkilled_leader_hands_over_and_acks_all_writes_go_on(kafka_clu
     assert pid is not None and not kafka_cluster.node(leader).running
     try:
         killed_at = time.monotonic()
+        # Services starting now: until the controller fences the dead node (seconds) it is still in
+        # the metadata, and the admin client sends each request to a random known broker. Each
+        # call makes three requests; one reaching the dead node failed at once before the retry.
+        for i in range(6):
+            await ensure_topics(settings, [f"{settings.playback_topic}.{i}"], partitions=1)
 
         def moved():
             m = kafka_cluster.metadata()
