@@ -108,6 +108,21 @@ def origin_allowed(origin: str | None, host: str | None, allowed: str) -> bool:
     return not wanted and parts.scheme in ("http", "https") and is_loopback_host(hostname)
 
 
+def host_allowed(host: str | None, secret: str) -> bool:
+    """With the public default secret (a loopback-only edge) the request's ``Host`` must be a
+    loopback name too (``localhost``, ``127.0.0.1``, ``[::1]``), which shuts out DNS rebinding;
+    with a real secret any Host passes (a proxy may forward a public name)."""
+    if secret != DEFAULT_EDGE_SECRET:
+        return True
+    from urllib.parse import urlsplit
+
+    try:
+        hostname = urlsplit(f"//{host or ''}").hostname or ""
+    except ValueError:
+        return False
+    return is_loopback_host(hostname)
+
+
 class KafkaLink:
     """The edge's Kafka clients: consumes audio + control (control first in every batch: control
     overtakes data), publishes cancels and playback reports. Owned by the app's cleanup_ctx."""
@@ -317,6 +332,15 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         log.warning("refused /ws from origin %r (host %r): not in %sEDGE_ALLOWED_ORIGINS", origin, request.host, ENV_PREFIX)
         error = protocol.OriginNotAllowed(f"origin {origin!r} may not open this edge's /ws "
                                           f"(allowed: the edge's own origin, {ENV_PREFIX}EDGE_ALLOWED_ORIGINS)")
+        await _fail(request, ws, error, error.close_code)
+        return ws
+    if not host_allowed(request.host, settings.edge_secret):
+        # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 is "same origin"
+        # to this edge, and with the public default secret it could mint tokens for any session.
+        log.warning("refused /ws for Host %r: with the default %sEDGE_SECRET only loopback names are served",
+                    request.host, ENV_PREFIX)
+        error = protocol.OriginNotAllowed(f"Host {request.host!r} is not a loopback name; an edge with the default "
+                                          f"{ENV_PREFIX}EDGE_SECRET serves loopback names only")
         await _fail(request, ws, error, error.close_code)
         return ws
     try:

@@ -14,7 +14,7 @@ from pipeline.cli import main
 from pipeline.settings import DEFAULT_EDGE_SECRET, Settings
 from players import protocol
 from players.auth import MissingSecret, issue_token, verify_token
-from players.edge import InsecureEdgeConfig, make_app, origin_allowed
+from players.edge import InsecureEdgeConfig, host_allowed, make_app, origin_allowed
 from pipeline.broker import free_port
 from tests.players.edge_helpers import SECRET, collect, connect, edge_settings, of_type, running_edge
 
@@ -144,6 +144,32 @@ async def test_a_page_of_another_origin_is_closed_with_4403_and_a_clear_error():
         await ws.close()
 
 
+@pytest.mark.parametrize("host, secret, ok", [
+    ("127.0.0.1:8765", DEFAULT_EDGE_SECRET, True),
+    ("localhost:8765", DEFAULT_EDGE_SECRET, True),
+    ("[::1]:8765", DEFAULT_EDGE_SECRET, True),
+    ("evil.example:8765", DEFAULT_EDGE_SECRET, False),  # DNS rebinding onto a loopback edge
+    ("192.0.2.2:8765", DEFAULT_EDGE_SECRET, False),
+    (None, DEFAULT_EDGE_SECRET, False),
+    ("edge.example.com", "a-real-secret", True),  # behind a proxy: any name
+])
+def test_host_policy(host, secret, ok):
+    assert host_allowed(host, secret) is ok
+
+
+async def test_a_rebound_host_name_is_refused_by_an_edge_with_the_default_secret():
+    async with running_edge(Settings(), with_kafka=False) as (app, client):  # loopback, default secret
+        port = client.server.port
+        ws = await client.ws_connect("/ws", headers={"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"})
+        got = await collect(ws, lambda m: False)
+        assert of_type(got, "error")[0]["code"] == "origin-not-allowed" and ws.close_code == 4403
+        ws = await client.ws_connect("/ws", headers={"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"})
+        token = issue_token(DEFAULT_EDGE_SECRET, "s1", 60)
+        await ws.send_str(json.dumps({"type": "hello", "v": 1, "session": "s1", "token": token}))
+        assert json.loads((await ws.receive(timeout=5)).data)["type"] == "ready"
+        await ws.close()
+
+
 async def test_frame_size_limits_close_with_4400_or_1009_as_documented():
     async with running_edge(edge_settings(), with_kafka=False) as (app, client):
         # 6000 euro signs: 6000 characters but 18000 UTF-8 bytes, over the 16384-byte text limit
@@ -169,6 +195,8 @@ HELLO_S1 = json.dumps({"type": "hello", "v": 1, "session": "s1", "token": issue_
     ('{"type":"ping","v":1,"t0":true}', "malformed-frame", 4400),
     ('{"type":"report","v":1,"kind":"LOUD","turn_id":"t"}', "malformed-frame", 4400),
     ('{"type":"cancel","v":1,"turn_id":5}', "malformed-frame", 4400),
+    ('{"type":"cancel","v":1,"turn_id":""}', "malformed-frame", 4400),
+    ('{"type":"report","v":1,"kind":"STOPPED","turn_id":"%s"}' % ("t" * 129), "malformed-frame", 4400),
     ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","sentence_seq":-1}', "malformed-frame", 4400),
     ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","audible_at_us":-5}', "malformed-frame", 4400),
     (HELLO_S1, "malformed-frame", 4400),  # a second hello
