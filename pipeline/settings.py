@@ -36,8 +36,15 @@ class Settings:
     """Kafka bootstrap servers (``VOICEBUS_BOOTSTRAP``)."""
     partitions: int = 6
     """Partitions of each topic voicebus creates (a session stays in one partition: its key)."""
-    replication_factor: int = 1
-    """Replicas of each topic voicebus creates (1 for a one-node broker)."""
+    replication_factor: int = 0
+    """Replicas of each topic voicebus creates. 0 (default): min(3, brokers the cluster reports
+    when the topic is created), so 1 on the demo's single broker and 3 on a 3-broker cluster
+    (`pipeline.topics.durability`; the cluster is asked because a bootstrap list often names
+    only some of its brokers)."""
+    min_insync_replicas: int = 0
+    """``min.insync.replicas`` of each topic voicebus creates: how many replicas must have a
+    record before an acks=all produce succeeds. 0 (default): replication - 1 when replication
+    >= 2, else 1."""
     text_topic_prefix: str = "voicebus.text."
     """Agents publish to ``<prefix><agent_id>``; the gate subscribes to the prefix by pattern."""
     control_topic: str = "voicebus.control"
@@ -120,6 +127,11 @@ class Settings:
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000
     """Consumer-group session timeout: how soon a dead worker's partitions move to another."""
+    worker_publish_backoff_s: float = 0.1
+    """A worker's failed send (audio chunk, dead letter) or commit is retried after this long,
+    doubling up to ``worker_publish_max_backoff_s``; the request stays uncommitted meanwhile."""
+    worker_publish_max_backoff_s: float = 5.0
+    """The longest wait between two tries of a worker's failed send or commit."""
 
     # --- edge: hard limits (docs/edge.md, "Bounds") -------------------------------------------
     edge_max_clients: int = 1000

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.broker import cluster_properties
 from pipeline.settings import ENV_PREFIX, Settings
+from pipeline.topics import durability
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -112,3 +114,17 @@ def test_kafka_is_the_official_image_at_our_version_in_kraft_mode(compose):
 def test_worker_reserves_an_nvidia_gpu(compose):
     devices = compose["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_replication_fits_the_compose_kafka_and_matches_the_local_broker(compose):
+    kafka_nodes = [s for s in compose["services"].values() if str(s.get("image", "")).startswith("apache/kafka:")]
+    assert len(kafka_nodes) == 1
+    kafka_env = kafka_nodes[0]["environment"]
+    local = cluster_properties(len(kafka_nodes))  # what `voicebus kafka start` sets for this size
+    for key in ("default.replication.factor", "min.insync.replicas", "offsets.topic.replication.factor",
+                "transaction.state.log.min.isr"):
+        assert str(kafka_env["KAFKA_" + key.upper().replace(".", "_")]) == local[key], key
+    for name in VOICEBUS_SERVICES:
+        settings = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
+        durable = durability(settings, len(kafka_nodes))  # raises if the topics could not be created
+        assert (durable.replication_factor, durable.min_insync_replicas) == (1, 1)
