@@ -24,8 +24,8 @@ def run(args, settings) -> int:
         for name in fixed_topics(settings):
             print(f"{name}: ready")
         return 0
-    print("| topic | key | schema | producer | consumer |")
-    print("|---|---|---|---|---|")
+    print("| topic | key | schema | producer | consumer | cleanup, retention |")
+    print("|---|---|---|---|---|---|")
     for t in topic_map(settings):
-        print(f"| `{t.name}` | {t.key} | {t.schema} | {t.producer} | {t.consumer} |")
+        print(f"| `{t.name}` | {t.key} | {t.schema} | {t.producer} | {t.consumer} | {t.retention.describe()} |")
     return 0
