@@ -24,7 +24,7 @@ from aiokafka.structs import TopicPartition
 from agents.sdk import Publisher
 from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.codecs import Codec
-from pipeline.gate.app import POSITIONS_KEY, GateWorker
+from pipeline.gate.app import POSITIONS_KEY, GateStartError, GateWorker
 from pipeline.topics import session_key, text_topic
 from tests.pipeline.gate.test_core import Turn, cancel
 from tests.waiting import eventually
@@ -391,3 +391,12 @@ async def test_an_idle_session_expires_its_open_turn_ends_and_its_state_is_tombs
                                    ("t1", 1, "And then it vanishes mid", True)]
     await eventually(lambda: "left" not in gate._sessions, what="the session dropped from memory")
     assert (await changelog_states(settings))["left"] is None  # a tombstone: compaction removes it
+
+
+async def test_a_control_topic_that_cannot_be_co_partitioned_stops_the_start(make_settings):
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings.replace(partitions=3), [settings.control_topic])
+    worker = GateWorker(settings)
+    with pytest.raises(GateStartError, match="3 partitions"):
+        await worker.start()
+    assert worker.producer is None and worker.control is None  # everything it started is stopped
