@@ -104,6 +104,14 @@ class Settings:
     token_ttl_s: int = 3600
     client_queue_frames: int = 256
 
+    # --- demo console (players/console.py, docs/edge.md) ----------------------------------------
+    console_token_ms: float = 30.0
+    """The console streams typed text as LLM-like tokens, one every this many milliseconds."""
+    console_max_text_chars: int = 2000
+    """The longest text the console accepts to speak (longer is refused with 413)."""
+    console_max_sessions: int = 64
+    """Console sessions kept at once (one per opened page); the oldest idle one is forgotten beyond."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Build settings from ``VOICEBUS_<FIELD>`` variables, then apply ``overrides``."""
