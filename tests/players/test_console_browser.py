@@ -37,7 +37,7 @@ class Demo:
                "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "demo", "--console", "--tiny", "--conversations",
-             "support,markdown_long,interrupted"],
+             "support,markdown_long"],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.lines: list[str] = []
@@ -73,6 +73,17 @@ async def wait_in_page(page, expression: str, timeout_s: float, what: str):
     return await page.evaluate(expression)
 
 
+async def dump(page, demo: Demo) -> None:
+    """What the page and the demo said, printed for a failing run (pytest shows it)."""
+    print("\n".join(demo.lines[-40:]))
+    if page is not None:
+        print(await page.evaluate("""(() => { const c = window.voicebusConsole; return JSON.stringify({
+            status: document.getElementById('status').textContent, state: c.state, busy: c.busy, results: c.results,
+            errors: c.errors, stats: c.stats, plays: c.plays.map(p => ({mode: p.mode, ids: p.turnIds, done: p.done})),
+            turns: [...c.turns.values()].map(t => ({id: t.turnId, mode: t.mode, done: t.done, ended: t.ended,
+                audible: t.audibleAtUs, samples: t.samples, sentences: t.sentences.size}))}); })()"""))
+
+
 TURNS = """(mode) => [...window.voicebusConsole.turns.values()].filter(t => t.mode === mode).map(t => ({
     turnId: t.turnId, ttfaMs: t.ttfaMs, audibleAtUs: t.audibleAtUs, samples: t.samples, done: t.done,
     bargedAtUs: t.bargedAtUs, lateSentences: t.lateSentences, firstTokenAtUs: t.firstTokenAtUs,
@@ -85,7 +96,10 @@ async def test_console_compares_buffered_and_incremental_and_barges_in(make_sett
 
     # Port 0: the edge binds a free port when it starts and the demo prints that one (a port picked
     # here could be taken by an outgoing connection during the minute the pipeline takes to start).
-    settings = make_settings(edge_port=0, edge_secret="console-test-secret", worker_max_in_flight=2)
+    # Speed 4 (the gate's default_speed, the contract's maximum): the tiny model's random durations
+    # give ~28 s of noise for this answer at speed 1; a quarter of that keeps the test light on a
+    # small, busy CPU. Everything else is as a person runs it.
+    settings = make_settings(edge_port=0, edge_secret="console-test-secret", worker_max_in_flight=2, default_speed=4.0)
     demo = Demo(settings)
     try:
         url = eventually_sync(demo.url, timeout_s=240, interval_s=0.2, what="the console URL printed by the demo")
@@ -96,6 +110,7 @@ async def test_console_compares_buffered_and_incremental_and_barges_in(make_sett
 
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = None
             try:
                 page = await browser.new_page(viewport={"width": 1200, "height": 900})
                 errors: list[str] = []
@@ -109,7 +124,7 @@ async def test_console_compares_buffered_and_incremental_and_barges_in(make_sett
                 results = await wait_in_page(
                     page, "(() => { const r = window.voicebusConsole.results; return r.buffered !== null && "
                           "r.incremental !== null && !window.voicebusConsole.busy && r; })()",
-                    240, "both times to first audible sound")
+                    480, "both times to first audible sound")
                 buffered, incremental = await page.evaluate(TURNS, "buffered"), await page.evaluate(TURNS, "incremental")
                 assert len(buffered) == 1 and len(incremental) == 1, (buffered, incremental)
                 for turn in buffered + incremental:  # audible: the worklet rendered non-silent samples
@@ -172,6 +187,9 @@ async def test_console_compares_buffered_and_incremental_and_barges_in(make_sett
                 stats = await page.evaluate("window.voicebusConsole.stats")
                 assert stats["stops"] >= 1 and stats["loudQuantaSinceStop"] == 0, stats
                 assert not errors and not await page.evaluate("window.voicebusConsole.errors"), errors
+            except BaseException:
+                await dump(page, demo)
+                raise
             finally:
                 await browser.close()
     finally:
