@@ -20,6 +20,7 @@ from agents.conversation_file import Conversation, ControlLine, ConversationEven
 from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
 from pipeline.clock import now_us
 from pipeline.settings import Settings
+from schemas.contract import ControlAction
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class TurnTracker:
 
     def observe(self, message_type: str, value: dict[str, Any]) -> None:
         if message_type == "ControlEvent":
-            if value.get("action") != "CANCEL":
+            if value.get("action") != ControlAction.CANCEL:
                 return
             session = value["session_id"]
             if value.get("turn_id") is not None:

@@ -16,6 +16,7 @@ from pipeline.settings import Settings, SettingsError
 SUBCOMMAND_MODULES = [
     "pipeline.broker",  # kafka start|status|stop
     "pipeline.topics_cli",  # topics
+    "pipeline.settings_cli",  # settings
     "pipeline.gate.cli",  # segment, gate
     "pipeline.synthesis.cli",  # synth, weights, worker
     "players.cli",  # edge, token

@@ -46,17 +46,33 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_demo, mode=None)
 
 
+def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
+    """Where the demo writes a turn's audio: ``<out>/<conversation>/<turn_id>.wav``. Both names come
+    from data (a conversation's name, a turn id in its file): each is made one safe file-name
+    component (`pipeline.paths.safe_name`), so no name leaves `out`."""
+    from pipeline.paths import path_under
+
+    return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
+
+
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     import sys
 
     from rich.console import Console
 
+    from players.edge import InsecureEdgeConfig, check_exposure
+
+    console = Console(width=max(120, Console().width))
+    try:
+        check_exposure(settings)
+    except InsecureEdgeConfig as exc:
+        console.print(f"[red]voicebus demo: {exc}")
+        return 2
     mode = args.mode or ("console" if sys.stdin.isatty() else "batch")
     if mode == "console":
         from pipeline.demo_console import run_console_demo
 
         return run_console_demo(args, settings)
-    console = Console(width=max(120, Console().width))
     return asyncio.run(_demo(args, settings, console))
 
 
@@ -86,7 +102,8 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     from agents.corpus import corpus_path
     from agents.replay import copy_session_id, replay
     from pipeline.runtime import PipelineStack
-    from players.auth import issue_token
+    from players.auth import issue_token, player_url
+    from pipeline.paths import UnsafePath
     from players.listener import Listener
 
     names = [n.strip() for n in args.conversations.split(",") if n.strip()]
@@ -101,7 +118,11 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     with console.status("starting the pipeline") as status:
         agent_ids = tuple(sorted({e.agent_id for c in conversations.values() for e in c.events if e.type == "text"}))
         stack = PipelineStack(settings, engine, agent_ids=agent_ids)
-        await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+        try:
+            await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+        except BaseException:
+            await stack.stop()  # what started before the failure (broker, gate process, worker) is stopped
+            raise
     try:
         console.log(f"pipeline up: Kafka at {stack.settings.bootstrap}, edge at {stack.edge_url}")
         run_id = time.strftime("%H%M%S")
@@ -113,7 +134,7 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
             try:
                 for sid in sessions.values():
                     token = issue_token(stack.settings.edge_secret, sid, stack.settings.token_ttl_s)
-                    console.print(f"[bold]{name}[/]: player {stack.edge_url}/?session={sid}&token={token}")
+                    console.print(f"[bold]{name}[/]: player {player_url(stack.edge_url, sid, token)}")
                 console.log(f"replaying {name!r}: {conversation.title}")
                 await replay(stack.settings, conversation.events, speed=args.speed, run_id=run_id)
                 for recorded_sid, turn_id in conversation.turns():
@@ -131,7 +152,15 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
                         table.add_row(f"{name}/{turn_id}" + (" (cancelled before audio)" if cancelled else " (no audio)"),
                                       *["-"] * len(TABLE_STAGES), "0")
                         continue
-                    wav = turn.write_wav(args.out / name / f"{turn_id}.wav")
+                    try:
+                        target = wav_path(args.out, name, turn_id)
+                    except UnsafePath as exc:
+                        failures += 1
+                        console.print(f"[red]{name}/{turn_id!r}: not written: {exc}")
+                        continue
+                    if target.name != f"{turn_id}.wav":
+                        console.log(f"turn id {turn_id!r} is written as {target.name} (a file name cannot carry it as is)")
+                    wav = turn.write_wav(target)
                     timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()), None)
                     stages = first_audio_stages(timeline, turn.first_audio_at_us) if timeline else {}
                     label = f"{name}/{turn_id}" + (" (cancelled)" if turn.stopped else "")

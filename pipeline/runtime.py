@@ -91,6 +91,10 @@ class PipelineStack:
 
     async def start(self, progress=None) -> None:
         step = progress or (lambda message: None)
+        if self._with_edge:  # refuse an exposed edge (players.edge.InsecureEdgeConfig) before starting anything
+            from players.edge import check_exposure
+
+            check_exposure(self._base)
         step("Kafka broker")
         self.settings = await asyncio.to_thread(self._exit.enter_context, ensure_local_kafka(self._base))
         bootstrap = self.settings.bootstrap

@@ -11,8 +11,8 @@ def register(subparsers) -> None:
 
 
 def run(args, settings) -> int:
-    print("| topic | key | schema | producer | consumer |")
-    print("|---|---|---|---|---|")
+    print("| topic | key | schema | producer | consumer | cleanup, retention |")
+    print("|---|---|---|---|---|---|")
     for t in topic_map(settings):
-        print(f"| `{t.name}` | {t.key} | {t.schema} | {t.producer} | {t.consumer} |")
+        print(f"| `{t.name}` | {t.key} | {t.schema} | {t.producer} | {t.consumer} | {t.retention.describe()} |")
     return 0

@@ -18,14 +18,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.contract import LIMITS, is_valid_id
+from schemas.contract import LIMITS, AudioEncoding, PlaybackKind, is_valid_id
 
 PROTOCOL_VERSION = 1
 
 # --- binary audio frames ---------------------------------------------------------------------
 FRAME_AUDIO = 0x01
 ENCODING_PCM16LE = 0x01
-ENCODINGS = {"PCM16LE": ENCODING_PCM16LE}
+ENCODINGS = {AudioEncoding.PCM16LE: ENCODING_PCM16LE}
 
 FLAG_LAST_IN_SENTENCE = 0x01
 FLAG_LAST_IN_TURN = 0x02
@@ -54,14 +54,19 @@ REPORT = "report"
 
 CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
 SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, SKIP, PONG, ERROR})
-REPORT_KINDS = frozenset({"AUDIBLE_START", "PLAYBACK_END", "STOPPED", "UNDERRUN"})
-MAX_TEXT_FRAME_BYTES = 16 * 1024
+REPORT_KINDS = frozenset(PlaybackKind)
+MAX_TEXT_FRAME_BYTES = 16 * 1024  # a longer client text frame (UTF-8 bytes) is refused: 4400 malformed-frame
+# The WebSocket layer's limit on one message from a client: above it the edge closes with 1009
+# (message too big) without parsing it.
+MAX_WS_MESSAGE_BYTES = 4 * MAX_TEXT_FRAME_BYTES
 
 # --- close codes (4000-4999 are the application's range) -------------------------------------
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # the edge shuts down
 CLOSE_PROTOCOL_ERROR = 4400  # malformed frame, unknown type, hello missing or repeated
+CLOSE_MESSAGE_TOO_BIG = 1009  # a client message over MAX_WS_MESSAGE_BYTES (closed by the WebSocket layer)
 CLOSE_UNAUTHORIZED = 4401  # token missing, forged, expired or for another session
+CLOSE_FORBIDDEN_ORIGIN = 4403  # a browser page of an origin the edge does not allow
 CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
 CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
 CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
@@ -86,6 +91,11 @@ class UnknownMessageType(ProtocolError):
 class UnsupportedVersion(ProtocolError):
     code = "unsupported-version"
     close_code = CLOSE_UNSUPPORTED_VERSION
+
+
+class OriginNotAllowed(ProtocolError):
+    code = "origin-not-allowed"
+    close_code = CLOSE_FORBIDDEN_ORIGIN
 
 
 @dataclass(frozen=True)
@@ -154,8 +164,9 @@ _CLIENT_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 def parse_client_message(text: str) -> dict[str, Any]:
     """Parse and validate one client text frame; raises a `ProtocolError` subclass."""
-    if len(text) > MAX_TEXT_FRAME_BYTES:
-        raise MalformedFrame(f"text frame of {len(text)} characters exceeds {MAX_TEXT_FRAME_BYTES}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_FRAME_BYTES:
+        raise MalformedFrame(f"text frame of {size} bytes exceeds {MAX_TEXT_FRAME_BYTES}")
     try:
         message = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

@@ -31,7 +31,7 @@ from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from players import protocol
 from players.metrics import EdgeMetrics
-from schemas.contract import ControlAction
+from schemas.contract import AudioEncoding, ControlAction
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -290,7 +290,7 @@ class SessionRouter:
         edge_received_at_us = edge_received_at_us or now_us()
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
         started = chunk.get("first_token_at_us") or None
-        if len(chunk["pcm"]) % 2 or chunk.get("encoding", "PCM16LE") not in protocol.ENCODINGS:
+        if len(chunk["pcm"]) % 2 or chunk.get("encoding", AudioEncoding.PCM16LE) not in protocol.ENCODINGS:
             raise UnroutableChunk(
                 f"chunk {session_id}/{turn_id}/{chunk['sentence_seq']}/{chunk['chunk_seq']}: "
                 f"{len(chunk['pcm'])} bytes of {chunk.get('encoding')} is not whole PCM16LE samples"
@@ -318,7 +318,7 @@ class SessionRouter:
         )
         frame = protocol.encode_audio(protocol.AudioFrame(
             turn.number, chunk["sentence_seq"], chunk["chunk_seq"], chunk.get("sample_rate", 24000), chunk["pcm"], flags,
-            protocol.ENCODINGS[chunk.get("encoding", "PCM16LE")],
+            protocol.ENCODINGS[chunk.get("encoding", AudioEncoding.PCM16LE)],
         ))
         turn.replay.append((chunk["sentence_seq"], frame))
         self._trim_replay(turn)

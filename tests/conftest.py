@@ -1,13 +1,18 @@
-"""Shared fixtures: the test session's own Apache Kafka broker and settings pointed at it.
+"""Shared fixtures: the test session's own Apache Kafka (one broker, or a 3-node cluster) and
+settings pointed at it.
 
 * `kafka_broker` (session): a real single-node KRaft Kafka (`pipeline.broker.LocalKafka`) on free
   loopback ports, with a temporary data dir; the jars come from the shared cache
   (``<cache_dir>/kafka/jars/<version>``, fetched once per machine). It starts only when a test
   asks for it, so pure tests run without Java. If it cannot start, the test FAILS with the broker
   log's tail: a Kafka test never skips.
-* `make_settings(**overrides)`: a factory returning `Settings` pointed at that broker, with topic
-  names, app ids and a cache dir unique to each call, so tests sharing the broker never see each
-  other's messages.
+* `kafka_cluster` (session): a real 3-node KRaft cluster (`pipeline.broker.LocalCluster`: three
+  combined broker + controller nodes, a 3-voter quorum) on free loopback ports, started lazily
+  like `kafka_broker`, only by the tests that ask for it. A test that kills or restarts a node
+  must leave the cluster as it found it (`kafka_cluster.restart(n)`, `wait_in_sync()`).
+* `make_settings(**overrides)` / `make_cluster_settings(**overrides)`: factories returning
+  `Settings` pointed at the broker / the cluster, with topic names, app ids and a cache dir
+  unique to each call, so tests sharing a broker never see each other's messages.
 
 Mark tests that use them ``@pytest.mark.kafka``.
 """
@@ -15,27 +20,41 @@ Mark tests that use them ``@pytest.mark.kafka``.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from pipeline.broker import QUICK_START_JVM_OPTIONS, BrokerError, LocalKafka, fetch_jars, free_port
+from pipeline.broker import (QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster, LocalKafka, fetch_jars,
+                             free_port)
 from pipeline.settings import Settings
+
+CLUSTER_NODES = 3
 
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
+def kafka_jars() -> Path:
     shared = Settings.from_env()  # where the machine's jar cache is, and which Kafka version
     try:
-        jars = fetch_jars(shared.kafka_dir, shared.kafka_version)
+        return fetch_jars(shared.kafka_dir, shared.kafka_version)
     except BrokerError as exc:
         pytest.fail(f"could not fetch the Apache Kafka jars: {exc}", pytrace=False)
-    port = free_port()
-    controller_port = free_port()
-    while controller_port == port:
-        controller_port = free_port()
+
+
+def distinct_free_ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    port, controller_port = distinct_free_ports(2)
     broker = LocalKafka(
-        tmp_path_factory.mktemp("kafka"), jars, port=port, controller_port=controller_port,
+        tmp_path_factory.mktemp("kafka"), kafka_jars, port=port, controller_port=controller_port,
         jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True,
     )
     try:
@@ -49,14 +68,33 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
         broker.stop()
 
 
-@pytest.fixture
-def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
+@pytest.fixture(scope="session")
+def kafka_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    ports = distinct_free_ports(2 * CLUSTER_NODES)
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("kafka-cluster"), kafka_jars,
+        ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(CLUSTER_NODES)],
+        jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True,
+    )
+    try:
+        cluster.start(timeout=240)
+    except BrokerError as exc:
+        cluster.stop()
+        pytest.fail(f"the test session's Kafka cluster did not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _settings_factory(bootstrap: str, port: int, controller_port: int,
+                      tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
         uid = uuid.uuid4().hex[:10]
         values: dict[str, Any] = dict(
-            bootstrap=kafka_broker.bootstrap,
-            kafka_port=kafka_broker.port,
-            kafka_controller_port=kafka_broker.controller_port,
+            bootstrap=bootstrap,
+            kafka_port=port,
+            kafka_controller_port=controller_port,
             cache_dir=tmp_path_factory.mktemp(f"cache-{uid}"),
             text_topic_prefix=f"t{uid}.text.",
             control_topic=f"t{uid}.control",
@@ -71,3 +109,17 @@ def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFac
         return Settings(**values)
 
     return make
+
+
+@pytest.fixture
+def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
+    return _settings_factory(kafka_broker.bootstrap, kafka_broker.port, kafka_broker.controller_port,
+                             tmp_path_factory)
+
+
+@pytest.fixture
+def make_cluster_settings(kafka_cluster: LocalCluster,
+                          tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
+    """Settings whose bootstrap lists every node of the session's cluster."""
+    first = kafka_cluster.nodes[0]
+    return _settings_factory(kafka_cluster.bootstrap, first.port, first.controller_port, tmp_path_factory)

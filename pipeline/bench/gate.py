@@ -24,6 +24,7 @@ from pipeline.clock import now_us
 from pipeline.gate.core import GateConfig, GateSession
 from pipeline.latency import percentile
 from pipeline.settings import Settings
+from schemas.contract import TextEventKind
 
 TEXT = "The quick brown fox jumps. It was far away, said Dr. Smith. Then it rained all day. "
 
@@ -33,8 +34,8 @@ def turn_events(session: str, turn: str, text: str, size: int) -> list[dict]:
     pieces = [text[i:i + size] for i in range(0, len(text), size)]
     base = {"session_id": session, "turn_id": turn, "agent_id": "bench", "claim_id": None,
             "language": None, "voice": None, "produced_at_us": 0}
-    events = [{**base, "seq": i, "kind": "TOKEN", "text": p} for i, p in enumerate(pieces)]
-    events.append({**base, "seq": len(pieces), "kind": "END_OF_TURN", "text": ""})
+    events = [{**base, "seq": i, "kind": TextEventKind.TOKEN, "text": p} for i, p in enumerate(pieces)]
+    events.append({**base, "seq": len(pieces), "kind": TextEventKind.END_OF_TURN, "text": ""})
     return events
 
 

@@ -36,7 +36,7 @@ from pipeline.gate.evidence import (
     EvidenceGate,
 )
 from pipeline.settings import Settings, SettingsError
-from schemas.contract import DEFAULT_VOICES, LANGUAGES, SEGMENTER_LANGUAGE, ControlAction
+from schemas.contract import DEFAULT_VOICES, LANGUAGES, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -210,21 +210,21 @@ class GateSession:
         while len(self._guards) > MAX_GUARDS_KEPT:
             self._guards.pop(next(iter(self._guards)))
 
-        if kind in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
-            return self._resolve_claim(self._claim_id(event), READY if kind == "EVIDENCE_READY" else FAILED, now_us)
+        if kind in (TextEventKind.EVIDENCE_READY, TextEventKind.EVIDENCE_FAILED):
+            return self._resolve_claim(self._claim_id(event), READY if kind == TextEventKind.EVIDENCE_READY else FAILED, now_us)
 
         turn = self._turns.get(turn_id)
         if turn is None:
             turn = self._open_turn(event)
         if not turn.live:
             return []
-        if kind == "TOKEN":
+        if kind == TextEventKind.TOKEN:
             return self._feed(turn, event, now_us)
-        if kind == "EVIDENCE_PENDING":
+        if kind == TextEventKind.EVIDENCE_PENDING:
             claim_id = self._claim_id(event)
             turn.evidence.place(claim_id, turn.segmenter.fed, now_us, early=self._early.take(claim_id, now_us))
             return []
-        if kind == "END_OF_TURN":
+        if kind == TextEventKind.END_OF_TURN:
             turn.ended = True
             for sentence in turn.segmenter.flush():
                 self._offer(turn, sentence, now_us)

@@ -1,6 +1,13 @@
-"""`voicebus synth` (the engine alone, no Kafka) and `voicebus weights prepare|status`.
+"""`voicebus synth` (the engine alone, no Kafka), `voicebus weights prepare|status` and
+`voicebus worker [--announce]`.
 
 `register(subparsers)` only adds parsers; torch and kokoro are imported inside the commands.
+
+Readiness: `voicebus worker --announce` prints `WORKER_READY_LINE` and a JSON object on stdout,
+once, when the worker consumes: its engine is loaded and warmed up, the control topic is caught
+up, and its consumer is subscribed to the synthesis topic in its group. A request published from
+then on is synthesized (by this worker or another of the group). The gate's equivalent is
+`pipeline.gate.app.READY_LINE`.
 """
 
 from __future__ import annotations
@@ -30,11 +37,57 @@ def register(subparsers) -> None:
     status.set_defaults(func=run_weights_status)
     weights.set_defaults(func=lambda args, settings: (weights.print_help(), 2)[1])
 
-    from pipeline.synthesis.worker import add_worker_arguments, worker_command  # light: no torch/aiokafka at import
+    from pipeline.synthesis.worker import add_worker_arguments  # light: no torch/aiokafka at import
 
     worker = subparsers.add_parser("worker", help="run a synthesis worker on the bus (cancel-aware, backpressured)")
     add_worker_arguments(worker)
-    worker.set_defaults(func=worker_command)
+    worker.add_argument("--announce", action="store_true",
+                        help=f"print '{WORKER_READY_LINE} {{json}}' on stdout once the worker consumes "
+                             "(engine warm, control caught up, subscribed to requests)")
+    worker.set_defaults(func=run_worker_command)
+
+
+WORKER_READY_LINE = "voicebus-worker ready"
+
+
+def run_worker_command(args, settings) -> int:
+    """`voicebus worker`: the worker module's own command, or, with `--announce`, the same worker
+    run here so the ready line can be printed once it has started."""
+    from pipeline.synthesis.worker import worker_command
+
+    if not getattr(args, "announce", False):
+        return worker_command(args, settings)
+    import asyncio
+    import json
+    import logging
+    import signal
+
+    from pipeline.synthesis.engine import SynthesisEngine
+    from pipeline.synthesis.worker import SynthesisWorker, worker_group_id
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
+    log = logging.getLogger("pipeline.synthesis.worker")
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with SynthesisWorker(settings, engine, worker_id=args.worker_id, metrics_port=args.metrics_port) as worker:
+            print(WORKER_READY_LINE, json.dumps({"worker_id": worker.worker_id, "group": worker_group_id(settings),
+                                                 "topic": settings.synthesis_topic}), flush=True)
+            stop_wait = asyncio.ensure_future(stop.wait())
+            try:  # the worker's own tasks only end by failing: stop then too, with an error status
+                done, _ = await asyncio.wait([stop_wait, *worker.tasks], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_wait.cancel()
+            failed = [t for t in done if t is not stop_wait and not t.cancelled() and t.exception() is not None]
+            for task in failed:
+                log.error("worker task %s failed: %r", task.get_name(), task.exception())
+        return 1 if failed else 0
+
+    return asyncio.run(main())
 
 
 def run_synth(args, settings) -> int:

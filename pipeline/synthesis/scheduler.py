@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
+from schemas.contract import AudioEncoding
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
 
@@ -344,7 +345,7 @@ class ChunkAssembler:
             "is_last_chunk": last,
             "is_last_in_turn": bool(last and r.get("is_last_in_turn", False)),
             "sample_rate": self.sample_rate,
-            "encoding": "PCM16LE",
+            "encoding": AudioEncoding.PCM16LE,
             "pcm": pcm,
             "worker_id": self.worker_id,
             "first_token_at_us": int(r.get("first_token_at_us", 0)),

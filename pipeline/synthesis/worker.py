@@ -54,6 +54,7 @@ from pipeline.synthesis.scheduler import (
     SynthesisScheduler,
     synthesis_args,
 )
+from schemas.contract import ControlAction
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -332,7 +333,7 @@ class SynthesisWorker:
         event = decoded.value
         seen_at = now_us()
         purged, stopped = self.scheduler.apply_control(event)
-        if event.get("action") != "CANCEL":
+        if event.get("action") != ControlAction.CANCEL:
             return
         self.metrics.cancels_seen.inc()
         observation = CancelObservation(event["session_id"], event.get("turn_id"), seen_at, len(purged), len(stopped))

@@ -1,0 +1,41 @@
+"""`voicebus worker --announce`: the documented readiness signal of a synthesis worker process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.synthesis.cli import WORKER_READY_LINE
+from tests.pipeline.synthesis.test_worker_kafka import REPO_ROOT, SENTENCES, Bus, turn_done, turn_requests
+
+pytestmark = pytest.mark.kafka
+
+
+async def test_the_worker_announces_once_it_consumes_and_a_request_sent_after_is_spoken(make_settings):
+    settings = make_settings(partitions=1)
+    env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(REPO_ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipeline", "worker", "--tiny", "--announce", "--worker-id", "announced",
+        cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        async with Bus(settings) as bus:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 240)).decode()
+            assert line.startswith(WORKER_READY_LINE + " "), line
+            ready = json.loads(line[len(WORKER_READY_LINE):])
+            assert ready["worker_id"] == "announced" and ready["topic"] == settings.synthesis_topic
+            await bus.requests(turn_requests("s1", "t1", SENTENCES[:1]))
+            await bus.wait_for(turn_done(bus, "s1", "t1"), timeout=120, what="the announced worker's turn")
+            assert {c["worker_id"] for c in bus.chunks} == {"announced"}
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        assert await proc.stdout.read() == b""  # announced once
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
