@@ -35,7 +35,8 @@ def register(subparsers) -> None:
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1.0: recorded timing)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight model (noise, for a quick smoke run)")
     p.add_argument("--linger", type=float, default=0.0, metavar="S",
-                   help="keep the pipeline up S seconds after the last turn (to open the player URL)")
+                   help="--batch: keep the pipeline up S seconds after the last turn; console: stop after S seconds "
+                        "(default: until Ctrl-C)")
     p.add_argument("--turn-timeout", type=float, default=180.0, metavar="S")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--console", dest="mode", action="store_const", const="console",

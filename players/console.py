@@ -56,6 +56,7 @@ KEY_HEADER = "X-Voicebus-Console-Key"
 MODES = ("incremental", "buffered")
 AGENT_ID = "assistant"
 ABANDON_AFTER_S = 3.0  # a reload reconnects well within this
+OPEN_TURN_MAX_S = 300.0  # a played turn the edge never saw end counts as work going on for at most this
 REAP_EVERY_S = 1.0
 
 
@@ -162,6 +163,8 @@ class _Session:
     task: asyncio.Task | None = None
     last_used: float = field(default_factory=time.monotonic)
     had_player: bool = False
+    open_turns: set[str] = field(default_factory=set)  # the last play's turns
+    played_at: float = 0.0
     alone_since: float | None = None  # when its last player left, while it had work going on
 
 
@@ -219,7 +222,7 @@ class Console:
             if self.router.clients_of(session.session_id):
                 session.had_player, session.alone_since = True, None
                 continue
-            busy = (session.task is not None and not session.task.done()) or self.router.active_turns(session.session_id)
+            busy = (session.task is not None and not session.task.done()) or self._open_turns(session, now)
             if not (session.had_player and busy):
                 session.alone_since = None
                 continue
@@ -229,6 +232,15 @@ class Console:
                 session.had_player, session.alone_since = False, None
                 out.append(session.session_id)
         return out
+
+    def _open_turns(self, session: _Session, now: float) -> bool:
+        """Whether a turn of the session's last play may still be worked on: the edge has not seen
+        it end (or not seen it at all yet: the gate or a worker may still be on it)."""
+        if not session.open_turns or now - session.played_at > OPEN_TURN_MAX_S:
+            return False
+        sid = session.session_id
+        active = set(self.router.active_turns(sid))
+        return any(t in active or self.router.turn_started_at(sid, t) is None for t in session.open_turns)
 
     async def cancel_session(self, session_id: str, reason: str) -> None:
         """Stop the session's agent and cancel every turn of it everywhere (a whole-session cancel)."""
@@ -316,7 +328,9 @@ class Console:
         except (AgentError, ReplayError) as exc:
             raise ConsoleError(f"cannot publish this answer: {exc}") from None
         session.task = asyncio.create_task(self._publish(mode, events), name=f"console-play-{session.session_id}")
-        return {"session": session.session_id, "mode": mode, "play": session.plays, "turns": turns_of(events)}
+        turns = turns_of(events)
+        session.open_turns, session.played_at = {t["turn_id"] for t in turns}, time.monotonic()
+        return {"session": session.session_id, "mode": mode, "play": session.plays, "turns": turns}
 
     async def _publish(self, mode: str, events: list[ConversationEvent]) -> None:
         from aiokafka.errors import KafkaError

@@ -23,6 +23,7 @@ from players.console import (
 )
 from players.edge import make_app
 from players.router import SessionRouter
+from tests.players.edge_helpers import connect
 from tests.players.test_edge_kafka import read_topic
 from tests.waiting import eventually
 
@@ -168,3 +169,23 @@ async def test_console_api_publishes_each_mode_on_its_lane_and_refuses_what_it_c
         status, stopped = await edge.post("stop", {"session": sid})
         assert status == 200 and stopped["stopped"] is True
         assert (await edge.post("stop", {"session": sid}))[1]["stopped"] is False
+
+
+@pytest.mark.kafka
+async def test_a_page_that_goes_away_mid_answer_has_its_session_cancelled(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with ConsoleEdge(settings) as edge:
+        _, session = await edge.post("session")
+        sid = session["session"]
+        ws, ready = await connect(edge.client, sid, token=session["token"])
+        assert ready["type"] == "ready"
+        await eventually(lambda: edge.console.sessions[sid].had_player,
+                         timeout_s=5, what="the console saw the page's player")
+        status, played = await edge.post("play", {"session": sid, "mode": "incremental", "conversation": "support"})
+        assert status == 200
+        await ws.close()  # the page is closed while its agent is still talking
+        control = await read_topic(settings, settings.control_topic, "ControlEvent",
+                                   lambda v: any(c["session_id"] == sid for c in v), timeout=ABANDON_AFTER_S + 15)
+        cancel = next(c for c in control if c["session_id"] == sid)
+        assert cancel["action"] == "CANCEL" and cancel["turn_id"] is None and cancel["source"] == "console"
+        assert edge.console.sessions[sid].task.done() and edge.console.abandoned == [sid]
