@@ -39,7 +39,7 @@ async def _console_demo(args: argparse.Namespace, settings: Settings, console) -
     from agents.corpus import corpus_path
     from pipeline.demo import load_engine
     from pipeline.runtime import PipelineStack, buffered_lane
-    from players.console import AGENT_ID, Console, console_key, console_url, install_console
+    from players.console import AGENT_ID, Console, console_key, console_url, install_console, is_loopback
 
     names = [n.strip() for n in args.conversations.split(",") if n.strip()]
     conversations = {name: load(corpus_path(name)) for name in names}
@@ -64,7 +64,11 @@ async def _console_demo(args: argparse.Namespace, settings: Settings, console) -
                     f"edge at {stack.edge_url}")
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        print_url(console_url(stack.settings.edge_host, stack.settings.edge_port, key))
+        host = stack.settings.edge_host
+        if host not in ("", "0.0.0.0", "::") and not is_loopback(host):
+            console.print(f"[yellow]the console answers loopback clients only, and the edge listens on {host} only: "
+                          f"set VOICEBUS_EDGE_HOST=127.0.0.1 (or 0.0.0.0) to use it")
+        print_url(console_url(host, stack.settings.edge_port, key))
         linger = f"for {args.linger:g} s or " if args.linger > 0 else ""
         console.print(f"The demo keeps running {linger}until you press Ctrl-C.", highlight=False)
         try:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import ipaddress
 import json
 import logging
 import secrets
@@ -47,6 +46,7 @@ from aiohttp import web
 
 from agents.conversation_file import Conversation, ConversationEvent, ControlLine, TextLine
 from pipeline.settings import Settings
+from players.edge import is_loopback_host as is_loopback
 from schemas.contract import DEFAULT_VOICES, LANGUAGES, TextEventKind, kokoro_code
 
 log = logging.getLogger(__name__)
@@ -86,20 +86,11 @@ def console_key() -> str:
 def console_url(host: str, port: int, key: str) -> str:
     """The console's URL. The console answers loopback clients only, so a wildcard listen address
     is written as 127.0.0.1 (the URL stays short: it is printed on a line of its own)."""
-    if host in ("", "0.0.0.0", "::") or not _is_loopback(host):
+    if host in ("", "0.0.0.0", "::") or not is_loopback(host):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}/console#k={key}"
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 # --- pure core: what one play publishes ---------------------------------------------------------
@@ -389,7 +380,7 @@ async def _page(request: web.Request) -> web.StreamResponse:
 def _api(handler):
     async def endpoint(request: web.Request) -> web.Response:
         console = request.app[CONSOLE_KEY]
-        if not _is_loopback(request.remote or ""):
+        if not is_loopback(request.remote or ""):
             log.warning("refused %s from %s: the console answers loopback clients only", request.path, request.remote)
             return web.json_response({"error": "the console answers loopback clients only"}, status=403)
         if not secrets.compare_digest(request.headers.get(KEY_HEADER, ""), console.key):
