@@ -56,6 +56,14 @@ def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
     return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
 
 
+def demo_mode(asked: str | None, stdin) -> str:
+    """``console`` or ``batch``: what was asked, else the console for a person at a terminal and
+    the batch run for everything else (CI, scripts, tests), which would otherwise wait forever."""
+    if asked:
+        return asked
+    return "console" if stdin is not None and stdin.isatty() else "batch"
+
+
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     import sys
 
@@ -69,8 +77,7 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     except InsecureEdgeConfig as exc:
         console.print(f"[red]voicebus demo: {exc}")
         return 2
-    mode = args.mode or ("console" if sys.stdin.isatty() else "batch")
-    if mode == "console":
+    if demo_mode(args.mode, sys.stdin) == "console":
         from pipeline.demo_console import run_console_demo
 
         return run_console_demo(args, settings)

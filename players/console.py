@@ -46,7 +46,7 @@ from aiohttp import web
 
 from agents.conversation_file import Conversation, ConversationEvent, ControlLine, TextLine
 from pipeline.settings import Settings
-from players.edge import is_loopback_host as is_loopback
+from players.edge import ROUTER_KEY, is_loopback_host as is_loopback
 from schemas.contract import DEFAULT_VOICES, LANGUAGES, TextEventKind, kokoro_code
 
 log = logging.getLogger(__name__)
@@ -351,8 +351,6 @@ CONSOLE_KEY = web.AppKey("console", Console)
 def install_console(app: web.Application, console: Console) -> None:
     """Add the console's routes to an edge app (before it starts) and tie the console's Kafka
     publishers to the app's lifetime."""
-    from players.edge import ROUTER_KEY
-
     app[CONSOLE_KEY] = console
     console.router = app[ROUTER_KEY]
     app.cleanup_ctx.append(_console_ctx)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
 
 import pytest
@@ -43,6 +44,25 @@ def test_console_url_is_short_loopback_and_alone_on_its_line_at_80_columns():
     lines = out.getvalue().splitlines()
     assert url in lines and lines[lines.index(url) - 1] == "" and lines[lines.index(url) + 1] == ""
     assert all(len(line) <= 80 for line in lines), lines
+
+
+def test_the_demo_serves_the_console_to_a_terminal_and_runs_the_batch_elsewhere(tmp_path):
+    from pipeline.cli import build_parser
+    from pipeline.demo import demo_mode
+
+    assert build_parser().parse_args(["demo"]).mode is None
+    assert build_parser().parse_args(["demo", "--batch"]).mode == "batch"
+    assert build_parser().parse_args(["demo", "--console"]).mode == "console"
+    with open(tmp_path / "stdin", "w+") as not_a_terminal:
+        assert demo_mode(None, not_a_terminal) == "batch"
+        assert demo_mode("console", not_a_terminal) == "console"
+    assert demo_mode(None, None) == "batch"  # no stdin at all (a daemon)
+    leader, follower = os.openpty()  # a pseudo-terminal: what a person's shell gives `make demo`
+    try:
+        with os.fdopen(follower) as terminal:
+            assert demo_mode(None, terminal) == "console" and demo_mode("batch", terminal) == "batch"
+    finally:
+        os.close(leader)
 
 
 def test_a_play_moves_a_conversation_into_the_session_with_turn_ids_of_its_own():
