@@ -127,6 +127,30 @@ class Settings:
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000
     """Consumer-group session timeout: how soon a dead worker's partitions move to another."""
+    worker_publish_backoff_s: float = 0.1
+    """A worker's failed send (audio chunk, dead letter) or commit is retried after this long,
+    doubling up to ``worker_publish_max_backoff_s``; the request stays uncommitted meanwhile."""
+    worker_publish_max_backoff_s: float = 5.0
+    """The longest wait between two tries of a worker's failed send or commit."""
+
+    # --- edge: hard limits (docs/edge.md, "Bounds") -------------------------------------------
+    edge_max_clients: int = 1000
+    """Player connections one edge serves at once; one more is refused with close 1013 ``edge-full``."""
+    edge_max_clients_per_session: int = 8
+    """Player connections of one session on one edge; one more is refused with close 1013 ``session-full``."""
+    edge_replay_max_bytes: int = 64 * 1024 * 1024
+    """All replay buffers of one edge together (bytes of encoded frames, 67108864 = 64 MiB, about 23
+    minutes of 24 kHz PCM16); past it the oldest sentences of the least recently active sessions go."""
+    edge_session_grace_s: float = 30.0
+    """How long an edge keeps a session's turns and replay after its last player left, for a
+    reconnect with ``resume``; after that, and for sessions none of its players listen to, it keeps nothing."""
+    edge_cancel_rate_per_s: float = 2.0
+    """Cancels one player connection may send per second, sustained (token bucket refill rate)."""
+    edge_cancel_burst: int = 5
+    """Cancels one player connection may send at once (token bucket size); beyond the rate an
+    extra cancel is refused with the error ``rate-limited`` (the connection stays up)."""
+    edge_cancel_lookback_s: float = 60.0
+    """A starting edge applies the cancels of this many seconds back before it serves audio."""
 
     # --- edge ----------------------------------------------------------------------------------
     edge_host: str = "127.0.0.1"

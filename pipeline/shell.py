@@ -143,6 +143,8 @@ class RecordPolicy:
         if self.producer is None:
             raise RuntimeError(f"{self.stage}: no producer to dead-letter {record.topic}[{record.partition}]@{record.offset}")
         headers = deadletter_headers(failure.error, record.topic, record.partition, record.offset)
+        # the reason the counter uses (an untyped error is "handler-error", not the codec's "unhandled")
+        headers = [(k, failure.reason.encode()) if k == "voicebus.error.reason" else (k, v) for k, v in headers]
         headers.append(("voicebus.error.stage", self.stage.encode()))
         await self.producer.send_and_wait(self.settings.deadletter_topic, record.value, key=record.key, headers=headers)
         log.warning("%s: dead-lettered %s[%s]@%s (%s): %s", self.stage, record.topic, record.partition,
@@ -270,9 +272,10 @@ class ControlFollower:
         self.clock_us = clock_us
         self.consumer: "AIOKafkaConsumer | None" = None
         self.applied = 0
+        self._next: dict = {}  # partition -> the next offset to apply (where a reopen resumes)
+        self._broken = False
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
         from aiokafka.structs import TopicPartition
 
         s = self.settings
@@ -280,12 +283,8 @@ class ControlFollower:
             raise ControlCatchUpError("the control follower needs the stage's started producer")
         partitions = await self.policy.producer.partitions_for(s.control_topic)  # waits for metadata
         tps = [TopicPartition(s.control_topic, p) for p in sorted(partitions)]
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
-        await self.consumer.start()
+        self.consumer = await self._open(tps)
         try:
-            self.consumer.assign(tps)
             if self.lookback_s > 0:
                 since_ms = self.clock_us() // 1000 - int(self.lookback_s * 1000)
                 found = await self.consumer.offsets_for_times({tp: since_ms for tp in tps})
@@ -302,6 +301,17 @@ class ControlFollower:
             await self.stop()
             raise
 
+    async def _open(self, tps: list) -> "AIOKafkaConsumer":
+        from aiokafka import AIOKafkaConsumer
+
+        s = self.settings
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
+            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        await consumer.start()
+        consumer.assign(tps)
+        return consumer
+
     async def _catch_up(self, tps: list) -> None:
         assert self.consumer is not None
         ends = await self.consumer.end_offsets(tps)
@@ -317,16 +327,41 @@ class ControlFollower:
             await self._apply(await self.consumer.getmany(*behind, timeout_ms=200))
 
     async def follow(self) -> None:
-        """Apply control events as they come, until cancelled."""
+        """Apply control events as they come, until cancelled. If the consumer fails, the next
+        call (the supervisor's restart) reopens a fresh one where the failed one stopped."""
         assert self.consumer is not None, "start() first"
-        while True:
-            await self._apply(await self.consumer.getmany(timeout_ms=500))
+        if self._broken:
+            await self._reopen()
+        try:
+            while True:
+                await self._apply(await self.consumer.getmany(timeout_ms=500))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._broken = True
+            raise
+
+    async def _reopen(self) -> None:
+        assert self.consumer is not None
+        tps = sorted(self.consumer.assignment())
+        positions = {tp: self._next.get(tp) for tp in tps}
+        with contextlib.suppress(Exception):  # it failed already; its own errors are not news
+            await self.consumer.stop()
+        self.consumer = await self._open(tps)
+        for tp, offset in positions.items():
+            if offset is None:
+                await self.consumer.seek_to_end(tp)
+            else:
+                self.consumer.seek(tp, offset)
+        self._broken = False
+        log.warning("control follower reopened its consumer at %s", {tp.partition: o for tp, o in positions.items()})
 
     async def _apply(self, batch: dict) -> None:
-        for records in batch.values():
+        for tp, records in batch.items():
             for record in records:
                 if await self.policy.process(record, "ControlEvent", lambda d: self.on_event(d.message.value)):
                     self.applied += 1
+                self._next[tp] = record.offset + 1
 
     async def stop(self) -> None:
         if self.consumer is not None:

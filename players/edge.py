@@ -31,10 +31,11 @@ from aiohttp import WSMsgType, web
 from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
+from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from players import protocol
 from players.auth import TokenError, verify_token
 from players.metrics import EdgeMetrics
-from players.router import ClientChannel, ClientClosed, OutFrame, SessionRouter, UnroutableChunk
+from players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
 from schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
@@ -124,74 +125,119 @@ def host_allowed(host: str | None, secret: str) -> bool:
 
 
 class KafkaLink:
-    """The edge's Kafka clients: consumes audio + control (control first in every batch: control
-    overtakes data), publishes cancels and playback reports. Owned by the app's cleanup_ctx."""
+    """The edge's Kafka clients, owned by the app's cleanup_ctx: an audio consumer (no group:
+    every edge sees every session), a `ControlFollower` with its own consumer (control never waits
+    behind audio), and one producer for cancels, playback reports and dead letters.
+
+    Every record goes through one `RecordPolicy` (stage ``edge``): a record that cannot be decoded,
+    breaks the contract (a negative sentence_seq, ...) or makes the router raise is dead-lettered
+    with its reason and the edge goes on with the next one. The consume and follow tasks run under
+    a `Supervisor`: a task that dies anyway is restarted, and ``/healthz`` says so."""
 
     def __init__(self, settings: Settings, router: SessionRouter, metrics: EdgeMetrics) -> None:
         self.settings, self.router, self.metrics = settings, router, metrics
         self.codec = Codec(max_text_bytes=settings.max_text_bytes)
         self.producer: Any = None
         self.consumer: Any = None
-        self.task: asyncio.Task | None = None
+        self.policy: RecordPolicy | None = None
+        self.follower: ControlFollower | None = None
+        self.supervisor = Supervisor("edge", registry=metrics.registry)
+        self._positions: dict[Any, int] = {}  # audio partition -> next offset to read
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        from aiokafka import TopicPartition
-
-        from pipeline.bus import ensure_topics, make_consumer, make_producer
+        from pipeline.bus import ensure_topics, make_producer
 
         s = self.settings
         await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.deadletter_topic])
         self.producer = make_producer(s)
         await self.producer.start()
-        # No consumer group: every edge sees every session (clients of a session may be on any edge).
-        self.consumer = make_consumer(s, group_id=None)
-        await self.consumer.start()
-        tps = [TopicPartition(t, p) for t in (s.control_topic, s.audio_topic) for p in sorted(await self.producer.partitions_for(t))]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve positions now, so "ready" means nothing published from here on is missed
-            await self.consumer.position(tp)
-        self.task = asyncio.create_task(self._consume(), name="edge-kafka-consumer")
+        self.policy = RecordPolicy("edge", s, self.codec, self.producer, on_error=self._on_bad_record,
+                                   registry=self.metrics.registry)
+        # Cancels first: caught up to the end of the control topic before any audio is read.
+        self.follower = ControlFollower(s, self.policy, self.router.apply_control, lookback_s=s.edge_cancel_lookback_s)
+        await self.follower.start()
+        await self._open_consumer()
+        self.supervisor.start("control", self.follower.follow)
+        self.supervisor.start("audio", self._consume)
         self.ready.set()
         log.info("edge consuming %s and %s from %s", s.audio_topic, s.control_topic, s.bootstrap)
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        if self.consumer is not None:
-            await self.consumer.stop()
+        await self.supervisor.stop()
+        if self.follower is not None:
+            await self.follower.stop()
+        await self._close_consumer()
         if self.producer is not None:
             await self.producer.stop()
 
     @property
     def healthy(self) -> bool:
-        return self.ready.is_set() and self.task is not None and not self.task.done()
+        """Started, and every task is running (not dead, not waiting to be restarted)."""
+        health = self.supervisor.health()
+        # not running with restarts: dead and waiting for its restart (not yet running: just started)
+        waiting = any(not h["running"] and h["restarts"] for h in health.values())
+        return self.ready.is_set() and bool(health) and self.supervisor.healthy and not waiting
 
-    async def _consume(self) -> None:
-        from pipeline.bus import dead_letter, decode_or_dead_letter
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per task: running, restarts, last error (for ``/healthz``)."""
+        return self.supervisor.health()
+
+    async def _on_bad_record(self, failure: RecordFailure) -> None:
+        self.metrics.bad_records.inc()
+        assert self.policy is not None
+        await self.policy.dead_letter(failure)
+
+    async def _open_consumer(self) -> None:
+        """The audio consumer: no consumer group (every edge sees every session: clients of a
+        session may be on any edge), at the end of each partition the first time, then where the
+        previous consumer stopped (a restart after the task died)."""
+        from aiokafka import TopicPartition
+
+        from pipeline.bus import make_consumer
 
         s = self.settings
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=100)
-            consumed_ns, received_us = time.perf_counter_ns(), now_us()
-            records = [r for tp, rs in batches.items() for r in rs]
-            records.sort(key=lambda r: r.topic != s.control_topic)  # stable: control first
-            for record in records:
-                expect = "ControlEvent" if record.topic == s.control_topic else "AudioChunk"
-                decoded = await decode_or_dead_letter(self.producer, s, self.codec, record, expect=expect)
-                if decoded is None:
-                    self.metrics.bad_records.inc()
-                elif expect == "ControlEvent":
-                    self.router.apply_control(decoded.value)
-                else:
-                    try:
-                        self.router.route(decoded.value, consumed_ns, received_us)
-                    except UnroutableChunk as exc:
-                        self.metrics.bad_records.inc()
-                        await dead_letter(self.producer, s, record, exc)
+        self.consumer = make_consumer(s, group_id=None)
+        await self.consumer.start()
+        try:
+            tps = [TopicPartition(s.audio_topic, p) for p in sorted(await self.producer.partitions_for(s.audio_topic))]
+            self.consumer.assign(tps)
+            new = [tp for tp in tps if tp not in self._positions]
+            if new:  # (seek_to_end() without partitions would move every one)
+                await self.consumer.seek_to_end(*new)
+            for tp in tps:
+                if tp in self._positions:
+                    self.consumer.seek(tp, self._positions[tp])
+                # resolved now, so "ready" means nothing published from here on is missed
+                self._positions[tp] = await self.consumer.position(tp)
+        except BaseException:
+            await self._close_consumer()
+            raise
+
+    async def _close_consumer(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def _consume(self) -> None:
+        """Route audio records until cancelled. Each record's failure is the policy's; if the
+        loop itself dies (its consumer failed), the Supervisor restarts it with a new consumer."""
+        assert self.policy is not None
+        if self.consumer is None:
+            await self._open_consumer()
+        try:
+            while True:
+                batches = await self.consumer.getmany(timeout_ms=100)
+                consumed_ns, received_us = time.perf_counter_ns(), now_us()
+                for tp, records in batches.items():
+                    for record in records:
+                        await self.policy.process(
+                            record, "AudioChunk",
+                            lambda d: self.router.route(d.message.value, consumed_ns, received_us))
+                        self._positions[tp] = record.offset + 1
+        except BaseException:
+            await self._close_consumer()
+            raise
 
     async def publish(self, topic: str, message_type: str, value: dict) -> None:
         from pipeline.bus import publish
@@ -205,8 +251,7 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
     Raises `InsecureEdgeConfig` for settings that would expose it (`check_exposure`)."""
     check_exposure(settings)
     metrics = router.metrics if router is not None else EdgeMetrics()
-    router = router or SessionRouter(metrics, client_queue_frames=settings.client_queue_frames,
-                                     replay_frames=2 * settings.client_queue_frames, stall_timeout_s=stall_timeout_s)
+    router = router or SessionRouter.from_settings(settings, metrics, stall_timeout_s=stall_timeout_s)
     app = web.Application()
     app[SETTINGS_KEY], app[ROUTER_KEY], app[METRICS_KEY] = settings, router, metrics
     app[LINK_KEY] = None
@@ -288,7 +333,8 @@ async def _healthz(request: web.Request) -> web.Response:
     link = request.app[LINK_KEY]
     kafka = "disabled" if link is None else ("ready" if link.healthy else "down")
     body = {"status": "ok" if kafka != "down" else "degraded", "kafka": kafka,
-            "clients": len(request.app[CLIENTS_KEY]), "protocol": protocol.PROTOCOL_VERSION}
+            "clients": len(request.app[CLIENTS_KEY]), "protocol": protocol.PROTOCOL_VERSION,
+            "tasks": {} if link is None else link.health()}
     return web.json_response(body, status=200 if kafka != "down" else 503)
 
 
@@ -361,7 +407,12 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         await _fail(request, ws, exc, protocol.CLOSE_UNAUTHORIZED)
         return ws
     resume = hello.get("resume") if isinstance(hello.get("resume"), dict) else None
-    channel = router.connect(session_id, resume=resume)
+    try:
+        channel = router.connect(session_id, resume=resume)
+    except ConnectionRefused as exc:
+        log.warning("refused a player of session %s: %s", session_id, exc)
+        await _fail(request, ws, exc, exc.close_code)
+        return ws
     app[CLIENTS_KEY].add(ws)
     await ws.send_str(protocol.encode_control(
         protocol.READY, session=session_id, client_id=channel.client_id, server_time_us=now_us(),
@@ -439,13 +490,22 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
     elif mtype == protocol.HELLO:
         raise protocol.MalformedFrame("hello was already received")
     elif mtype == protocol.CANCEL:
+        if not channel.cancel_bucket.take():
+            router.metrics.refused.labels("cancel-rate-limited").inc()
+            channel.push(OutFrame(protocol.encode_control(
+                protocol.ERROR, code="rate-limited",
+                message=f"cancel refused: at most {router.cancel_burst} at once and {router.cancel_rate_per_s:g} per second"
+                        f" per connection")), front=True)
+            return
         turn_id = message.get("turn_id")
-        issued = now_us()
-        router.cancel(channel.session_id, turn_id, source="edge")  # locally at once
+        # Without a turn id: the turns of the session this edge knows, by id (no clock compared
+        # anywhere). Knowing none, the list stays empty: each stage cancels the turns it has seen.
+        turn_ids = router.known_turns(channel.session_id) if turn_id is None else []
+        router.cancel(channel.session_id, turn_id, turn_ids, source="edge")  # locally at once
         await _publish(link, channel, settings.control_topic, "ControlEvent", {
             "session_id": channel.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
-            "reason": str(message.get("reason") or "barge-in")[:200], "source": "edge", "issued_at_us": issued,
-            "turn_ids": [],
+            "reason": str(message.get("reason") or "barge-in")[:200], "source": "edge", "issued_at_us": now_us(),
+            "turn_ids": turn_ids,
         })
     elif mtype == protocol.REPORT:
         report = {

@@ -14,6 +14,7 @@ with the turn's id in the ``turn_start`` control message, so audio frames stay f
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,7 @@ CLOSE_FORBIDDEN_ORIGIN = 4403  # a browser page of an origin the edge does not a
 CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
 CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
 CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
+CLOSE_TRY_AGAIN_LATER = 1013  # connection limit reached: this edge (edge-full) or this session (session-full)
 
 
 class ProtocolError(ValueError):
@@ -96,6 +98,12 @@ class UnsupportedVersion(ProtocolError):
 class OriginNotAllowed(ProtocolError):
     code = "origin-not-allowed"
     close_code = CLOSE_FORBIDDEN_ORIGIN
+
+
+class OutOfRange(MalformedFrame):
+    """A number in a client message is negative, too large for its Avro field, or not finite."""
+
+    code = "out-of-range"
 
 
 @dataclass(frozen=True)
@@ -189,17 +197,25 @@ def parse_client_message(text: str) -> dict[str, Any]:
         raise MalformedFrame(f"cancel: turn_id must be absent or an id ({ID_RULE})")
     if mtype == REPORT and not is_valid_id(message["turn_id"]):
         raise MalformedFrame(f"report: turn_id must be an id ({ID_RULE})")
+    if mtype == PING and not math.isfinite(message["t0"]):
+        raise OutOfRange("ping: t0 must be a finite number")  # it is echoed: NaN/Infinity are not JSON
     for name, limit in _INTEGER_FIELDS.items():
-        value = message.get(name)
-        if name in message and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit):
-            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer in [0, {limit})")
+        if name not in message:
+            continue
+        value = message[name]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer")
+        if not 0 <= value < limit:
+            raise OutOfRange(f"{mtype}: field {name!r} is {value}, outside [0, {limit})")
     resume = message.get("resume")
     if mtype == HELLO and resume is not None:
         if not (isinstance(resume, dict) and is_valid_id(resume.get("turn_id"))
-                and isinstance(resume.get("sentence_seq"), int) and 0 <= resume["sentence_seq"] < 2**31):
+                and isinstance(resume.get("sentence_seq"), int) and not isinstance(resume["sentence_seq"], bool)):
             raise MalformedFrame(f"hello: resume must be {{turn_id: id ({ID_RULE}), sentence_seq: integer}}")
+        if not 0 <= resume["sentence_seq"] <= LIMITS.max_seq:
+            raise OutOfRange(f"hello: resume.sentence_seq is {resume['sentence_seq']}, outside [0, {LIMITS.max_seq}]")
     return message
 
 
 # Integer fields of client messages and their bounds (they end up in Avro int/long fields).
-_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": 2**31}
+_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1}

@@ -197,8 +197,10 @@ HELLO_S1 = json.dumps({"type": "hello", "v": 1, "session": "s1", "token": issue_
     ('{"type":"cancel","v":1,"turn_id":5}', "malformed-frame", 4400),
     ('{"type":"cancel","v":1,"turn_id":""}', "malformed-frame", 4400),
     ('{"type":"report","v":1,"kind":"STOPPED","turn_id":"%s"}' % ("t" * 129), "malformed-frame", 4400),
-    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","sentence_seq":-1}', "malformed-frame", 4400),
-    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","audible_at_us":-5}', "malformed-frame", 4400),
+    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","sentence_seq":-1}', "out-of-range", 4400),
+    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","audible_at_us":-5}', "out-of-range", 4400),
+    ('{"type":"report","v":1,"kind":"AUDIBLE_START","turn_id":"t","sentence_seq":"1"}', "malformed-frame", 4400),
+    ('{"type":"ping","v":1,"t0":NaN}', "out-of-range", 4400),
     (HELLO_S1, "malformed-frame", 4400),  # a second hello
     (b"\x01" * 24, "malformed-frame", 4400),  # a binary frame after hello
 ])
