@@ -2,7 +2,8 @@
 Debian's headless chromium opens it, compares buffered and incremental hand-off on a shipped
 multi-sentence conversation, then barges in on a long answer. One pipeline for the whole test.
 
-It also writes the README's screenshot (docs/img/console.png) from the real page."""
+With ``--update-screenshots`` it also writes the README's screenshot (docs/img/console.png)
+from the real page."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from tests.waiting import eventually, eventually_sync
 pytestmark = [pytest.mark.kafka, pytest.mark.browser]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOT = ROOT / "docs" / "img" / "console.png"
 URL_LINE = re.compile(r"^http://127\.0\.0\.1:\d+/console#k=[A-Za-z0-9_-]+$")
 
 
@@ -91,7 +91,7 @@ TURNS = """(mode) => [...window.voicebusConsole.turns.values()].filter(t => t.mo
         synth: s.timeline && s.timeline.synthesis_started_at_us}))}))"""
 
 
-async def test_console_compares_buffered_and_incremental_and_barges_in(make_settings):
+async def test_console_compares_buffered_and_incremental_and_barges_in(make_settings, screenshot_path):
     from playwright.async_api import async_playwright
 
     # Port 0: the edge binds a free port when it starts and the demo prints that one (a port picked
@@ -149,8 +149,7 @@ async def test_console_compares_buffered_and_incremental_and_barges_in(make_sett
                 rows_buffered = await page.eval_on_selector_all(
                     f".turn[data-turn-id='{buffered[0]['turnId']}'] tr.sentence", "rs => rs.length")
                 assert rows_buffered == 1  # buffered: the whole answer is one request
-                SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-                await page.screenshot(path=str(SCREENSHOT), full_page=True)
+                await page.screenshot(path=str(screenshot_path("console.png")), full_page=True)
 
                 # --- barge in on a long answer: the rest is never synthesized ------------------
                 await page.select_option("#source", "markdown_long")
