@@ -126,7 +126,7 @@ async def record(
     from aiokafka.admin import AIOKafkaAdminClient
 
     from pipeline.bus import ensure_topics, make_consumer
-    from pipeline.codecs import Codec, CodecError
+    from pipeline.codecs import CodecError, codec_for
 
     if duration_s is None and turns is None:
         raise RecordError("give a duration or a number of turns to stop after")
@@ -134,7 +134,7 @@ async def record(
         raise RecordError(f"turns must be >= 1, got {turns}")
     since_us = now_us() if since_us is None else since_us
     await ensure_topics(settings, [settings.control_topic])
-    codec = Codec(max_text_bytes=settings.max_text_bytes)
+    codec = codec_for(settings)
     pattern = re.compile(recorded_topics_pattern(settings))
     # No consumer group: the recorder assigns partitions itself and keeps its own positions, so an
     # agent topic that appears mid-recording is added without a rebalance (a rebalance would

@@ -6,6 +6,7 @@ Every client made here has an owner that stops it (`async with` or an explicit `
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
@@ -14,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from pipeline.codecs import Codec, CodecError, Decoded, deadletter_headers
+from pipeline.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
 from pipeline.settings import Settings
 from pipeline.topics import fixed_topics, session_key
 
@@ -62,9 +63,19 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
         await admin.close()
 
 
+async def register_schemas(codec: Codec, topics: Mapping[str, str]) -> None:
+    """With Confluent framing, register each topic's schema (``{topic: message type}``) now,
+    off the event loop, so the first record a stage writes does not wait for the registry.
+    A no-op in single-object framing."""
+    if codec.framing != CONFLUENT:
+        return
+    for topic, message_type in topics.items():
+        await asyncio.to_thread(codec.register, topic, message_type)
+
+
 async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any]) -> None:
     """Encode `value` and send it keyed by its session id; returns once the broker acked."""
-    await producer.send_and_wait(topic, codec.encode(message_type, value), key=session_key(value["session_id"]))
+    await producer.send_and_wait(topic, codec.encode(message_type, value, topic), key=session_key(value["session_id"]))
 
 
 async def dead_letter(producer: AIOKafkaProducer, settings: Settings, record: Any, error: Exception) -> None:

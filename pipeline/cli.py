@@ -14,7 +14,8 @@ import sys
 from pipeline.settings import Settings, SettingsError
 
 SUBCOMMAND_MODULES = [
-    "pipeline.broker",  # kafka start|status|stop
+    "pipeline.broker",  # kafka fetch|start|status|stop
+    "pipeline.registry_server",  # registry fetch|start|status|stop|register
     "pipeline.topics_cli",  # topics
     "pipeline.gate.cli",  # segment, gate
     "pipeline.synthesis.cli",  # synth, weights, worker

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.clock import now_us
-from pipeline.codecs import Codec, CodecError, deadletter_headers
+from pipeline.codecs import CodecError, codec_for, deadletter_headers
 from pipeline.gate.core import GateConfig, GateInputError, GateSession
 from pipeline.gate.evidence import EvidenceError
 from pipeline.settings import Settings
@@ -77,7 +77,7 @@ class GateWorker:
 
         self.settings = settings
         self.config = GateConfig.from_settings(settings)
-        self.codec = Codec(max_text_bytes=settings.max_text_bytes)
+        self.codec = codec_for(settings)
         self._pattern = re.compile(text_topic_pattern(settings))
         self._lock = asyncio.Lock()
         self._announce = announce
@@ -258,7 +258,7 @@ class GateWorker:
     async def _emit(self, requests: list[dict]) -> None:
         futures = [
             await self.synthesis_channel.send(
-                key=session_key(r["session_id"]), value=self.codec.encode("SynthesisRequest", r)
+                key=session_key(r["session_id"]), value=self.codec.encode("SynthesisRequest", r, self.settings.synthesis_topic)
             )
             for r in requests
         ]

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
-from pipeline.codecs import Codec
+from pipeline.codecs import Codec, codec_for
 from pipeline.settings import Settings
 from pipeline.synthesis.scheduler import (
     COMMITTABLE,
@@ -155,7 +155,7 @@ class SynthesisWorker:
         self.worker_id = worker_id or new_worker_id()
         self.metrics_port = metrics_port
         self.warm_up = warm_up
-        self.codec = codec or Codec(max_text_bytes=settings.max_text_bytes)
+        self.codec = codec or codec_for(settings)
         self.metrics = WorkerMetrics(self.worker_id)
         self.metrics.max_in_flight.set(settings.worker_max_in_flight)
         self.cancels = CancelRegistry()
