@@ -5,11 +5,16 @@
   (``<cache_dir>/kafka/jars/<version>``, fetched once per machine). It starts only when a test
   asks for it, so pure tests run without Java. If it cannot start, the test FAILS with the broker
   log's tail: a Kafka test never skips.
+* `schema_registry` (session): a real Apicurio Registry (`pipeline.registry_server.LocalRegistry`,
+  in-memory storage) on a free loopback port, from the shared cache
+  (``<cache_dir>/registry/apicurio-<version>``, fetched once per machine). Like the broker it
+  starts only when a test asks for it (`registry_settings`), and a failure to start FAILS the
+  test with the registry log's tail.
 * `make_settings(**overrides)`: a factory returning `Settings` pointed at that broker, with topic
   names, app ids and a cache dir unique to each call, so tests sharing the broker never see each
   other's messages.
 
-Mark tests that use them ``@pytest.mark.kafka``.
+Mark tests that use them ``@pytest.mark.kafka`` (and ``@pytest.mark.registry`` for the registry).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any, Callable
 import pytest
 
 from pipeline.broker import QUICK_START_JVM_OPTIONS, BrokerError, LocalKafka, fetch_jars, free_port
+from pipeline.registry_server import QUICK_START_JVM_OPTIONS as REGISTRY_QUICK_START
+from pipeline.registry_server import LocalRegistry, RegistryServerError, fetch_registry
 from pipeline.settings import Settings
 
 
@@ -47,6 +54,32 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory):
+    shared = Settings.from_env()  # where the machine's registry cache is, and which version
+    try:
+        app = fetch_registry(shared.registry_dir, shared.registry_version)
+    except RegistryServerError as exc:
+        pytest.fail(f"could not fetch Apicurio Registry: {exc}", pytrace=False)
+    registry = LocalRegistry(tmp_path_factory.mktemp("registry"), app, port=free_port(),
+                             jvm_options=REGISTRY_QUICK_START, die_with_parent=True)
+    try:
+        registry.start(timeout=180)
+    except RegistryServerError as exc:
+        registry.stop()
+        pytest.fail(f"the test session's schema registry did not start: {exc}", pytrace=False)
+    try:
+        yield registry
+    finally:
+        registry.stop()
+
+
+@pytest.fixture
+def registry_url(schema_registry: LocalRegistry) -> str:
+    """The Confluent-compatible API of the session's registry (``VOICEBUS_REGISTRY_URL``)."""
+    return schema_registry.url
 
 
 @pytest.fixture
