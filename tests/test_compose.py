@@ -79,3 +79,13 @@ def test_kafka_is_the_official_image_at_our_version_in_kraft_mode(compose):
 def test_worker_reserves_an_nvidia_gpu(compose):
     devices = compose["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
+
+
+def test_the_registry_is_apicurio_at_our_version_and_every_stage_can_resolve_ids(compose):
+    registry = compose["services"]["registry"]
+    assert registry["image"] == f"apicurio/apicurio-registry:{Settings().registry_version}"
+    for name in VOICEBUS_SERVICES:
+        settings = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
+        assert settings.registry_url == "http://registry:8080/apis/ccompat/v7"
+        assert settings.wire_format == "single-object"
+        assert "registry" in compose["services"][name]["depends_on"]
