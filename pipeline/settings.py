@@ -51,6 +51,9 @@ class Settings:
     returns as soon as a record is appended) but each expiry is a round trip: 5 ms made every idle
     consumer cost the broker and the client CPU that the model needs (docs/benchmarks.md)."""
 
+    show_library_warnings: bool = False
+    """Show the known torch/kokoro warnings that the CLI hides (pipeline/cli.py)."""
+
     # --- wire format and schema registry (docs/kafka.md) -----------------------------------
     wire_format: str = "single-object"
     """What writers produce: ``single-object`` (Avro single-object encoding, no registry) or
