@@ -1,4 +1,5 @@
-"""`voicebus synth` (the engine alone, no Kafka) and `voicebus weights prepare|status`.
+"""`voicebus synth` (the engine alone, no Kafka), `voicebus weights prepare|status` and
+`voicebus voices`.
 
 `register(subparsers)` only adds parsers; torch and kokoro are imported inside the commands.
 """
@@ -29,6 +30,10 @@ def register(subparsers) -> None:
     status = sub.add_parser("status", help="say which weight source is in use")
     status.set_defaults(func=run_weights_status)
     weights.set_defaults(func=lambda args, settings: (weights.print_help(), 2)[1])
+
+    voices = subparsers.add_parser("voices", help="the voices available, their languages, where they come from, "
+                                                  "and what a missing voice falls back to")
+    voices.set_defaults(func=run_voices)
 
     from pipeline.synthesis.worker import add_worker_arguments, worker_command  # light: no torch/aiokafka at import
 
@@ -99,3 +104,31 @@ def run_weights_status(args, settings) -> int:
 
     print(weights_status(settings))
     return 0
+
+
+def run_voices(args, settings) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.synthesis.weights import KOKORO_LANGUAGE_NAMES, voice_catalog
+    from schemas.contract import LANGUAGES
+
+    catalog = voice_catalog(settings)
+    console = Console()
+    console.print(f"source: {catalog.source}")
+    table = Table("voice", "language", "gender", "spoken by voicebus")
+    for v in catalog.voices:
+        table.add_row(v.name, f"{v.language_name} ({v.language})", v.gender,
+                      "yes" if v.spoken else "no")
+    console.print(table if catalog.voices else "no voices")
+    console.print("per language (a TextEvent naming no voice; the gate picks it):")
+    for code, (voice, available) in catalog.per_language_default.items():
+        codes = ", ".join(sorted(k for k, c in LANGUAGES.items() if c == code))
+        note = "available" if available else f"missing: synthesized with {catalog.fallback or 'nothing'}"
+        console.print(f"  {KOKORO_LANGUAGE_NAMES[code]} ({codes}): {voice} ({note})")
+    if catalog.fallback:
+        console.print(f"a voice that is not available is synthesized with {catalog.fallback} "
+                      f"(VOICEBUS_DEFAULT_VOICE={settings.default_voice}"
+                      f"{'' if catalog.fallback == settings.default_voice else ', not available: the first voice by name'})"
+                      "; the worker logs it once per voice")
+    return 0 if catalog.voices else 1

@@ -357,3 +357,65 @@ def prepare_offline_pack(
     resolved = offline_pack_weights(settings)
     assert resolved is not None
     return resolved
+
+
+# --- the voice catalog (voicebus voices) ----------------------------------------------------------
+
+# Kokoro voice names start with the language code and the voice's gender (af_heart: American
+# English, female), as hexgrad/Kokoro-82M's VOICES.md lists them.
+KOKORO_LANGUAGE_NAMES = {
+    "a": "American English", "b": "British English", "e": "Spanish", "f": "French", "h": "Hindi",
+    "i": "Italian", "j": "Japanese", "p": "Brazilian Portuguese", "z": "Mandarin Chinese",
+}
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    name: str
+    language: str  # Kokoro code, the voice name's first letter
+    language_name: str
+    gender: str
+    spoken: bool  # the pipeline accepts this language (schemas.contract.LANGUAGES)
+
+
+@dataclass(frozen=True)
+class VoiceCatalog:
+    source: str  # where the voices come from (the weight source's description)
+    voices_dir: Path | None
+    voices: list[VoiceInfo]
+    fallback: str | None  # what a voice that is not here is synthesized with
+    per_language_default: dict[str, tuple[str, bool]]  # Kokoro code -> (the gate's voice, available)
+
+
+def describe_voice(name: str) -> VoiceInfo:
+    from schemas.contract import KOKORO_CODES
+
+    code = name[:1]
+    gender = {"f": "female", "m": "male"}.get(name[1:2], "?")
+    return VoiceInfo(name, code, KOKORO_LANGUAGE_NAMES.get(code, "unknown"), gender, code in KOKORO_CODES)
+
+
+def fallback_voice(default_voice: str, available: list[str]) -> str | None:
+    """The engine's rule (SynthesisEngine.load): the configured default voice when it is there,
+    else the first available voice by name; None when there are none."""
+    if default_voice in available:
+        return default_voice
+    return sorted(available)[0] if available else None
+
+
+def voice_catalog(settings: "Settings", hub_endpoint: str = HUB_ENDPOINT) -> VoiceCatalog:
+    """The voices the worker would load with these settings (no torch import: file names only)."""
+    from schemas.contract import DEFAULT_VOICES
+
+    try:
+        resolved = resolve_weights(settings, hub_endpoint)
+    except WeightsError as exc:
+        return VoiceCatalog(f"none ({exc})", None, [], None,
+                            {code: (voice, False) for code, voice in DEFAULT_VOICES.items()})
+    names = sorted(p.stem for p in Path(resolved.voices_dir).glob("*.pt"))
+    per_language = {}
+    for code, voice in DEFAULT_VOICES.items():
+        chosen = settings.default_voice if settings.default_voice[:1] == code else voice
+        per_language[code] = (chosen, chosen in names)
+    return VoiceCatalog(resolved.describe(), Path(resolved.voices_dir), [describe_voice(n) for n in names],
+                        fallback_voice(settings.default_voice, names), per_language)
