@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("text")
     p.add_argument("--agent", default="assistant")
     p.add_argument("--session", required=True)
-    p.add_argument("--turn", help="turn id (default: a new one)")
+    p.add_argument("--turn", help="turn id (default: a new one; printed first, before any token)")
     p.add_argument("--language")
     p.add_argument("--voice")
     p.add_argument("--token-ms", type=float, default=30.0, help="pause between tokens (default 30 ms)")
@@ -96,12 +96,16 @@ def run_replay(args: argparse.Namespace, settings) -> int:
 
 
 def run_say(args: argparse.Namespace, settings) -> int:
-    from agents.sdk import Publisher
+    from agents.sdk import Publisher, new_turn_id
     from agents.tokens import split_like_llm
+
+    turn_id = args.turn or new_turn_id()
+    # First, before any token: a caller can cancel the turn (or follow it) while it is spoken.
+    print(f"turn {turn_id} of session {args.session} (agent {args.agent})", flush=True)
 
     async def say() -> str:
         async with Publisher(settings, args.agent) as agent:
-            async with agent.turn(args.session, args.turn, language=args.language, voice=args.voice) as turn:
+            async with agent.turn(args.session, turn_id, language=args.language, voice=args.voice) as turn:
                 for i, piece in enumerate(split_like_llm(args.text)):
                     if i:
                         await asyncio.sleep(args.token_ms / 1000.0)

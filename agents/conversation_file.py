@@ -24,10 +24,11 @@ from typing import Any, Iterable, Iterator, Union
 from agents.sdk import END_OF_TURN, EVIDENCE_KINDS, TEXT_EVENT_KINDS, TOKEN, InvalidEventError, cancel_event, text_event
 from pipeline.settings import Settings
 from pipeline.topics import text_topic
+from schemas.contract import ControlAction
 
 FORMAT_VERSION = 1
 HEADER_KEY = "voicebus_conversation"
-CONTROL_ACTIONS = ("CANCEL",)
+CONTROL_ACTIONS = tuple(ControlAction)
 
 
 class ConversationFormatError(ValueError):
@@ -64,7 +65,7 @@ class ControlLine:
     t_ms: float
     session_id: str
     turn_id: str | None
-    action: str = "CANCEL"
+    action: str = ControlAction.CANCEL
     reason: str = ""
     source: str = ""
 

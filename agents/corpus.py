@@ -17,6 +17,7 @@ from pathlib import Path
 from agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine, save
 from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY, TOKEN
 from agents.tokens import split_like_llm
+from schemas.contract import ControlAction
 
 CORPUS_DIR = Path(str(resources.files("agents"))) / "conversations"
 
@@ -184,7 +185,7 @@ def _interrupted() -> Conversation:
     # cancel for the turn. The agent stops generating (no END_OF_TURN for t1: the turn is over).
     cancel_at = events[len(events) // 2].t_ms + 5.0
     del events[len(events) // 2 + 1 :]
-    events.append(ControlLine(cancel_at, "barge-1", "t1", "CANCEL", "barge-in", "user"))
+    events.append(ControlLine(cancel_at, "barge-1", "t1", ControlAction.CANCEL, "barge-in", "user"))
     clock.t_ms = cancel_at + 1200.0  # the user's question, then a new answer
     second = _TurnWriter(events, clock, "barge-1", "t2")
     second.say("Sure, I'll send you the invoice by email right now. It should arrive in a minute.")

@@ -10,12 +10,18 @@ Pure core: `SseDecoder` (bytes -> SSE `data` payloads, any chunking) and `delta_
 `speak_chat_completion` (publishes them through the SDK).
 
 When the stream goes wrong after it started: a stall (no bytes for `stall_timeout_s`) or a
-broken stream (connection reset, truncated body, an `error` event, unparseable JSON) ends the
-turn with what arrived (policy `end`, the default: the gate speaks the complete sentences and
-flushes the fragment) or cancels it (policy `cancel`: nothing of the turn is spoken), logs a
-warning, closes the connection and returns an `AdapterResult` saying what happened; it does not
-raise. Failures before the first byte (connection refused, a non-2xx status) raise
+broken stream (connection reset, truncated body, an `error` event, unparseable JSON, invalid
+UTF-8, a payload that is not a chat-completion chunk object, a line longer than
+`Settings.sse_max_line_bytes`) ends the turn with what arrived (policy `end`, the default: the
+gate speaks the complete sentences and flushes the fragment) or cancels it (policy `cancel`:
+nothing of the turn is spoken), logs a warning, closes the connection and returns an
+`AdapterResult` saying what happened; it does not raise. Any other failure once the turn is open
+(a publish that fails, the task being cancelled) still closes the turn the same way, logs an
+error and raises. Failures before the first byte (connection refused, a non-2xx status) raise
 `UpstreamError` and publish nothing: there is no turn yet.
+
+Memory is bounded: the decoder holds at most `max_line_bytes` of an unfinished line and of one
+event's data (`SseLineTooLong` beyond it), whatever the server sends.
 """
 
 from __future__ import annotations
@@ -52,27 +58,71 @@ class StreamBroken(AdapterError):
     """The stream ended abnormally: connection lost, bad JSON or an error event."""
 
 
+class SseLineTooLong(StreamBroken):
+    """A line (or one event's data) exceeded the decoder's `max_line_bytes`."""
+
+
+DEFAULT_MAX_LINE_BYTES = 1024 * 1024  # Settings.sse_max_line_bytes
+
+
 class SseDecoder:
     """Incremental Server-Sent Events parser: `feed(bytes)` returns the `data` payloads of the
-    events completed by these bytes. Handles CRLF/LF, multi-line data and comment lines."""
+    events completed by these bytes. Handles CRLF/LF, multi-line data and comment lines.
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    Raises `StreamBroken` for a line that is not UTF-8 and `SseLineTooLong` when an unfinished
+    line or one event's data grows past `max_line_bytes`: what it buffers stays bounded."""
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        if max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be positive, got {max_line_bytes}")
+        self.max_line_bytes = max_line_bytes
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of _buffer already searched for a newline (no rescans: linear time)
         self._data: list[str] = []
+        self._data_bytes = 0
+        self._error: StreamBroken | None = None
 
     def feed(self, chunk: bytes) -> list[str]:
+        """The payloads these bytes complete. A fault after some complete events in the same
+        bytes returns those events first and is raised by `raise_pending` (or the next call)."""
+        self.raise_pending()
         self._buffer += chunk
         events: list[str] = []
+        try:
+            self._parse(events)
+        except StreamBroken as exc:
+            self._error = exc
+            if not events:
+                raise
+        return events
+
+    def raise_pending(self) -> None:
+        """Raise the fault found after the events the last `feed` returned, if any."""
+        if self._error is not None:
+            raise self._error
+
+    def _parse(self, events: list[str]) -> None:
+        start = 0
         while True:
-            newline = self._buffer.find(b"\n")
+            newline = self._buffer.find(b"\n", max(start, self._scanned))
             if newline < 0:
-                return events
-            raw, self._buffer = self._buffer[:newline], self._buffer[newline + 1 :]
-            line = raw.rstrip(b"\r").decode("utf-8")
+                del self._buffer[:start]
+                self._scanned = len(self._buffer)
+                if self._scanned > self.max_line_bytes:
+                    raise SseLineTooLong(f"an SSE line grew past {self.max_line_bytes} bytes without ending")
+                return
+            raw = bytes(self._buffer[start:newline])
+            start = newline + 1
+            if len(raw) > self.max_line_bytes:
+                raise SseLineTooLong(f"an SSE line of {len(raw)} bytes exceeds {self.max_line_bytes}")
+            try:
+                line = raw.rstrip(b"\r").decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise StreamBroken(f"an SSE line is not UTF-8 ({exc.reason} at byte {exc.start}): {raw[:80]!r}") from None
             if not line:  # a blank line dispatches the event
                 if self._data:
                     events.append("\n".join(self._data))
-                    self._data = []
+                    self._data, self._data_bytes = [], 0
                 continue
             if line.startswith(":"):
                 continue  # comment / keep-alive
@@ -80,38 +130,61 @@ class SseDecoder:
             if value.startswith(" "):
                 value = value[1:]
             if name == "data":
+                self._data_bytes += len(value) + 1
+                if self._data_bytes > self.max_line_bytes:
+                    raise SseLineTooLong(f"an SSE event's data grew past {self.max_line_bytes} bytes")
                 self._data.append(value)
             # other fields (event, id, retry) carry nothing the adapter needs
 
     def close(self) -> list[str]:
         """Payloads left when the stream ends without a final blank line."""
+        self.raise_pending()
         events = self.feed(b"\n") if self._buffer else []
         if self._data:
             events.append("\n".join(self._data))
-            self._data = []
+            self._data, self._data_bytes = [], 0
         return events
 
 
-def delta_text(payload: dict[str, Any]) -> str:
-    """The text of the first choice's delta in one chunk (empty when it carries none)."""
+def _first_choice(payload: Any) -> dict[str, Any] | None:
+    """The choice with index 0 of a chunk; `StreamBroken` for anything not shaped like a chunk."""
+    if not isinstance(payload, dict):
+        raise StreamBroken(f"a chunk is a JSON object, got {type(payload).__name__}: {str(payload)[:100]!r}")
     if "error" in payload:
         raise StreamBroken(f"server sent an error event: {payload['error']!r}")
     choices = payload.get("choices") or []
+    if not isinstance(choices, list):
+        raise StreamBroken(f"'choices' is not a list: {str(choices)[:100]!r}")
     for choice in choices:
+        if not isinstance(choice, dict):
+            raise StreamBroken(f"a choice is not an object: {str(choice)[:100]!r}")
         if choice.get("index", 0) == 0:
-            return (choice.get("delta") or {}).get("content") or ""
-    return ""
-
-
-def finish_reason(payload: dict[str, Any]) -> str | None:
-    for choice in payload.get("choices") or []:
-        if choice.get("index", 0) == 0:
-            return choice.get("finish_reason")
+            return choice
     return None
 
 
+def delta_text(payload: Any) -> str:
+    """The text of the first choice's delta in one chunk (empty when it carries none)."""
+    choice = _first_choice(payload)
+    if choice is None:
+        return ""
+    delta = choice.get("delta") or {}
+    if not isinstance(delta, dict):
+        raise StreamBroken(f"'delta' is not an object: {str(delta)[:100]!r}")
+    content = delta.get("content") or ""
+    if not isinstance(content, str):
+        raise StreamBroken(f"'delta.content' is not a string: {str(content)[:100]!r}")
+    return content
+
+
+def finish_reason(payload: Any) -> str | None:
+    choice = _first_choice(payload)
+    return None if choice is None else choice.get("finish_reason")
+
+
 async def stream_deltas(http, url: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
-                        stall_timeout_s: float = 10.0, connect_timeout_s: float = 10.0) -> AsyncIterator[str]:
+                        stall_timeout_s: float = 10.0, connect_timeout_s: float = 10.0,
+                        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> AsyncIterator[str]:
     """POST a streaming chat completion and yield each non-empty content delta as it arrives.
 
     Raises `UpstreamError` before the stream starts, `StreamStalled`/`StreamBroken` during it."""
@@ -126,7 +199,7 @@ async def stream_deltas(http, url: str, body: dict[str, Any], *, headers: dict[s
         if response.status // 100 != 2:
             detail = (await response.text())[:500]
             raise UpstreamError(f"{url} answered HTTP {response.status}: {detail}")
-        decoder = SseDecoder()
+        decoder = SseDecoder(max_line_bytes)
         while True:
             try:
                 chunk = await asyncio.wait_for(response.content.readany(), stall_timeout_s)
@@ -135,17 +208,26 @@ async def stream_deltas(http, url: str, body: dict[str, Any], *, headers: dict[s
                 raise StreamStalled(f"no data from {url} for {stall_timeout_s:g} s") from None
             except (aiohttp.ClientError, OSError) as exc:
                 raise StreamBroken(f"stream from {url} broke: {exc!r}") from exc
-            payloads = decoder.feed(chunk) if chunk else decoder.close()
+            try:
+                payloads = decoder.feed(chunk) if chunk else decoder.close()
+            except StreamBroken as exc:
+                response.close()  # the rest of this stream is not read
+                raise type(exc)(f"stream from {url}: {exc}") from exc  # keeps SseLineTooLong
             for data in payloads:
                 if data.strip() == "[DONE]":
                     return
                 try:
                     payload = json.loads(data)
-                except json.JSONDecodeError as exc:
+                except (json.JSONDecodeError, RecursionError) as exc:
                     raise StreamBroken(f"stream from {url} sent non-JSON data: {data[:200]!r}") from exc
                 text = delta_text(payload)
                 if text:
                     yield text
+            try:
+                decoder.raise_pending()  # a fault that followed these payloads in the same bytes
+            except StreamBroken as exc:
+                response.close()
+                raise type(exc)(f"stream from {url}: {exc}") from exc
             if not chunk:
                 return  # the server closed the stream; without [DONE] we take it as the end
 
@@ -184,8 +266,10 @@ async def speak_chat_completion(
     stall_timeout_s: float = 10.0,
     on_interrupted: str = "end",
     extra_body: dict[str, Any] | None = None,
+    max_line_bytes: int | None = None,
 ) -> AdapterResult:
-    """Stream one chat completion into a turn of `session_id` (see the module doc for failures)."""
+    """Stream one chat completion into a turn of `session_id` (see the module doc for failures).
+    `max_line_bytes` defaults to the publisher's `Settings.sse_max_line_bytes`."""
     if on_interrupted not in POLICIES:
         raise ValueError(f"on_interrupted must be one of {POLICIES}, got {on_interrupted!r}")
     url = chat_completions_url(base_url)
@@ -195,7 +279,10 @@ async def speak_chat_completion(
     await publisher.ensure_agent_topic(turn.events.agent_id)  # before the first token, not on it
     pieces: list[str] = []
     outcome, error = DONE, None
-    deltas = stream_deltas(http, url, body, headers=headers, stall_timeout_s=stall_timeout_s)
+    if max_line_bytes is None:
+        max_line_bytes = publisher.settings.sse_max_line_bytes
+    deltas = stream_deltas(http, url, body, headers=headers, stall_timeout_s=stall_timeout_s,
+                           max_line_bytes=max_line_bytes)
     try:
         async for text in deltas:
             await turn.token(text)
@@ -204,10 +291,29 @@ async def speak_chat_completion(
         outcome, error = (STALLED if isinstance(exc, StreamStalled) else BROKEN), str(exc)
         log.warning("turn %s/%s %s after %d tokens: %s; %s", session_id, turn.turn_id, outcome, len(pieces), exc,
                     "ending it with what arrived" if on_interrupted == "end" else "cancelling it")
+    except UpstreamError:
+        raise  # before the first byte: nothing was published, there is no turn to close
+    except (Exception, asyncio.CancelledError) as exc:
+        # Not a stream fault (a publish failed, the caller cancelled us): a started turn is still
+        # closed, so the gate and the player are not left waiting for it, then the error goes on.
+        log.error("turn %s/%s failed after %d tokens: %r%s", session_id, turn.turn_id, len(pieces), exc,
+                  "; closing it" if pieces else "")
+        if not pieces:
+            raise
+        try:
+            await _close_turn(turn, BROKEN, on_interrupted)
+        except Exception as close_exc:  # e.g. the bus is down: the first error is the one raised
+            log.error("turn %s/%s could not be closed either: %r", session_id, turn.turn_id, close_exc)
+        raise
     finally:
         await deltas.aclose()
+    await _close_turn(turn, outcome, on_interrupted)
+    return AdapterResult(session_id, turn.turn_id, outcome, len(pieces), "".join(pieces), error)
+
+
+async def _close_turn(turn, outcome: str, on_interrupted: str) -> None:
+    """End the turn, or cancel it when it did not finish and the policy says so."""
     if outcome != DONE and on_interrupted == "cancel":
         await turn.cancel(reason=f"upstream {outcome}", source="openai-adapter")
     else:
         await turn.end()
-    return AdapterResult(session_id, turn.turn_id, outcome, len(pieces), "".join(pieces), error)

@@ -5,7 +5,11 @@ in it resolved, or the turn cancelled) and `to_conversation` turns decoded recor
 format, times taken from the records' own `produced_at_us`/`issued_at_us` relative to the first
 one. Thin shell: `record` follows every topic matching the pattern (an agent that appears
 mid-recording is picked up within 0.2 s), starts each partition at the recording's start time
-(`offsets_for_times`), and stops after a duration or once N turns are over.
+(`offsets_for_times`), and stops after a duration or once N turns are over. Each record goes
+through the shell's `RecordPolicy` (stage ``recorder``): a record that cannot be decoded or breaks
+the contract is left out of the recording and reported to the policy's error callback (default:
+a warning naming the record and the reason, and the policy's counter), never dead-lettered here:
+the recorder is a reader beside the pipeline, whose own consumers dead-letter the same record.
 """
 
 from __future__ import annotations
@@ -14,12 +18,16 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine
 from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
 from pipeline.clock import now_us
 from pipeline.settings import Settings
+from schemas.contract import ControlAction
+
+if TYPE_CHECKING:
+    from pipeline.shell import ErrorCallback, RecordFailure
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +66,19 @@ class TurnTracker:
 
     def observe(self, message_type: str, value: dict[str, Any]) -> None:
         if message_type == "ControlEvent":
-            if value.get("action") != "CANCEL":
+            if value.get("action") != ControlAction.CANCEL:
                 return
+            # No clocks compared (the canceller's and the agent's differ): a cancel names its
+            # turn, or lists them (the gate's resolution), or, listing none, covers every turn of
+            # the session seen so far, as every stage applies it (pipeline/cancel.py).
             session = value["session_id"]
             if value.get("turn_id") is not None:
-                self.finished.add((session, value["turn_id"]))
-                self._turns.setdefault((session, value["turn_id"]), _TurnState())
+                named = [value["turn_id"]]
             else:
-                for key, state in self._turns.items():
-                    if key[0] == session and state.first_at_us <= value["issued_at_us"]:
-                        self.finished.add(key)
+                named = list(value.get("turn_ids") or ()) or [t for s, t in self._turns if s == session]
+            for turn_id in named:
+                self.finished.add((session, turn_id))
+                self._turns.setdefault((session, turn_id), _TurnState())
             return
         key = (value["session_id"], value["turn_id"])
         state = self._turns.get(key)
@@ -104,6 +115,13 @@ def to_conversation(records: list[RecordedRecord], title: str = "", description:
     return Conversation(events, title, description)
 
 
+async def _skip_logged(failure: "RecordFailure") -> None:
+    """The recorder's default error callback: the record is left out of the recording, said so."""
+    record_ = failure.record
+    log.warning("recorder: left out %s[%s]@%s (%s): %s", record_.topic, record_.partition, record_.offset,
+                failure.reason, failure.error)
+
+
 def recorded_topics_pattern(settings: Settings) -> str:
     return "^(?:" + re.escape(settings.text_topic_prefix) + r"[A-Za-z0-9._-]+|" + re.escape(settings.control_topic) + ")$"
 
@@ -117,16 +135,19 @@ async def record(
     ready: asyncio.Event | None = None,
     title: str = "",
     description: str = "",
+    on_error: "ErrorCallback | None" = None,
 ) -> Conversation:
     """Record text and control events produced since `since_us` (default: now) until
     `duration_s` passed or `turns` turns are over, whichever comes first (at least one bound is
-    required). `ready` is set once the consumer reads the control topic. Records that fail to
-    decode are logged and skipped (the pipeline's own consumers dead-letter them)."""
+    required). `ready` is set once the consumer reads the control topic. A record that fails to
+    decode or breaks the contract is left out and handed to `on_error` (default: logged; the
+    pipeline's own consumers dead-letter it)."""
     from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
     from pipeline.bus import ensure_topics, make_consumer
-    from pipeline.codecs import CodecError, codec_for
+    from pipeline.codecs import codec_for
+    from pipeline.shell import RecordPolicy
 
     if duration_s is None and turns is None:
         raise RecordError("give a duration or a number of turns to stop after")
@@ -135,6 +156,7 @@ async def record(
     since_us = now_us() if since_us is None else since_us
     await ensure_topics(settings, [settings.control_topic])
     codec = codec_for(settings)
+    policy = RecordPolicy("recorder", settings, codec, None, on_error=on_error or _skip_logged)
     pattern = re.compile(recorded_topics_pattern(settings))
     # No consumer group: the recorder assigns partitions itself and keeps its own positions, so an
     # agent topic that appears mid-recording is added without a rebalance (a rebalance would
@@ -184,12 +206,10 @@ async def record(
             for tp, messages in batch.items():
                 for message in messages:
                     positions[tp] = message.offset + 1
-                    try:
-                        decoded = codec.decode(message.value)
-                    except CodecError as exc:
-                        log.warning("skipping undecodable record %s[%s]@%s: %s", tp.topic, tp.partition,
-                                    message.offset, exc)
-                        continue
+                    accepted = await policy.accept(message)
+                    if accepted is None:
+                        continue  # reported to on_error with its reason
+                    decoded = accepted.message
                     if decoded.type not in ("TextEvent", "ControlEvent"):
                         continue
                     record_ = RecordedRecord(decoded.type, decoded.value, len(records))

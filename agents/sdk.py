@@ -227,18 +227,24 @@ class Publisher:
         return self._producer
 
     async def ensure_agent_topic(self, agent_id: str) -> str:
-        """The agent's text topic, created if missing and its metadata loaded into the producer
-        (once per publisher). Call it before the clock matters: on a new topic this takes a few
+        """The agent's text topic, created if missing, its metadata loaded into the producer and
+        registered in the agent registry (``settings.agents_topic``) for the gate (once per
+        publisher). Call it before the clock matters: on a new topic this takes a few
         hundred milliseconds (creation, leader election) that would otherwise delay the first
         token and everything queued behind it."""
         from pipeline.bus import ensure_topics, register_schemas
+        from pipeline.shell import register_topic
 
         topic = text_topic(self.settings, agent_id)
         if topic not in self._ready_topics:
-            await ensure_topics(self.settings, [topic])
-            partitions = await self._require_producer().partitions_for(topic)
+            await ensure_topics(self.settings, [topic, self.settings.agents_topic])
+            producer = self._require_producer()
+            partitions = await producer.partitions_for(topic)
             await _wait_until_partitions_lead(self.settings, topic, partitions)
             await register_schemas(self.codec, {topic: "TextEvent"})
+            # The gate follows the agent registry: it reads the new topic within milliseconds
+            # instead of finding it by its periodic listing (docs/gate.md, "New agents").
+            await register_topic(producer, self.settings, agent_id, topic)
             self._ready_topics.add(topic)
         return topic
 

@@ -2,27 +2,41 @@
 creates topics, publishes encoded messages and dead-letters bad records.
 
 Every client made here has an owner that stops it (`async with` or an explicit `stop()`).
+
+Durability is set here for every stage at once: producers wait for every in-sync replica
+(acks=all) and are idempotent (a retried send is written once), and `ensure_topics` creates
+topics with the replication, ``min.insync.replicas``, retention and cleanup policy of
+`pipeline.topics` (docs/kafka.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import (KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
+                             TopicAlreadyExistsError)
 
 from pipeline.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
 from pipeline.settings import Settings
-from pipeline.topics import fixed_topics, session_key
+from pipeline.topics import Durability, durability, fixed_topics, session_key, topic_configs
 
 log = logging.getLogger(__name__)
 
-# Latency over throughput: a voice pipeline sends small events and wants each one now.
-PRODUCER_OPTIONS: dict[str, Any] = {"linger_ms": 0, "acks": 1, "enable_idempotence": False}
+# Latency over throughput: a voice pipeline sends small events and wants each one now
+# (linger 0). Nothing acknowledged may be lost when a broker dies: acks=all waits for every
+# in-sync replica (at least min.insync.replicas of them), and idempotence makes the producer's own
+# retries after a leader change write each record once. Its cost is in docs/benchmarks.md.
+PRODUCER_OPTIONS: dict[str, Any] = {"linger_ms": 0, "acks": "all", "enable_idempotence": True}
+
+
+class TopicCreationError(RuntimeError):
+    """The broker refused to create a topic (other than because it already exists)."""
 
 
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
@@ -42,23 +56,74 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
     return AIOKafkaConsumer(*topics, bootstrap_servers=settings.bootstrap, **options)
 
 
-async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, partitions: int | None = None) -> None:
-    """Create `names` (default: every fixed topic) if missing; idempotent."""
+# A broker that just died stays in the cluster metadata until the controller fences it (seconds);
+# an admin request the client sends to it fails with these. Retried until this long has passed.
+ADMIN_RETRY_S = 30.0
+ADMIN_REQUEST_TIMEOUT_MS = 10_000
+_RETRIABLE_ADMIN_ERRORS = (NodeNotReadyError, RequestTimedOutError, NotControllerError, KafkaTimeoutError,
+                           asyncio.TimeoutError)
+_RETRIABLE_TOPIC_ERROR_CODES = {RequestTimedOutError.errno, NotControllerError.errno}
+
+
+class _RetriableTopicError(Exception):
+    """A per-topic error in a CreateTopics response that a later attempt may not get."""
+
+
+async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, partitions: int | None = None,
+                        retry_s: float = ADMIN_RETRY_S) -> None:
+    """Create `names` (default: every fixed topic) if missing; idempotent.
+
+    Each new topic gets the replication of `pipeline.topics.durability` for the brokers the
+    cluster reports now, its class's retention and cleanup policy, and min.insync.replicas.
+    Topics that exist are left as they are (Kafka never changes a topic's replication by itself;
+    docs/kafka.md says how to alter one). A refusal raises `TopicCreationError`.
+
+    A request that reaches a broker that is down while others answer (one just killed, still in
+    the metadata) is retried with a fresh client for up to `retry_s` seconds; no broker answering
+    at all still fails at once (aiokafka's `KafkaConnectionError`).
+    """
     names = list(names) if names is not None else fixed_topics(settings)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    deadline = time.monotonic() + retry_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await _ensure_topics_once(settings, names, partitions)
+            return
+        except (*_RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
+            if time.monotonic() >= deadline:
+                raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
+            log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)
+            await asyncio.sleep(min(1.0, 0.1 * attempt))
+
+
+async def _ensure_topics_once(settings: Settings, names: list[str], partitions: int | None) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if not missing:
+            return
+        durable = await cluster_durability(settings, admin)
         wanted = [
-            NewTopic(n, num_partitions=partitions or settings.partitions, replication_factor=settings.replication_factor)
-            for n in names
-            if n not in existing
+            NewTopic(n, num_partitions=partitions or settings.partitions,
+                     replication_factor=durable.replication_factor,
+                     topic_configs=topic_configs(settings, n, durable))
+            for n in missing
         ]
-        if wanted:
-            try:
-                await admin.create_topics(wanted)
-            except TopicAlreadyExistsError:
-                pass  # a concurrent creator won the race: that's fine
+        try:
+            response = await admin.create_topics(wanted)
+        except TopicAlreadyExistsError:
+            return  # a concurrent creator won the race: that's fine
+        errors = [err for err in response.topic_errors if err[1] not in (0, TopicAlreadyExistsError.errno)]
+        described = [f"{err[0]}: error {err[1]}" + (f" ({err[2]})" if len(err) > 2 and err[2] else "")
+                     for err in errors]
+        if errors and all(err[1] in _RETRIABLE_TOPIC_ERROR_CODES for err in errors):
+            raise _RetriableTopicError("; ".join(described))
+        if errors:
+            raise TopicCreationError("Kafka refused to create " + "; ".join(described))
+        await _wait_until_described(admin, missing)
     finally:
         await admin.close()
 
@@ -71,6 +136,31 @@ async def register_schemas(codec: Codec, topics: Mapping[str, str]) -> None:
         return
     for topic, message_type in topics.items():
         await asyncio.to_thread(codec.register, topic, message_type)
+
+
+async def _wait_until_described(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 15.0) -> None:
+    """Until the metadata of just-created topics names a leader for every partition, so callers
+    (and a stage starting before anyone else) do not begin with "unknown topic" retries."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        if all(t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+               for t in described):
+            return
+        if loop.time() > deadline:
+            log.warning("topics %s have no leader for every partition after %.0f s", names, timeout_s)
+            return
+        await asyncio.sleep(0.05)
+
+
+async def cluster_durability(settings: Settings, admin: AIOKafkaAdminClient) -> Durability:
+    """`pipeline.topics.durability` for the brokers the cluster reports (alive, not fenced)."""
+    brokers = len((await admin.describe_cluster())["brokers"])
+    durable = durability(settings, brokers)
+    if not settings.replication_factor and brokers == 2:  # e.g. a 3-broker cluster with one down
+        log.warning("the cluster reports 2 brokers: new topics get 2 replicas, not 3")
+    return durable
 
 
 async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """The `voicebus` command line: one entry point, one subcommand per domain.
 
 Each domain module in `SUBCOMMAND_MODULES` exposes `register(subparsers)`, which adds its
-subcommand(s) and sets `func` on its parser. Heavy imports (torch, faust, aiohttp) happen inside
+subcommand(s) and sets `func` on its parser. Heavy imports (torch, aiohttp) happen inside
 those functions, so `voicebus --help` stays fast.
 """
 
@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = [
     "pipeline.broker",  # kafka fetch|start|status|stop
     "pipeline.registry_server",  # registry fetch|start|status|stop|register
     "pipeline.topics_cli",  # topics
+    "pipeline.settings_cli",  # settings
     "pipeline.gate.cli",  # segment, gate
     "pipeline.synthesis.cli",  # synth, weights, worker
     "players.cli",  # edge, token

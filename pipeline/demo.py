@@ -1,10 +1,15 @@
 """`voicebus demo`: the whole pipeline on this machine, end to end.
 
-It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there), a gate
-worker, a synthesis worker with the real Kokoro weights (offline pack unless configured
-otherwise) and the edge; replays the shipped conversations; prints the player URL with a
-session token for each session; writes each turn's audio to WAV; and prints a per-stage
-latency table of each turn's first audio.
+It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there), gate
+workers, synthesis workers with the real Kokoro weights (offline pack unless configured
+otherwise) and the edge. Then, in one of two modes:
+
+* ``--console`` (the default when stdin is a terminal): an incremental and a buffered lane
+  (`pipeline.runtime.buffered_lane`) and the demo console on the edge (`players.console`);
+  prints ONE console URL on a line of its own and keeps the pipeline up until Ctrl-C.
+* ``--batch`` (the default otherwise: CI, scripts, tests): replays the shipped conversations;
+  prints the player URL with a session token for each session; writes each turn's audio to WAV;
+  and prints a per-stage latency table of each turn's first audio.
 """
 
 from __future__ import annotations
@@ -30,15 +35,52 @@ def register(subparsers) -> None:
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1.0: recorded timing)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight model (noise, for a quick smoke run)")
     p.add_argument("--linger", type=float, default=0.0, metavar="S",
-                   help="keep the pipeline up S seconds after the last turn (to open the player URL)")
+                   help="--batch: keep the pipeline up S seconds after the last turn; console: stop after S seconds "
+                        "(default: until Ctrl-C)")
     p.add_argument("--turn-timeout", type=float, default=180.0, metavar="S")
-    p.set_defaults(func=run_demo)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--console", dest="mode", action="store_const", const="console",
+                      help="serve the web console until Ctrl-C (default when stdin is a terminal)")
+    mode.add_argument("--batch", dest="mode", action="store_const", const="batch",
+                      help="replay the conversations, write WAVs and the latency table, exit "
+                           "(default when stdin is not a terminal)")
+    p.set_defaults(func=run_demo, mode=None)
+
+
+def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
+    """Where the demo writes a turn's audio: ``<out>/<conversation>/<turn_id>.wav``. Both names come
+    from data (a conversation's name, a turn id in its file): each is made one safe file-name
+    component (`pipeline.paths.safe_name`), so no name leaves `out`."""
+    from pipeline.paths import path_under
+
+    return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
+
+
+def demo_mode(asked: str | None, stdin) -> str:
+    """``console`` or ``batch``: what was asked, else the console for a person at a terminal and
+    the batch run for everything else (CI, scripts, tests), which would otherwise wait forever."""
+    if asked:
+        return asked
+    return "console" if stdin is not None and stdin.isatty() else "batch"
 
 
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    import sys
+
     from rich.console import Console
 
+    from players.edge import InsecureEdgeConfig, check_exposure
+
     console = Console(width=max(120, Console().width))
+    try:
+        check_exposure(settings)
+    except InsecureEdgeConfig as exc:
+        console.print(f"[red]voicebus demo: {exc}")
+        return 2
+    if demo_mode(args.mode, sys.stdin) == "console":
+        from pipeline.demo_console import run_console_demo
+
+        return run_console_demo(args, settings)
     return asyncio.run(_demo(args, settings, console))
 
 
@@ -68,7 +110,8 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     from agents.corpus import corpus_path
     from agents.replay import copy_session_id, replay
     from pipeline.runtime import PipelineStack
-    from players.auth import issue_token
+    from players.auth import issue_token, player_url
+    from pipeline.paths import UnsafePath
     from players.listener import Listener
 
     names = [n.strip() for n in args.conversations.split(",") if n.strip()]
@@ -83,7 +126,11 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     with console.status("starting the pipeline") as status:
         agent_ids = tuple(sorted({e.agent_id for c in conversations.values() for e in c.events if e.type == "text"}))
         stack = PipelineStack(settings, engine, agent_ids=agent_ids)
-        await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+        try:
+            await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
+        except BaseException:
+            await stack.stop()  # what started before the failure (broker, gate process, worker) is stopped
+            raise
     try:
         console.log(f"pipeline up: Kafka at {stack.settings.bootstrap}, edge at {stack.edge_url}")
         run_id = time.strftime("%H%M%S")
@@ -95,7 +142,7 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
             try:
                 for sid in sessions.values():
                     token = issue_token(stack.settings.edge_secret, sid, stack.settings.token_ttl_s)
-                    console.print(f"[bold]{name}[/]: player {stack.edge_url}/?session={sid}&token={token}")
+                    console.print(f"[bold]{name}[/]: player {player_url(stack.edge_url, sid, token)}")
                 console.log(f"replaying {name!r}: {conversation.title}")
                 await replay(stack.settings, conversation.events, speed=args.speed, run_id=run_id)
                 for recorded_sid, turn_id in conversation.turns():
@@ -113,7 +160,15 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
                         table.add_row(f"{name}/{turn_id}" + (" (cancelled before audio)" if cancelled else " (no audio)"),
                                       *["-"] * len(TABLE_STAGES), "0")
                         continue
-                    wav = turn.write_wav(args.out / name / f"{turn_id}.wav")
+                    try:
+                        target = wav_path(args.out, name, turn_id)
+                    except UnsafePath as exc:
+                        failures += 1
+                        console.print(f"[red]{name}/{turn_id!r}: not written: {exc}")
+                        continue
+                    if target.name != f"{turn_id}.wav":
+                        console.log(f"turn id {turn_id!r} is written as {target.name} (a file name cannot carry it as is)")
+                    wav = turn.write_wav(target)
                     timeline = turn.timelines.get(turn.frames[0][1]) or next(iter(turn.timelines.values()), None)
                     stages = first_audio_stages(timeline, turn.first_audio_at_us) if timeline else {}
                     label = f"{name}/{turn_id}" + (" (cancelled)" if turn.stopped else "")

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from schemas.contract import LIMITS
 
 ENV_PREFIX = "VOICEBUS_"
+DEFAULT_EDGE_SECRET = "voicebus-dev-secret-change-me"  # public: the edge refuses it off loopback
 
 
 class SettingsError(ValueError):
@@ -34,18 +35,35 @@ class Settings:
     bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (``VOICEBUS_BOOTSTRAP``)."""
     partitions: int = 6
-    replication_factor: int = 1
+    """Partitions of each topic voicebus creates (a session stays in one partition: its key)."""
+    replication_factor: int = 0
+    """Replicas of each topic voicebus creates. 0 (default): min(3, brokers the cluster reports
+    when the topic is created), so 1 on the demo's single broker and 3 on a 3-broker cluster
+    (`pipeline.topics.durability`; the cluster is asked because a bootstrap list often names
+    only some of its brokers)."""
+    min_insync_replicas: int = 0
+    """``min.insync.replicas`` of each topic voicebus creates: how many replicas must have a
+    record before an acks=all produce succeeds. 0 (default): replication - 1 when replication
+    >= 2, else 1."""
     text_topic_prefix: str = "voicebus.text."
     """Agents publish to ``<prefix><agent_id>``; the gate subscribes to the prefix by pattern."""
     control_topic: str = "voicebus.control"
+    """Cancels (barge-in) for every stage, keyed by session."""
     synthesis_topic: str = "voicebus.synthesis"
+    """Sentences released by the gate, read by the synthesis workers (one group)."""
     audio_topic: str = "voicebus.audio"
+    """Audio chunks from the workers, read by every edge."""
     playback_topic: str = "voicebus.playback"
+    """Playback reports from the players (audible start, end, underruns), published by the edge."""
     deadletter_topic: str = "voicebus.deadletter"
+    """Records a stage could not handle, unchanged, with the reason in ``voicebus.error.*`` headers."""
     gate_changelog_topic: str = "voicebus-gate-gate_sessions-changelog"
+    """The changelog of the gate's session table (compacted, keyed by session)."""
     max_text_bytes: int = LIMITS.max_text_bytes
-    """A text field longer than this (UTF-8 bytes) is rejected as oversized and dead-lettered."""
+    """A text field longer than this many UTF-8 bytes (16384) is rejected as oversized: the SDK
+    refuses to publish it and a consumer dead-letters a record carrying one."""
     max_message_bytes: int = 1024 * 1024
+    """The largest Kafka record voicebus produces or fetches per partition (bytes)."""
     fetch_max_wait_ms: int = 100
     """How long the broker may park an idle consumer's fetch. It adds no latency (a parked fetch
     returns as soon as a record is appended) but each expiry is a round trip: 5 ms made every idle
@@ -68,31 +86,58 @@ class Settings:
 
     # --- local broker (voicebus kafka start|status|stop) -----------------------------------
     cache_dir: Path = field(default_factory=_default_cache_dir)
+    """Kafka jars, local broker data and Kokoro weights (default ``$XDG_CACHE_HOME/voicebus``)."""
     kafka_version: str = "4.4.0"
+    """The Apache Kafka version `voicebus kafka fetch|start` runs (jars from Maven Central)."""
     kafka_port: int = 9092
+    """The local broker's client port (`voicebus kafka start --port`). Every other command connects
+    to ``bootstrap``, which does not follow this port: set ``VOICEBUS_BOOTSTRAP`` to match."""
     kafka_controller_port: int = 9093
+    """The local broker's KRaft controller port (`voicebus kafka start --controller-port`)."""
 
     # --- local schema registry (voicebus registry fetch|start|status|stop) -----------------
     registry_version: str = "3.3.3"
     """Apicurio Registry version fetched from Maven Central (needs a Java 21+ runtime)."""
     registry_port: int = 8081
+    """Loopback port of the local registry's API (its management port is picked free at start)."""
 
     # --- gate ----------------------------------------------------------------------------------
     gate_app_id: str = "voicebus-gate"
+    """The gate's faust app id: its consumer group and the prefix of its internal topics."""
     gate_mode: str = "incremental"
     """``incremental``: each sentence goes to synthesis as soon as it is released (the point of
     voicebus). ``buffered``: the gate waits for the end of the turn and sends the whole answer
     as one request (the hand-off voicebus replaces; kept for the TTFA benchmark's comparison)."""
     default_language: str = "en"
+    """Language of a turn that names none (``en``, ``es``, ``pt``)."""
     default_voice: str = "af_heart"
+    """Kokoro voice of a turn that names none."""
     default_speed: float = 1.0
+    """Speech speed of a turn that names none (1.0 = the voice's own pace)."""
     first_clause_min_words: int = 8
     """Release a long first sentence early at a clause boundary once it has this many words
     (0 disables it). 8 was chosen by measurement: docs/segmentation.md."""
     hold_timeout_s: float = 10.0
+    """How long text waits behind a pending evidence mark before ``hold_timeout_policy`` applies."""
     hold_timeout_policy: str = "release"
     """What happens to text held behind a pending evidence mark when the hold times out:
     ``release`` or ``drop``."""
+    agents_topic: str = "voicebus.agents"
+    """The registry of agent text topics (compacted, key agent id): the SDK writes a record when
+    it creates or first uses its topic; every gate worker follows it and starts reading the new
+    topic within milliseconds (docs/gate.md)."""
+    topic_discovery_interval_s: float = 2.0
+    """How often a gate worker lists the broker's topics for text topics matching the prefix that
+    were never registered (producers other than the SDK)."""
+    gate_max_buffer_chars: int = 2048
+    """A turn's segmenter releases what it holds once its buffer reaches this many characters (cut
+    at a word boundary): run-on text and unclosed code fences cannot grow the state."""
+    gate_max_session_state_bytes: int = 256 * 1024
+    """The most one session's gate state may take (JSON bytes); past it the session's oldest
+    live turns are ended early. Below ``max_message_bytes``: the state is one changelog record."""
+    gate_session_idle_s: float = 3600.0
+    """A session with no event for this long is expired by the gate: its open turns are ended
+    and its state is deleted (a tombstone on the changelog)."""
 
     # --- synthesis -----------------------------------------------------------------------------
     weights_path: Path | None = None
@@ -103,11 +148,14 @@ class Settings:
     """Hugging Face hub use: ``auto`` (cache, then the hub when it answers a quick check),
     ``cache`` (cache only) or ``off`` (straight to the offline pack)."""
     worker_max_in_flight: int = 8
+    """Requests a synthesis worker holds at once (queued + running); beyond it its partitions pause."""
     chunk_ms: int = 150
+    """Duration of each AudioChunk the worker publishes (ms)."""
     opening_clause_min_words: int = 3
     """A turn's first sentence is synthesized in two pieces when its first clause has at least
     this many words, so the turn's first audio needs only that clause (0 disables it)."""
     max_lead_silence_ms: int = 20
+    """Silence kept before the sound of each synthesized piece (ms); see ``max_trail_silence_ms``."""
     max_trail_silence_ms: int = 250
     """Silence kept before and after the sound of each synthesized piece. Kokoro pads each
     forward pass with ~270 ms before and ~600 ms after; the lead delays the turn's first audible
@@ -116,13 +164,65 @@ class Settings:
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000
     """Consumer-group session timeout: how soon a dead worker's partitions move to another."""
+    worker_publish_backoff_s: float = 0.1
+    """A worker's failed send (audio chunk, dead letter) or commit is retried after this long,
+    doubling up to ``worker_publish_max_backoff_s``; the request stays uncommitted meanwhile."""
+    worker_publish_max_backoff_s: float = 5.0
+    """The longest wait between two tries of a worker's failed send or commit."""
+
+    # --- edge: hard limits (docs/edge.md, "Bounds") -------------------------------------------
+    edge_max_clients: int = 1000
+    """Player connections one edge serves at once; one more is refused with close 1013 ``edge-full``."""
+    edge_max_clients_per_session: int = 8
+    """Player connections of one session on one edge; one more is refused with close 1013 ``session-full``."""
+    edge_replay_max_bytes: int = 64 * 1024 * 1024
+    """All replay buffers of one edge together (bytes of encoded frames, 67108864 = 64 MiB, about 23
+    minutes of 24 kHz PCM16); past it the oldest sentences of the least recently active sessions go."""
+    edge_session_grace_s: float = 30.0
+    """How long an edge keeps a session's turns and replay after its last player left, for a
+    reconnect with ``resume``; after that, and for sessions none of its players listen to, it keeps nothing."""
+    edge_cancel_rate_per_s: float = 2.0
+    """Cancels one player connection may send per second, sustained (token bucket refill rate)."""
+    edge_cancel_burst: int = 5
+    """Cancels one player connection may send at once (token bucket size); beyond the rate an
+    extra cancel is refused with the error ``rate-limited`` (the connection stays up)."""
+    edge_cancel_lookback_s: float = 60.0
+    """A starting edge applies the cancels of this many seconds back before it serves audio."""
 
     # --- edge ----------------------------------------------------------------------------------
     edge_host: str = "127.0.0.1"
+    """The edge's listen address. Anything but a loopback address needs a real ``edge_secret``:
+    the edge refuses to start there with the default or an empty one (docs/edge.md)."""
     edge_port: int = 8765
-    edge_secret: str = "voicebus-dev-secret-change-me"
+    """The edge's listen port (web player, ``/ws``, ``/healthz``)."""
+    edge_secret: str = DEFAULT_EDGE_SECRET
+    """The HMAC key of player tokens. The default is public: fine on loopback only. Empty is refused."""
     token_ttl_s: int = 3600
+    """How long a token from `voicebus token` stays valid (seconds)."""
     client_queue_frames: int = 256
+    """Audio frames queued per player connection before the oldest queued sentence is skipped."""
+    edge_metrics_port: int = 0
+    """0: ``/metrics`` is served on the player port to loopback clients only (others get 403).
+    A port: ``/metrics`` is served there, on ``edge_metrics_host``, and not on the player port."""
+    edge_metrics_host: str = "127.0.0.1"
+    """The listen address of the metrics port (used when ``edge_metrics_port`` is set)."""
+    edge_allowed_origins: str = ""
+    """Comma-separated browser origins (``https://app.example.com``) allowed to open ``/ws``.
+    Empty: the edge's own origin and loopback origins only; ``*``: any. A request without an
+    ``Origin`` header (not a browser) is not checked. Refused: close 4403 ``origin-not-allowed``."""
+
+    # --- agents --------------------------------------------------------------------------------
+    sse_max_line_bytes: int = 1024 * 1024
+    """The longest Server-Sent Events line (and event) the OpenAI adapter buffers: 1048576 bytes.
+    A chat-completion chunk is a few hundred bytes; a longer line breaks the stream (the turn ends)."""
+
+    # --- demo console (players/console.py, docs/edge.md) ----------------------------------------
+    console_token_ms: float = 30.0
+    """The console streams typed text as LLM-like tokens, one every this many milliseconds."""
+    console_max_text_chars: int = 2000
+    """The longest text the console accepts to speak (longer is refused with 413)."""
+    console_max_sessions: int = 64
+    """Console sessions kept at once (one per opened page); the oldest idle one is forgotten beyond."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
@@ -159,6 +259,23 @@ class Settings:
     @property
     def weights_cache_dir(self) -> Path:
         return self.cache_dir / "weights"
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring (the string literal under it in this module), whitespace folded;
+    ``""`` for a field without one. Read from the source: attribute docstrings are not kept at run time."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(Settings))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {f.name: "" for f in fields(Settings)}
+    for node, following in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
 
 
 def _parse(f: dataclasses.Field, raw: str) -> Any:

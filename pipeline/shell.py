@@ -16,6 +16,9 @@
   timestamp (or from the end), caught up to the topic's end before `start` returns, then followed
   in its own supervised task. Control never waits behind data because it is never in the same
   consumer as data: stages check the cancel state the follower updates before acting on data.
+- `TopicDiscovery`: topics of a family (the agents' text topics) as they appear: the agent
+  registry topic followed from its beginning (what the SDK writes, `register_topic`), and a
+  periodic listing of the broker's topics for producers that do not register.
 
 Layering: stages -> shell -> bus, codecs -> schemas.contract, settings.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import inspect
 import logging
 import time
@@ -143,6 +147,8 @@ class RecordPolicy:
         if self.producer is None:
             raise RuntimeError(f"{self.stage}: no producer to dead-letter {record.topic}[{record.partition}]@{record.offset}")
         headers = deadletter_headers(failure.error, record.topic, record.partition, record.offset)
+        # the reason the counter uses (an untyped error is "handler-error", not the codec's "unhandled")
+        headers = [(k, failure.reason.encode()) if k == "voicebus.error.reason" else (k, v) for k, v in headers]
         headers.append(("voicebus.error.stage", self.stage.encode()))
         await self.producer.send_and_wait(self.settings.deadletter_topic, record.value, key=record.key, headers=headers)
         log.warning("%s: dead-lettered %s[%s]@%s (%s): %s", self.stage, record.topic, record.partition,
@@ -270,9 +276,10 @@ class ControlFollower:
         self.clock_us = clock_us
         self.consumer: "AIOKafkaConsumer | None" = None
         self.applied = 0
+        self._next: dict = {}  # partition -> the next offset to apply (where a reopen resumes)
+        self._broken = False
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
         from aiokafka.structs import TopicPartition
 
         s = self.settings
@@ -280,12 +287,8 @@ class ControlFollower:
             raise ControlCatchUpError("the control follower needs the stage's started producer")
         partitions = await self.policy.producer.partitions_for(s.control_topic)  # waits for metadata
         tps = [TopicPartition(s.control_topic, p) for p in sorted(partitions)]
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
-        await self.consumer.start()
+        self.consumer = await self._open(tps)
         try:
-            self.consumer.assign(tps)
             if self.lookback_s > 0:
                 since_ms = self.clock_us() // 1000 - int(self.lookback_s * 1000)
                 found = await self.consumer.offsets_for_times({tp: since_ms for tp in tps})
@@ -302,6 +305,17 @@ class ControlFollower:
             await self.stop()
             raise
 
+    async def _open(self, tps: list) -> "AIOKafkaConsumer":
+        from aiokafka import AIOKafkaConsumer
+
+        s = self.settings
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
+            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        await consumer.start()
+        consumer.assign(tps)
+        return consumer
+
     async def _catch_up(self, tps: list) -> None:
         assert self.consumer is not None
         ends = await self.consumer.end_offsets(tps)
@@ -317,18 +331,182 @@ class ControlFollower:
             await self._apply(await self.consumer.getmany(*behind, timeout_ms=200))
 
     async def follow(self) -> None:
-        """Apply control events as they come, until cancelled."""
+        """Apply control events as they come, until cancelled. If the consumer fails, the next
+        call (the supervisor's restart) reopens a fresh one where the failed one stopped."""
         assert self.consumer is not None, "start() first"
-        while True:
-            await self._apply(await self.consumer.getmany(timeout_ms=500))
+        if self._broken:
+            await self._reopen()
+        try:
+            while True:
+                await self._apply(await self.consumer.getmany(timeout_ms=500))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._broken = True
+            raise
+
+    async def _reopen(self) -> None:
+        assert self.consumer is not None
+        tps = sorted(self.consumer.assignment())
+        positions = {tp: self._next.get(tp) for tp in tps}
+        with contextlib.suppress(Exception):  # it failed already; its own errors are not news
+            await self.consumer.stop()
+        self.consumer = await self._open(tps)
+        for tp, offset in positions.items():
+            if offset is None:
+                await self.consumer.seek_to_end(tp)
+            else:
+                self.consumer.seek(tp, offset)
+        self._broken = False
+        log.warning("control follower reopened its consumer at %s", {tp.partition: o for tp, o in positions.items()})
 
     async def _apply(self, batch: dict) -> None:
-        for records in batch.values():
+        for tp, records in batch.items():
             for record in records:
                 if await self.policy.process(record, "ControlEvent", lambda d: self.on_event(d.message.value)):
                     self.applied += 1
+                self._next[tp] = record.offset + 1
 
     async def stop(self) -> None:
         if self.consumer is not None:
             await self.consumer.stop()
             self.consumer = None
+
+
+# --- topic discovery ---------------------------------------------------------------------------
+
+
+def registry_record(agent_id: str, topic: str) -> tuple[bytes, bytes]:
+    """The agent registry's record for one agent's text topic: (key, value)."""
+    return agent_id.encode("utf-8"), json.dumps({"agent_id": agent_id, "topic": topic}).encode("utf-8")
+
+
+async def register_topic(producer: "AIOKafkaProducer", settings: Settings, agent_id: str, topic: str) -> None:
+    """Tell every follower of the agent registry (the gate) that `topic` carries `agent_id`'s
+    text. Returns once the broker acked."""
+    key, value = registry_record(agent_id, topic)
+    await producer.send_and_wait(settings.agents_topic, value, key=key)
+
+
+class TopicDiscovery:
+    """Topics matching a pattern, as they appear, handed to ``on_topics(names)``.
+
+    Two sources: (a) the registry topic (``settings.agents_topic``, compacted, key agent id,
+    value JSON with its ``topic``), read from its beginning by a consumer of its own (no group),
+    so a registered topic reaches ``on_topics`` within a fetch; (b) a listing of the broker's
+    topics every ``interval_s``, for producers that create topics without registering. `start`
+    reads the registry to its end and lists once before it returns, so the caller knows every
+    topic that exists; then run `follow_registry` and `poll_listing` under the stage's
+    `Supervisor`. A registry record naming a topic that does not match the pattern is refused
+    (error log, counter ``voicebus_registry_records_refused_total``). ``on_topics`` gets only
+    names it has not been given before."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pattern: str,
+        on_topics: Callable[[set[str]], Awaitable[Any]],
+        producer: "AIOKafkaProducer",
+        *,
+        interval_s: float = 2.0,
+        policy_stage: str = "discovery",
+        registry: Any = None,
+        catch_up_timeout_s: float = 15.0,
+    ) -> None:
+        import re
+
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.settings = settings
+        self.pattern = re.compile(pattern)
+        self.on_topics = on_topics
+        self.producer = producer
+        self.interval_s = interval_s
+        self.stage = policy_stage
+        self.catch_up_timeout_s = catch_up_timeout_s
+        self.known: set[str] = set()
+        self.consumer: "AIOKafkaConsumer | None" = None
+        self._refused = Counter("voicebus_registry_records_refused", "Registry records naming no valid topic",
+                                ["stage"], registry=registry if registry is not None else CollectorRegistry())
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.structs import TopicPartition
+
+        s = self.settings
+        partitions = await self.producer.partitions_for(s.agents_topic)
+        tps = [TopicPartition(s.agents_topic, p) for p in sorted(partitions)]
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        await self.consumer.start()
+        try:
+            self.consumer.assign(tps)
+            await self.consumer.seek_to_beginning(*tps)
+            ends = await self.consumer.end_offsets(tps)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.catch_up_timeout_s
+            found: set[str] = set()
+            while behind := [tp for tp in tps if await self.consumer.position(tp) < ends[tp]]:
+                if loop.time() > deadline:
+                    raise ControlCatchUpError(f"{s.agents_topic} not read to its end in {self.catch_up_timeout_s}s")
+                found |= self._topics_in(await self.consumer.getmany(*behind, timeout_ms=200))
+            found |= await self._list()
+            await self._hand_over(found)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def follow_registry(self) -> None:
+        assert self.consumer is not None, "start() first"
+        while True:
+            found = self._topics_in(await self.consumer.getmany(timeout_ms=1000))
+            if found:
+                await self._hand_over(found)
+
+    async def poll_listing(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self._hand_over(await self._list())
+
+    async def _list(self) -> set[str]:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
+        await admin.start()
+        try:
+            return {t for t in await admin.list_topics() if self.pattern.match(t)}
+        finally:
+            await admin.close()
+
+    def _topics_in(self, batch: dict) -> set[str]:
+        found: set[str] = set()
+        for records in batch.values():
+            for record in records:
+                if record.value is None:
+                    continue  # a tombstone: the agent left; its topic stays readable until deleted
+                try:
+                    topic = json.loads(record.value)["topic"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    self._refused.labels(self.stage).inc()
+                    log.error("%s: registry record %s[%s]@%s refused: not a registry record (%r)", self.stage,
+                              record.topic, record.partition, record.offset, exc)
+                    continue
+                if isinstance(topic, str) and self.pattern.match(topic):
+                    found.add(topic)
+                else:  # another deployment's prefix sharing the registry, or garbage: not ours
+                    self._refused.labels(self.stage).inc()
+                    log.warning("%s: registry record %s[%s]@%s names %r, which does not match %s", self.stage,
+                                record.topic, record.partition, record.offset, topic, self.pattern.pattern)
+        return found
+
+    async def _hand_over(self, found: set[str]) -> None:
+        new = found - self.known
+        if new:
+            await self.on_topics(new)
+            self.known |= new
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            consumer, self.consumer = self.consumer, None
+            await consumer.stop()

@@ -2,7 +2,12 @@
 
 A token is ``<payload>.<signature>``, both base64url without padding; the payload is compact JSON
 ``{"s": session_id, "exp": epoch_seconds}`` and the signature is HMAC-SHA256 of the payload bytes
-with the edge secret (`Settings.edge_secret`). Pure: the clock is a parameter.
+with the edge secret (`Settings.edge_secret`). An empty secret is refused (`MissingSecret`): it
+would make every token forgeable. Pure: the clock is a parameter.
+
+The player page gets its token in the URL *fragment* (`player_url`: ``/#session=S&token=T``):
+browsers never send a fragment to a server, so the token stays out of access logs, proxies and
+``Referer`` headers; the page reads it from ``location.hash`` and sends it in the WebSocket hello.
 """
 
 from __future__ import annotations
@@ -13,6 +18,10 @@ import hashlib
 import hmac
 import json
 import time
+
+
+class MissingSecret(ValueError):
+    """The edge secret is empty: no token may be minted or checked with it."""
 
 
 class TokenError(ValueError):
@@ -46,6 +55,8 @@ def _unb64(text: str) -> bytes:
 
 
 def _sign(secret: str, payload: bytes) -> bytes:
+    if not secret:
+        raise MissingSecret("the edge secret (VOICEBUS_EDGE_SECRET) is empty: tokens cannot be minted or checked")
     return hmac.new(secret.encode("utf-8"), payload, hashlib.sha256).digest()
 
 
@@ -57,8 +68,11 @@ def issue_token(secret: str, session_id: str, ttl_s: int, now_s: float | None = 
 
 
 def verify_token(secret: str, token: str, session_id: str, now_s: float | None = None) -> None:
-    """Raise a `TokenError` unless `token` is signed with `secret`, unexpired and for `session_id`."""
+    """Raise a `TokenError` unless `token` is signed with `secret`, unexpired and for `session_id`
+    (`MissingSecret` for an empty `secret`, before looking at the token)."""
     now_s = time.time() if now_s is None else now_s
+    if not secret:
+        raise MissingSecret("the edge secret (VOICEBUS_EDGE_SECRET) is empty: tokens cannot be checked")
     if not isinstance(token, str) or token.count(".") != 1:
         raise MalformedToken("a token is <payload>.<signature>")
     payload_text, signature_text = token.split(".")
@@ -78,3 +92,10 @@ def verify_token(secret: str, token: str, session_id: str, now_s: float | None =
         raise ExpiredToken("token expired")
     if token_session != session_id:
         raise WrongSession("token is for another session")
+
+
+def player_url(edge_url: str, session_id: str, token: str) -> str:
+    """The web player's URL for `session_id`: session and token in the fragment (never sent to a server)."""
+    from urllib.parse import urlencode
+
+    return f"{edge_url.rstrip('/')}/#{urlencode({'session': session_id, 'token': token})}"

@@ -1,10 +1,10 @@
 """`voicebus edge` (run the player edge) and `voicebus token` (print a signed session token and
-the player URL)."""
+the player URL, the token in its fragment: ``http://<edge>/#session=S&token=T``)."""
 
 from __future__ import annotations
 
 import argparse
-from urllib.parse import urlencode
+import sys
 
 
 def register(subparsers) -> None:
@@ -24,19 +24,31 @@ def run_edge(args: argparse.Namespace, settings) -> int:
 
     from aiohttp import web
 
-    from players.edge import make_app
+    from players.edge import InsecureEdgeConfig, make_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    host, port = args.host or settings.edge_host, args.port or settings.edge_port
+    settings = settings.replace(edge_host=args.host or settings.edge_host, edge_port=args.port or settings.edge_port)
+    try:
+        app = make_app(settings)
+    except InsecureEdgeConfig as exc:
+        print(f"voicebus edge: {exc}", file=sys.stderr)
+        return 2
+    host, port = settings.edge_host, settings.edge_port
     print(f"voicebus edge on http://{host}:{port}/ (bus {settings.bootstrap}, audio {settings.audio_topic})", flush=True)
-    web.run_app(make_app(settings), host=host, port=port, print=None)
+    web.run_app(app, host=host, port=port, print=None)
     return 0
 
 
 def print_token(args: argparse.Namespace, settings) -> int:
-    from players.auth import issue_token
+    from players.auth import issue_token, player_url
+    from players.edge import InsecureEdgeConfig, check_exposure
 
+    try:
+        check_exposure(settings)  # the edge these settings describe would refuse this secret
+    except InsecureEdgeConfig as exc:
+        print(f"voicebus token: {exc}", file=sys.stderr)
+        return 2
     token = issue_token(settings.edge_secret, args.session, args.ttl or settings.token_ttl_s)
     print(token)
-    print(f"http://{settings.edge_host}:{settings.edge_port}/?{urlencode({'session': args.session, 'token': token})}")
+    print(player_url(f"http://{settings.edge_host}:{settings.edge_port}", args.session, token))
     return 0

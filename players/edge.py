@@ -7,12 +7,19 @@ and replay logic live in the pure `players.router.SessionRouter`; this module is
 
 Routes: ``/`` (the web player), ``/web/*`` (its files), ``/ws`` (the protocol of
 `docs/protocol.md`), ``/metrics`` (Prometheus), ``/healthz``.
+
+Closed by default (docs/edge.md): `make_app` refuses settings that would serve the public default
+secret (or an empty one) beyond loopback (`InsecureEdgeConfig`); ``/metrics`` answers loopback
+clients only unless it has its own port (`Settings.edge_metrics_port`); a browser page of another
+origin than the edge's own (or a loopback one) cannot open ``/ws`` unless
+`Settings.edge_allowed_origins` lists it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import time
 from collections import deque
@@ -23,12 +30,13 @@ from aiohttp import WSMsgType, web
 
 from pipeline.clock import now_us
 from pipeline.codecs import codec_for
-from pipeline.settings import Settings
+from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
+from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from players import protocol
 from players.auth import TokenError, verify_token
 from players.metrics import EdgeMetrics
-from players.router import ClientChannel, ClientClosed, OutFrame, SessionRouter, UnroutableChunk
-from schemas.contract import ControlAction
+from players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
+from schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
 
@@ -45,75 +53,191 @@ CLIENTS_KEY = web.AppKey("client_sockets", set)
 HELLO_TIMEOUT_KEY = web.AppKey("hello_timeout_s", float)
 
 
+class InsecureEdgeConfig(RuntimeError):
+    """The settings would expose the edge with a secret anyone knows (or none): it refuses to start."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen address or host name only reaches this machine (``localhost``, 127.0.0.0/8,
+    ``::1``). Empty, ``0.0.0.0``, ``::`` and other names are not."""
+    host = host.strip().strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings) -> None:
+    """Raise `InsecureEdgeConfig` when the edge would mint or check tokens with an empty secret,
+    or listen beyond loopback with the public default secret."""
+    var = f"{ENV_PREFIX}EDGE_SECRET"
+    if not settings.edge_secret:
+        raise InsecureEdgeConfig(f"{var} is empty: every player token would be forgeable. "
+                                 f"Set it to a long random string (e.g. `openssl rand -hex 32`).")
+    if settings.edge_secret == DEFAULT_EDGE_SECRET and not is_loopback_host(settings.edge_host):
+        raise InsecureEdgeConfig(
+            f"refusing to listen on {settings.edge_host!r} with the default {var} (it is public: anyone could "
+            f"mint a token for any session). Set {var} to a long random string (e.g. `openssl rand -hex 32`), "
+            f"or listen on loopback ({ENV_PREFIX}EDGE_HOST=127.0.0.1).")
+    if settings.edge_metrics_port and settings.edge_metrics_port == settings.edge_port:
+        raise InsecureEdgeConfig(f"{ENV_PREFIX}EDGE_METRICS_PORT must differ from {ENV_PREFIX}EDGE_PORT "
+                                 f"({settings.edge_port}); 0 keeps /metrics on the player port for loopback clients")
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: str) -> bool:
+    """The Origin policy of ``/ws`` (pure): no Origin header (not a browser) passes; the edge's own
+    origin (Origin's host:port equals the request's Host) passes; ``*`` in `allowed` passes all;
+    otherwise an origin must be listed in `allowed` (comma-separated), or, when `allowed` is empty,
+    be a loopback origin (``http://localhost:3000``)."""
+    if origin is None:
+        return True
+    from urllib.parse import urlsplit
+
+    wanted = {o.strip().rstrip("/").lower() for o in allowed.split(",") if o.strip()}
+    origin = origin.strip().rstrip("/").lower()
+    if "*" in wanted or origin in wanted:
+        return True
+    try:
+        parts = urlsplit(origin)
+        netloc, hostname = parts.netloc, parts.hostname or ""
+    except ValueError:
+        return False
+    if host and netloc and netloc == host.lower():
+        return True
+    return not wanted and parts.scheme in ("http", "https") and is_loopback_host(hostname)
+
+
+def host_allowed(host: str | None, secret: str) -> bool:
+    """With the public default secret (a loopback-only edge) the request's ``Host`` must be a
+    loopback name too (``localhost``, ``127.0.0.1``, ``[::1]``), which shuts out DNS rebinding;
+    with a real secret any Host passes (a proxy may forward a public name)."""
+    if secret != DEFAULT_EDGE_SECRET:
+        return True
+    from urllib.parse import urlsplit
+
+    try:
+        hostname = urlsplit(f"//{host or ''}").hostname or ""
+    except ValueError:
+        return False
+    return is_loopback_host(hostname)
+
+
 class KafkaLink:
-    """The edge's Kafka clients: consumes audio + control (control first in every batch: control
-    overtakes data), publishes cancels and playback reports. Owned by the app's cleanup_ctx."""
+    """The edge's Kafka clients, owned by the app's cleanup_ctx: an audio consumer (no group:
+    every edge sees every session), a `ControlFollower` with its own consumer (control never waits
+    behind audio), and one producer for cancels, playback reports and dead letters.
+
+    Every record goes through one `RecordPolicy` (stage ``edge``): a record that cannot be decoded,
+    breaks the contract (a negative sentence_seq, ...) or makes the router raise is dead-lettered
+    with its reason and the edge goes on with the next one. The consume and follow tasks run under
+    a `Supervisor`: a task that dies anyway is restarted, and ``/healthz`` says so."""
 
     def __init__(self, settings: Settings, router: SessionRouter, metrics: EdgeMetrics) -> None:
         self.settings, self.router, self.metrics = settings, router, metrics
         self.codec = codec_for(settings)
         self.producer: Any = None
         self.consumer: Any = None
-        self.task: asyncio.Task | None = None
+        self.policy: RecordPolicy | None = None
+        self.follower: ControlFollower | None = None
+        self.supervisor = Supervisor("edge", registry=metrics.registry)
+        self._positions: dict[Any, int] = {}  # audio partition -> next offset to read
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        from aiokafka import TopicPartition
-
-        from pipeline.bus import ensure_topics, make_consumer, make_producer
+        from pipeline.bus import ensure_topics, make_producer
 
         s = self.settings
         await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.deadletter_topic])
         self.producer = make_producer(s)
         await self.producer.start()
-        # No consumer group: every edge sees every session (clients of a session may be on any edge).
-        self.consumer = make_consumer(s, group_id=None)
-        await self.consumer.start()
-        tps = [TopicPartition(t, p) for t in (s.control_topic, s.audio_topic) for p in sorted(await self.producer.partitions_for(t))]
-        self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
-        for tp in tps:  # resolve positions now, so "ready" means nothing published from here on is missed
-            await self.consumer.position(tp)
-        self.task = asyncio.create_task(self._consume(), name="edge-kafka-consumer")
+        self.policy = RecordPolicy("edge", s, self.codec, self.producer, on_error=self._on_bad_record,
+                                   registry=self.metrics.registry)
+        # Cancels first: caught up to the end of the control topic before any audio is read.
+        self.follower = ControlFollower(s, self.policy, self.router.apply_control, lookback_s=s.edge_cancel_lookback_s)
+        await self.follower.start()
+        await self._open_consumer()
+        self.supervisor.start("control", self.follower.follow)
+        self.supervisor.start("audio", self._consume)
         self.ready.set()
         log.info("edge consuming %s and %s from %s", s.audio_topic, s.control_topic, s.bootstrap)
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-        if self.consumer is not None:
-            await self.consumer.stop()
+        await self.supervisor.stop()
+        if self.follower is not None:
+            await self.follower.stop()
+        await self._close_consumer()
         if self.producer is not None:
             await self.producer.stop()
 
     @property
     def healthy(self) -> bool:
-        return self.ready.is_set() and self.task is not None and not self.task.done()
+        """Started, and every task is running (not dead, not waiting to be restarted)."""
+        health = self.supervisor.health()
+        # not running with restarts: dead and waiting for its restart (not yet running: just started)
+        waiting = any(not h["running"] and h["restarts"] for h in health.values())
+        return self.ready.is_set() and bool(health) and self.supervisor.healthy and not waiting
 
-    async def _consume(self) -> None:
-        from pipeline.bus import dead_letter, decode_or_dead_letter
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per task: running, restarts, last error (for ``/healthz``)."""
+        return self.supervisor.health()
+
+    async def _on_bad_record(self, failure: RecordFailure) -> None:
+        self.metrics.bad_records.inc()
+        assert self.policy is not None
+        await self.policy.dead_letter(failure)
+
+    async def _open_consumer(self) -> None:
+        """The audio consumer: no consumer group (every edge sees every session: clients of a
+        session may be on any edge), at the end of each partition the first time, then where the
+        previous consumer stopped (a restart after the task died)."""
+        from aiokafka import TopicPartition
+
+        from pipeline.bus import make_consumer
 
         s = self.settings
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=100)
-            consumed_ns, received_us = time.perf_counter_ns(), now_us()
-            records = [r for tp, rs in batches.items() for r in rs]
-            records.sort(key=lambda r: r.topic != s.control_topic)  # stable: control first
-            for record in records:
-                expect = "ControlEvent" if record.topic == s.control_topic else "AudioChunk"
-                decoded = await decode_or_dead_letter(self.producer, s, self.codec, record, expect=expect)
-                if decoded is None:
-                    self.metrics.bad_records.inc()
-                elif expect == "ControlEvent":
-                    self.router.apply_control(decoded.value)
-                else:
-                    try:
-                        self.router.route(decoded.value, consumed_ns, received_us)
-                    except UnroutableChunk as exc:
-                        self.metrics.bad_records.inc()
-                        await dead_letter(self.producer, s, record, exc)
+        self.consumer = make_consumer(s, group_id=None)
+        await self.consumer.start()
+        try:
+            tps = [TopicPartition(s.audio_topic, p) for p in sorted(await self.producer.partitions_for(s.audio_topic))]
+            self.consumer.assign(tps)
+            new = [tp for tp in tps if tp not in self._positions]
+            if new:  # (seek_to_end() without partitions would move every one)
+                await self.consumer.seek_to_end(*new)
+            for tp in tps:
+                if tp in self._positions:
+                    self.consumer.seek(tp, self._positions[tp])
+                # resolved now, so "ready" means nothing published from here on is missed
+                self._positions[tp] = await self.consumer.position(tp)
+        except BaseException:
+            await self._close_consumer()
+            raise
+
+    async def _close_consumer(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def _consume(self) -> None:
+        """Route audio records until cancelled. Each record's failure is the policy's; if the
+        loop itself dies (its consumer failed), the Supervisor restarts it with a new consumer."""
+        assert self.policy is not None
+        if self.consumer is None:
+            await self._open_consumer()
+        try:
+            while True:
+                batches = await self.consumer.getmany(timeout_ms=100)
+                consumed_ns, received_us = time.perf_counter_ns(), now_us()
+                for tp, records in batches.items():
+                    for record in records:
+                        await self.policy.process(
+                            record, "AudioChunk",
+                            lambda d: self.router.route(d.message.value, consumed_ns, received_us))
+                        self._positions[tp] = record.offset + 1
+        except BaseException:
+            await self._close_consumer()
+            raise
 
     async def publish(self, topic: str, message_type: str, value: dict) -> None:
         from pipeline.bus import publish
@@ -123,10 +247,11 @@ class KafkaLink:
 
 def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRouter | None = None,
              stall_timeout_s: float = 10.0, hello_timeout_s: float = HELLO_TIMEOUT_S) -> web.Application:
-    """The edge app. `with_kafka=False` runs it without the bus (the router is then fed directly)."""
+    """The edge app. `with_kafka=False` runs it without the bus (the router is then fed directly).
+    Raises `InsecureEdgeConfig` for settings that would expose it (`check_exposure`)."""
+    check_exposure(settings)
     metrics = router.metrics if router is not None else EdgeMetrics()
-    router = router or SessionRouter(metrics, client_queue_frames=settings.client_queue_frames,
-                                     replay_frames=2 * settings.client_queue_frames, stall_timeout_s=stall_timeout_s)
+    router = router or SessionRouter.from_settings(settings, metrics, stall_timeout_s=stall_timeout_s)
     app = web.Application()
     app[SETTINGS_KEY], app[ROUTER_KEY], app[METRICS_KEY] = settings, router, metrics
     app[LINK_KEY] = None
@@ -135,10 +260,13 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
     app[HELLO_TIMEOUT_KEY] = hello_timeout_s
     if with_kafka:
         app.cleanup_ctx.append(_kafka_ctx)
+    if settings.edge_metrics_port:
+        app.cleanup_ctx.append(_metrics_site_ctx)
     app.on_shutdown.append(_close_clients)
     app.router.add_get("/", _index)
     app.router.add_get("/ws", _websocket)
-    app.router.add_get("/metrics", _metrics)
+    if not settings.edge_metrics_port:
+        app.router.add_get("/metrics", _loopback_metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_static("/web/", WEB_DIR)
     return app
@@ -165,17 +293,48 @@ async def _index(request: web.Request) -> web.StreamResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    request.app[ROUTER_KEY].update_queue_gauges()
-    body = request.app[METRICS_KEY].render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+def _metrics_handler(edge_app: web.Application):
+    async def metrics(request: web.Request) -> web.Response:
+        edge_app[ROUTER_KEY].update_queue_gauges()
+        body = edge_app[METRICS_KEY].render()
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    return metrics
+
+
+async def _loopback_metrics(request: web.Request) -> web.Response:
+    """``/metrics`` on the player port: for this machine only (a scraper beside the edge)."""
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    address = peer[0] if isinstance(peer, (tuple, list)) and peer else ""
+    if not is_loopback_host(str(address)):
+        log.warning("refused /metrics to %s: served to loopback clients only", address)
+        raise web.HTTPForbidden(text=f"/metrics is served to loopback clients only; set {ENV_PREFIX}EDGE_METRICS_PORT "
+                                     f"(and {ENV_PREFIX}EDGE_METRICS_HOST) to serve it on a port of its own\n")
+    return await _metrics_handler(request.app)(request)
+
+
+async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``/metrics`` on its own listener (`Settings.edge_metrics_host`/`edge_metrics_port`),
+    started and stopped with the edge."""
+    settings = app[SETTINGS_KEY]
+    metrics_app = web.Application()
+    metrics_app.router.add_get("/metrics", _metrics_handler(app))
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.edge_metrics_host, settings.edge_metrics_port).start()
+        log.info("edge metrics on http://%s:%d/metrics", settings.edge_metrics_host, settings.edge_metrics_port)
+        yield
+    finally:
+        await runner.cleanup()
 
 
 async def _healthz(request: web.Request) -> web.Response:
     link = request.app[LINK_KEY]
     kafka = "disabled" if link is None else ("ready" if link.healthy else "down")
     body = {"status": "ok" if kafka != "down" else "degraded", "kafka": kafka,
-            "clients": len(request.app[CLIENTS_KEY]), "protocol": protocol.PROTOCOL_VERSION}
+            "clients": len(request.app[CLIENTS_KEY]), "protocol": protocol.PROTOCOL_VERSION,
+            "tasks": {} if link is None else link.health()}
     return web.json_response(body, status=200 if kafka != "down" else 503)
 
 
@@ -197,6 +356,8 @@ async def _receive_hello(ws: web.WebSocketResponse, timeout_s: float) -> dict:
     msg = await ws.receive(timeout=timeout_s)
     if msg.type == WSMsgType.BINARY:
         raise protocol.MalformedFrame("the first message must be a hello text frame, got a binary frame")
+    if msg.type == WSMsgType.ERROR:  # e.g. over MAX_WS_MESSAGE_BYTES: aiohttp already closed it (1009)
+        log.warning("closed a connection before hello (code %s): %s", ws.close_code, msg.data)
     if msg.type != WSMsgType.TEXT:
         raise ConnectionResetError("closed before hello")
     hello = protocol.parse_client_message(msg.data)
@@ -209,8 +370,25 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, router = app[SETTINGS_KEY], app[ROUTER_KEY]
     # No permessage-deflate: PCM barely compresses, and deflating per client would cost every fan-out.
-    ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=protocol.MAX_TEXT_FRAME_BYTES * 4, compress=False)
+    ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=protocol.MAX_WS_MESSAGE_BYTES, compress=False)
     await ws.prepare(request)
+    origin = request.headers.get("Origin")
+    if not origin_allowed(origin, request.host, settings.edge_allowed_origins):
+        # Upgraded first, then closed with a code: a browser page sees 4403 (a refused handshake is only 1006).
+        log.warning("refused /ws from origin %r (host %r): not in %sEDGE_ALLOWED_ORIGINS", origin, request.host, ENV_PREFIX)
+        error = protocol.OriginNotAllowed(f"origin {origin!r} may not open this edge's /ws "
+                                          f"(allowed: the edge's own origin, {ENV_PREFIX}EDGE_ALLOWED_ORIGINS)")
+        await _fail(request, ws, error, error.close_code)
+        return ws
+    if not host_allowed(request.host, settings.edge_secret):
+        # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 is "same origin"
+        # to this edge, and with the public default secret it could mint tokens for any session.
+        log.warning("refused /ws for Host %r: with the default %sEDGE_SECRET only loopback names are served",
+                    request.host, ENV_PREFIX)
+        error = protocol.OriginNotAllowed(f"Host {request.host!r} is not a loopback name; an edge with the default "
+                                          f"{ENV_PREFIX}EDGE_SECRET serves loopback names only")
+        await _fail(request, ws, error, error.close_code)
+        return ws
     try:
         hello = await _receive_hello(ws, app[HELLO_TIMEOUT_KEY])
     except asyncio.TimeoutError:
@@ -229,7 +407,12 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         await _fail(request, ws, exc, protocol.CLOSE_UNAUTHORIZED)
         return ws
     resume = hello.get("resume") if isinstance(hello.get("resume"), dict) else None
-    channel = router.connect(session_id, resume=resume)
+    try:
+        channel = router.connect(session_id, resume=resume)
+    except ConnectionRefused as exc:
+        log.warning("refused a player of session %s: %s", session_id, exc)
+        await _fail(request, ws, exc, exc.close_code)
+        return ws
     app[CLIENTS_KEY].add(ws)
     await ws.send_str(protocol.encode_control(
         protocol.READY, session=session_id, client_id=channel.client_id, server_time_us=now_us(),
@@ -285,6 +468,10 @@ async def _read_loop(request: web.Request, ws: web.WebSocketResponse, channel: C
         try:
             if msg.type == WSMsgType.BINARY:
                 raise protocol.MalformedFrame("clients send no binary frames")
+            if msg.type == WSMsgType.ERROR:  # e.g. over MAX_WS_MESSAGE_BYTES: aiohttp already closed it (1009)
+                log.warning("closed client %s of session %s (code %s): %s", channel.client_id, channel.session_id,
+                            ws.close_code, msg.data)
+                continue
             if msg.type != WSMsgType.TEXT:
                 continue
             message = protocol.parse_client_message(msg.data)
@@ -303,13 +490,22 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
     elif mtype == protocol.HELLO:
         raise protocol.MalformedFrame("hello was already received")
     elif mtype == protocol.CANCEL:
+        if not channel.cancel_bucket.take():
+            router.metrics.refused.labels("cancel-rate-limited").inc()
+            channel.push(OutFrame(protocol.encode_control(
+                protocol.ERROR, code="rate-limited",
+                message=f"cancel refused: at most {router.cancel_burst} at once and {router.cancel_rate_per_s:g} per second"
+                        f" per connection")), front=True)
+            return
         turn_id = message.get("turn_id")
-        issued = now_us()
-        router.cancel(channel.session_id, turn_id, source="edge")  # locally at once
+        # Without a turn id: the turns of the session this edge knows, by id (no clock compared
+        # anywhere). Knowing none, the list stays empty: each stage cancels the turns it has seen.
+        turn_ids = router.known_turns(channel.session_id) if turn_id is None else []
+        router.cancel(channel.session_id, turn_id, turn_ids, source="edge")  # locally at once
         await _publish(link, channel, settings.control_topic, "ControlEvent", {
             "session_id": channel.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
-            "reason": str(message.get("reason") or "barge-in")[:200], "source": "edge", "issued_at_us": issued,
-            "turn_ids": [],
+            "reason": str(message.get("reason") or "barge-in")[:200], "source": "edge", "issued_at_us": now_us(),
+            "turn_ids": turn_ids,
         })
     elif mtype == protocol.REPORT:
         report = {
@@ -320,7 +516,7 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
         }
         router.metrics.reports.labels(report["kind"]).inc()
         started = router.turn_started_at(channel.session_id, report["turn_id"])
-        if report["kind"] == "AUDIBLE_START" and started and report["audible_at_us"] > started:
+        if report["kind"] == PlaybackKind.AUDIBLE_START and started and report["audible_at_us"] > started:
             router.metrics.stage_latency.labels("first_token_to_audible").observe((report["audible_at_us"] - started) / 1e6)
         app[REPORTS_KEY].append(report)
         await _publish(link, channel, settings.playback_topic, "PlaybackReport", report)

@@ -50,7 +50,15 @@ class EdgeMetrics:
         self.disconnects = Counter("voicebus_edge_disconnects_total", "Clients closed by the edge", ["reason"], registry=r)
         self.cancels = Counter("voicebus_edge_cancels_total", "Cancels applied", ["source"], registry=r)
         self.reports = Counter("voicebus_edge_playback_reports_total", "Playback reports received", ["kind"], registry=r)
-        self.bad_records = Counter("voicebus_edge_bad_records_total", "Undecodable records dead-lettered", registry=r)
+        self.replay_bytes = Gauge("voicebus_edge_replay_bytes", "Bytes of frames held in replay buffers", registry=r)
+        self.replay_evictions = Counter(
+            "voicebus_edge_replay_evictions_total",
+            "Sentences dropped from replay buffers to keep them under the edge's byte limit", registry=r)
+        self.unserved_chunks = Counter(
+            "voicebus_edge_unserved_chunks_total", "Audio chunks of sessions no player listens to on this edge",
+            registry=r)
+        self.refused = Counter("voicebus_edge_refused_total", "Client requests refused by a limit", ["reason"], registry=r)
+        self.bad_records = Counter("voicebus_edge_bad_records_total", "Records the edge dead-lettered (any reason)", registry=r)
         self.overhead_samples: deque[float] | None = deque(maxlen=keep_overhead_samples) if keep_overhead_samples else None
 
     def observe_chunk(self, chunk: dict, edge_received_at_us: int) -> None:

@@ -14,18 +14,19 @@ with the turn's id in the ``turn_start`` control message, so audio frames stay f
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.contract import LIMITS, is_valid_id
+from schemas.contract import LIMITS, AudioEncoding, PlaybackKind, is_valid_id
 
 PROTOCOL_VERSION = 1
 
 # --- binary audio frames ---------------------------------------------------------------------
 FRAME_AUDIO = 0x01
 ENCODING_PCM16LE = 0x01
-ENCODINGS = {"PCM16LE": ENCODING_PCM16LE}
+ENCODINGS = {AudioEncoding.PCM16LE: ENCODING_PCM16LE}
 
 FLAG_LAST_IN_SENTENCE = 0x01
 FLAG_LAST_IN_TURN = 0x02
@@ -54,17 +55,23 @@ REPORT = "report"
 
 CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
 SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, SKIP, PONG, ERROR})
-REPORT_KINDS = frozenset({"AUDIBLE_START", "PLAYBACK_END", "STOPPED", "UNDERRUN"})
-MAX_TEXT_FRAME_BYTES = 16 * 1024
+REPORT_KINDS = frozenset(PlaybackKind)
+MAX_TEXT_FRAME_BYTES = 16 * 1024  # a longer client text frame (UTF-8 bytes) is refused: 4400 malformed-frame
+# The WebSocket layer's limit on one message from a client: above it the edge closes with 1009
+# (message too big) without parsing it.
+MAX_WS_MESSAGE_BYTES = 4 * MAX_TEXT_FRAME_BYTES
 
 # --- close codes (4000-4999 are the application's range) -------------------------------------
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001  # the edge shuts down
 CLOSE_PROTOCOL_ERROR = 4400  # malformed frame, unknown type, hello missing or repeated
+CLOSE_MESSAGE_TOO_BIG = 1009  # a client message over MAX_WS_MESSAGE_BYTES (closed by the WebSocket layer)
 CLOSE_UNAUTHORIZED = 4401  # token missing, forged, expired or for another session
+CLOSE_FORBIDDEN_ORIGIN = 4403  # a browser page of an origin the edge does not allow
 CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
 CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
 CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
+CLOSE_TRY_AGAIN_LATER = 1013  # connection limit reached: this edge (edge-full) or this session (session-full)
 
 
 class ProtocolError(ValueError):
@@ -86,6 +93,17 @@ class UnknownMessageType(ProtocolError):
 class UnsupportedVersion(ProtocolError):
     code = "unsupported-version"
     close_code = CLOSE_UNSUPPORTED_VERSION
+
+
+class OriginNotAllowed(ProtocolError):
+    code = "origin-not-allowed"
+    close_code = CLOSE_FORBIDDEN_ORIGIN
+
+
+class OutOfRange(MalformedFrame):
+    """A number in a client message is negative, too large for its Avro field, or not finite."""
+
+    code = "out-of-range"
 
 
 @dataclass(frozen=True)
@@ -154,8 +172,9 @@ _CLIENT_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 def parse_client_message(text: str) -> dict[str, Any]:
     """Parse and validate one client text frame; raises a `ProtocolError` subclass."""
-    if len(text) > MAX_TEXT_FRAME_BYTES:
-        raise MalformedFrame(f"text frame of {len(text)} characters exceeds {MAX_TEXT_FRAME_BYTES}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_TEXT_FRAME_BYTES:
+        raise MalformedFrame(f"text frame of {size} bytes exceeds {MAX_TEXT_FRAME_BYTES}")
     try:
         message = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -178,17 +197,25 @@ def parse_client_message(text: str) -> dict[str, Any]:
         raise MalformedFrame(f"cancel: turn_id must be absent or an id ({ID_RULE})")
     if mtype == REPORT and not is_valid_id(message["turn_id"]):
         raise MalformedFrame(f"report: turn_id must be an id ({ID_RULE})")
+    if mtype == PING and not math.isfinite(message["t0"]):
+        raise OutOfRange("ping: t0 must be a finite number")  # it is echoed: NaN/Infinity are not JSON
     for name, limit in _INTEGER_FIELDS.items():
-        value = message.get(name)
-        if name in message and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit):
-            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer in [0, {limit})")
+        if name not in message:
+            continue
+        value = message[name]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise MalformedFrame(f"{mtype}: field {name!r} must be an integer")
+        if not 0 <= value < limit:
+            raise OutOfRange(f"{mtype}: field {name!r} is {value}, outside [0, {limit})")
     resume = message.get("resume")
     if mtype == HELLO and resume is not None:
         if not (isinstance(resume, dict) and is_valid_id(resume.get("turn_id"))
-                and isinstance(resume.get("sentence_seq"), int) and 0 <= resume["sentence_seq"] < 2**31):
+                and isinstance(resume.get("sentence_seq"), int) and not isinstance(resume["sentence_seq"], bool)):
             raise MalformedFrame(f"hello: resume must be {{turn_id: id ({ID_RULE}), sentence_seq: integer}}")
+        if not 0 <= resume["sentence_seq"] <= LIMITS.max_seq:
+            raise OutOfRange(f"hello: resume.sentence_seq is {resume['sentence_seq']}, outside [0, {LIMITS.max_seq}]")
     return message
 
 
 # Integer fields of client messages and their bounds (they end up in Avro int/long fields).
-_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": 2**31}
+_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1}

@@ -1,12 +1,18 @@
 """The edge's pure core: which client gets which audio, in which order, and what is dropped.
 
 `SessionRouter` is fed decoded AudioChunks and ControlEvents (by the Kafka shell in
-`players.edge`, or directly by tests and the benchmark) and the clients' cancels. It keeps:
+`players.edge`, or directly by tests and the benchmark) and the clients' cancels. It keeps state
+only for the sessions this edge serves (a client attached now, or within the grace window after
+the last one left); chunks of any other session are counted and dropped unframed. For those:
 
 * per session: the turns it has seen (a small per-session turn number for the binary header) and a
-  bounded **replay buffer** of the active turn, so a client that reconnects mid-turn gets the rest
-  of the turn from the start of a sentence (see `docs/edge.md`);
-* per client: a `ClientChannel`, a bounded outbox of frames drained by one sender task.
+  bounded **replay buffer** of its recent turns, so a client that reconnects mid-turn gets the
+  rest of the turn from the start of a sentence (see `docs/edge.md`); all replay buffers together
+  stay under a byte limit;
+* per turn: what was forwarded, so each (turn, sentence_seq, chunk_seq) reaches a client once;
+* per client: a `ClientChannel`, a bounded outbox of frames drained by one sender task, and a
+  token bucket for its cancels. Connections per edge and per session are limited
+  (`ConnectionRefused`).
 
 Slow-client policy (**skip to the next sentence, then disconnect**): when a client's outbox is
 full, the oldest sentence in it is dropped whole (its queued frames and its later chunks), and the
@@ -31,7 +37,7 @@ from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from players import protocol
 from players.metrics import EdgeMetrics
-from schemas.contract import ControlAction
+from schemas.contract import LIMITS, AudioEncoding, ControlAction
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -44,6 +50,41 @@ class UnroutableChunk(ValueError):
     encoding). The Kafka shell dead-letters it; nothing is queued."""
 
     reason = "unroutable-chunk"
+
+
+class ConnectionRefused(Exception):
+    """A new client the edge will not serve now (a connection limit). `code` is the error code the
+    client gets; it is closed with 1013 (try again later)."""
+
+    close_code = protocol.CLOSE_TRY_AGAIN_LATER
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class TokenBucket:
+    """A token bucket (pure; the clock is passed in): `take` spends one token if there is one.
+    Refills at `rate_per_s` up to `burst` tokens."""
+
+    rate_per_s: float
+    burst: float
+    clock: Callable[[], float] = time.monotonic
+    tokens: float = field(init=False)
+    stamp: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens, self.stamp = float(self.burst), self.clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.stamp) * self.rate_per_s)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 class ClientClosed(Exception):
@@ -74,8 +115,11 @@ class OutFrame:
 class ClientChannel:
     """A connected player: its bounded outbox and its per-connection state."""
 
-    def __init__(self, client_id: str, session_id: str, max_frames: int, stall_timeout_s: float, metrics: EdgeMetrics):
+    def __init__(self, client_id: str, session_id: str, max_frames: int, stall_timeout_s: float, metrics: EdgeMetrics,
+                 cancel_bucket: TokenBucket | None = None):
         self.client_id, self.session_id = client_id, session_id
+        # the client's cancels: a listen-only client cannot flood the bus (docs/edge.md, "Bounds")
+        self.cancel_bucket = cancel_bucket or TokenBucket(2.0, 5)
         self.max_frames, self.stall_timeout_s = max_frames, stall_timeout_s
         self.metrics = metrics
         self.outbox: deque[OutFrame] = deque()
@@ -164,6 +208,12 @@ class ClientChannel:
             self.last_progress = time.monotonic()
 
 
+# A sentence whose last chunk was forwarded: every later copy of it is a duplicate.
+SENTENCE_DONE = 2**31
+# Sentences per turn whose forwarded high-water mark is remembered; older ones count as done.
+TRACKED_SENTENCES = 1024
+
+
 @dataclass
 class _Turn:
     turn_id: str
@@ -172,8 +222,25 @@ class _Turn:
     sample_rate: int
     ended: bool = False
     stopped: bool = False
+    end_reason: str = ""
     # replay buffer: (sentence_seq, encoded frame), in arrival order
     replay: deque = field(default_factory=deque)
+    replay_bytes: int = 0
+    session_id: str = ""
+    # once-only delivery: per sentence, the highest chunk_seq forwarded (SENTENCE_DONE after its
+    # last chunk); sentences below `done_below` are all done (the map is bounded).
+    forwarded: dict[int, int] = field(default_factory=dict)
+    done_below: int = 0
+
+    def high_water(self, sentence: int) -> int:
+        return SENTENCE_DONE if sentence < self.done_below else self.forwarded.get(sentence, -1)
+
+    def mark(self, sentence: int, chunk: int, last: bool) -> None:
+        self.forwarded[sentence] = SENTENCE_DONE if last else chunk
+        while len(self.forwarded) > TRACKED_SENTENCES:
+            oldest = min(self.forwarded)
+            del self.forwarded[oldest]
+            self.done_below = max(self.done_below, oldest + 1)
 
 
 @dataclass
@@ -184,7 +251,13 @@ class _Session:
 
 
 class SessionRouter:
-    """Routes chunks to the clients of their session; owns cancel state and replay buffers."""
+    """Routes chunks to the clients of their session; owns cancel state and replay buffers.
+
+    It keeps state (turns, frames, replay) only for the sessions it *serves*: a client is attached
+    now, or left less than `grace_s` ago (for a reconnect with resume). Chunks of any other
+    session are counted and dropped without being framed. ``clock`` (monotonic seconds) is
+    injectable: the grace window and the cancel rate limit are tested without waiting.
+    """
 
     def __init__(
         self,
@@ -194,28 +267,63 @@ class SessionRouter:
         stall_timeout_s: float = 10.0,
         max_sessions: int = 10_000,
         turns_per_session: int = 4,
+        *,
+        replay_max_bytes: int = 64 * 1024 * 1024,
+        grace_s: float = 30.0,
+        max_clients: int = 1000,
+        max_clients_per_session: int = 8,
+        cancel_rate_per_s: float = 2.0,
+        cancel_burst: int = 5,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics or EdgeMetrics()
         self.cancels = CancelRegistry()
         self.client_queue_frames, self.replay_frames = client_queue_frames, replay_frames
         self.stall_timeout_s, self.max_sessions, self.turns_per_session = stall_timeout_s, max_sessions, turns_per_session
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self.replay_max_bytes, self.grace_s = replay_max_bytes, grace_s
+        self.max_clients, self.max_clients_per_session = max_clients, max_clients_per_session
+        self.cancel_rate_per_s, self.cancel_burst = cancel_rate_per_s, cancel_burst
+        self.clock = clock
+        self.replay_bytes = 0  # all replay buffers together
+        # turns holding replay frames, least recently appended to first: the byte limit's eviction order
+        self._replaying: OrderedDict[tuple[str, str], _Turn] = OrderedDict()
+        self.n_clients = 0
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently active first
+        self._idle: OrderedDict[str, float] = OrderedDict()  # sessions without a client -> since when
         self._client_ids = itertools.count(1)
 
-    # --- sessions and clients -------------------------------------------------------------
-    def _session(self, session_id: str) -> _Session:
-        session = self._sessions.get(session_id)
-        if session is None:
-            session = self._sessions[session_id] = _Session()
-            self._evict_sessions()
-        self._sessions.move_to_end(session_id)
-        return session
+    @classmethod
+    def from_settings(cls, settings: Any, metrics: EdgeMetrics | None = None, **overrides: Any) -> "SessionRouter":
+        """A router with the edge's bounds from `Settings` (docs/edge.md, "Bounds")."""
+        values: dict[str, Any] = dict(
+            client_queue_frames=settings.client_queue_frames, replay_frames=2 * settings.client_queue_frames,
+            replay_max_bytes=settings.edge_replay_max_bytes, grace_s=settings.edge_session_grace_s,
+            max_clients=settings.edge_max_clients, max_clients_per_session=settings.edge_max_clients_per_session,
+            cancel_rate_per_s=settings.edge_cancel_rate_per_s, cancel_burst=settings.edge_cancel_burst,
+        )
+        values.update(overrides)
+        return cls(metrics, **values)
 
-    def _evict_sessions(self) -> None:
-        if len(self._sessions) <= self.max_sessions:
-            return
-        for sid in [s for s, st in self._sessions.items() if not st.clients][: len(self._sessions) - self.max_sessions]:
-            del self._sessions[sid]
+    # --- sessions and clients -------------------------------------------------------------
+    def served(self, session_id: str) -> bool:
+        """Whether this edge keeps state for `session_id` (a client now or within the grace window)."""
+        self._expire_idle()
+        return session_id in self._sessions
+
+    def _expire_idle(self) -> None:
+        now = self.clock()
+        while self._idle:
+            session_id, since = next(iter(self._idle.items()))
+            if now - since < self.grace_s and len(self._idle) <= self.max_sessions:
+                return
+            self._drop_session(session_id)
+
+    def _drop_session(self, session_id: str) -> None:
+        self._idle.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            for turn in session.turns.values():
+                self._clear_replay(turn)
         self.metrics.sessions.set(len(self._sessions))
 
     def connect(self, session_id: str, resume: dict | None = None) -> ClientChannel:
@@ -223,16 +331,30 @@ class SessionRouter:
 
         `resume` = {"turn_id", "sentence_seq"} (what the player was playing when it lost the
         connection): replay that turn from the start of that sentence. Without it: every turn
-        that has not ended, from the earliest sentence still buffered."""
-        session = self._session(session_id)
+        that has not ended, from the earliest sentence still buffered. Raises `ConnectionRefused`
+        when this edge or this session has as many clients as it may."""
+        self._expire_idle()
+        if self.n_clients >= self.max_clients:
+            self.metrics.disconnects.labels("edge-full").inc()
+            raise ConnectionRefused("edge-full", f"this edge serves {self.max_clients} players already")
+        session = self._sessions.get(session_id)
+        if session is not None and len(session.clients) >= self.max_clients_per_session:
+            self.metrics.disconnects.labels("session-full").inc()
+            raise ConnectionRefused("session-full", f"session has {self.max_clients_per_session} players on this edge already")
+        if session is None:
+            session = self._sessions[session_id] = _Session()
+        self._sessions.move_to_end(session_id)
+        self._idle.pop(session_id, None)
         channel = ClientChannel(
-            f"c{next(self._client_ids)}", session_id, self.client_queue_frames, self.stall_timeout_s, self.metrics
+            f"c{next(self._client_ids)}", session_id, self.client_queue_frames, self.stall_timeout_s, self.metrics,
+            cancel_bucket=TokenBucket(self.cancel_rate_per_s, self.cancel_burst, self.clock),
         )
         session.clients[channel.client_id] = channel
+        self.n_clients += 1
         self.metrics.clients.inc()
         self.metrics.sessions.set(len(self._sessions))
         for turn in session.turns.values():
-            if self.cancels.is_cancelled(session_id, turn.turn_id):
+            if turn.stopped or self.cancels.is_cancelled(session_id, turn.turn_id):
                 continue
             if resume and resume.get("turn_id") == turn.turn_id:
                 from_sentence = int(resume.get("sentence_seq") or 0)
@@ -241,20 +363,27 @@ class SessionRouter:
             else:
                 continue
             frames = [(s, f) for s, f in turn.replay if s >= from_sentence]
-            if not frames:
+            if not frames and not turn.ended:
                 continue
             self._announce(channel, turn)
             for sentence, frame in frames:
                 channel.push(OutFrame(frame, turn.turn_id, sentence))
             if turn.ended:
-                channel.push(OutFrame(protocol.encode_control(protocol.TURN_END, turn_id=turn.turn_id, turn=turn.number)))
+                channel.push(OutFrame(self._turn_end(turn)))
         return channel
 
     def disconnect(self, channel: ClientChannel) -> None:
         session = self._sessions.get(channel.session_id)
         if session is not None and session.clients.pop(channel.client_id, None) is not None:
-            self.metrics.clients.dec()
+            self._client_left(channel.session_id, session)
         channel.close(protocol.CLOSE_NORMAL, "disconnected")
+
+    def _client_left(self, session_id: str, session: _Session) -> None:
+        self.n_clients -= 1
+        self.metrics.clients.dec()
+        if not session.clients:  # the grace window for a reconnect starts now
+            self._idle[session_id] = self.clock()
+            self._idle.move_to_end(session_id)
 
     def clients_of(self, session_id: str) -> list[ClientChannel]:
         session = self._sessions.get(session_id)
@@ -264,15 +393,22 @@ class SessionRouter:
         session = self._sessions.get(session_id)
         return [t.turn_id for t in session.turns.values() if not t.ended] if session else []
 
+    def known_turns(self, session_id: str) -> list[str]:
+        """The ids of the turns of `session_id` this edge holds (newest last)."""
+        session = self._sessions.get(session_id)
+        return list(session.turns) if session else []
+
     def turn_started_at(self, session_id: str, turn_id: str) -> int | None:
         session = self._sessions.get(session_id)
         turn = session.turns.get(turn_id) if session else None
         return turn.started_at_us if turn else None
 
     def update_queue_gauges(self) -> None:
+        self._expire_idle()
         depths = [len(c.outbox) for s in self._sessions.values() for c in s.clients.values()]
         self.metrics.queue_depth.set(sum(depths))
         self.metrics.queue_depth_max.set(max(depths, default=0))
+        self.metrics.replay_bytes.set(self.replay_bytes)
 
     # --- data -----------------------------------------------------------------------------
     def _announce(self, channel: ClientChannel, turn: _Turn) -> None:
@@ -284,78 +420,165 @@ class SessionRouter:
                 protocol.TURN_START, turn_id=turn.turn_id, turn=turn.number, sample_rate=turn.sample_rate
             )))
 
+    @staticmethod
+    def _turn_end(turn: _Turn) -> str:
+        fields: dict[str, Any] = {"turn_id": turn.turn_id, "turn": turn.number}
+        if turn.end_reason:
+            fields["reason"] = turn.end_reason
+        return protocol.encode_control(protocol.TURN_END, **fields)
+
     def route(self, chunk: dict, consumed_ns: int | None = None, edge_received_at_us: int | None = None) -> int:
-        """Queue one decoded AudioChunk for the clients of its session; returns how many got it."""
+        """Queue one decoded AudioChunk for the clients of its session; returns how many got it.
+
+        Each (turn, sentence_seq, chunk_seq) reaches a client once: a copy of a chunk already
+        forwarded (a producer retry, a worker that re-speaks a sentence after a restart) is
+        dropped, so a re-spoken sentence contributes only the chunks the first attempt had not
+        delivered (docs/edge.md, "Each chunk once")."""
         consumed_ns = consumed_ns or time.perf_counter_ns()
         edge_received_at_us = edge_received_at_us or now_us()
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
+        sentence, chunk_seq = chunk["sentence_seq"], chunk["chunk_seq"]
         started = chunk.get("first_token_at_us") or None
-        if len(chunk["pcm"]) % 2 or chunk.get("encoding", "PCM16LE") not in protocol.ENCODINGS:
+        if len(chunk["pcm"]) % 2 or chunk.get("encoding", AudioEncoding.PCM16LE) not in protocol.ENCODINGS:
             raise UnroutableChunk(
-                f"chunk {session_id}/{turn_id}/{chunk['sentence_seq']}/{chunk['chunk_seq']}: "
+                f"chunk {session_id}/{turn_id}/{sentence}/{chunk_seq}: "
                 f"{len(chunk['pcm'])} bytes of {chunk.get('encoding')} is not whole PCM16LE samples"
             )
+        if not (0 <= sentence <= LIMITS.max_seq and 0 <= chunk_seq <= LIMITS.max_seq):
+            raise UnroutableChunk(f"chunk {session_id}/{turn_id}: sentence_seq {sentence} / chunk_seq {chunk_seq} "
+                                  f"outside 0..{LIMITS.max_seq}")
         # Only chunks the edge accepts count in the latency histograms: a rejected one says nothing
         # about the pipeline's speed and would skew the per-stage counts.
         self.metrics.observe_chunk(chunk, edge_received_at_us)
-        self.cancels.observe(session_id, turn_id)  # a later session cancel covers it
-        if self.cancels.is_cancelled(session_id, turn_id):
-            self.metrics.drops.labels("cancelled").inc()
+        self._expire_idle()
+        session = self._sessions.get(session_id)
+        if session is None:  # nobody listens to this session here: no frame, no replay, no state
+            self.metrics.unserved_chunks.inc()
             return 0
-        session = self._session(session_id)
+        self.cancels.observe(session_id, turn_id)  # a later whole-session cancel covers it
         turn = session.turns.get(turn_id)
         if turn is None:
-            turn = session.turns[turn_id] = _Turn(turn_id, next(session.turn_numbers), started, chunk.get("sample_rate", 24000))
+            if self.cancels.is_cancelled(session_id, turn_id):
+                self.metrics.drops.labels("cancelled").inc()
+                return 0
+            turn = session.turns[turn_id] = _Turn(turn_id, next(session.turn_numbers), started,
+                                                  chunk.get("sample_rate", 24000), session_id=session_id)
             while len(session.turns) > self.turns_per_session:
-                session.turns.popitem(last=False)
-        elif turn.ended:
-            self.metrics.drops.labels("after-turn-end").inc()
+                self._clear_replay(session.turns.popitem(last=False)[1])
+            if chunk_seq > 0:
+                # This edge started serving the session in the middle of this sentence: its
+                # start is gone, so the sentence is skipped rather than played from mid-word.
+                turn.mark(sentence, chunk_seq, last=True)
+                self.metrics.drops.labels("joined-mid-sentence").inc()
+                self._end_if_last(session, turn, chunk)
+                return 0
+        elif turn.stopped or turn.ended:
+            self.metrics.drops.labels("cancelled" if turn.stopped else "after-turn-end").inc()
             return 0
+        elif self.cancels.is_cancelled(session_id, turn_id):
+            self._stop_turns(session, [turn])
+            self.metrics.drops.labels("cancelled").inc()
+            return 0
+        self._sessions.move_to_end(session_id)
+        if chunk_seq <= turn.high_water(sentence):
+            self.metrics.drops.labels("duplicate").inc()
+            if chunk["is_last_chunk"]:
+                turn.mark(sentence, chunk_seq, last=True)
+            self._end_if_last(session, turn, chunk)
+            return 0
+        turn.mark(sentence, chunk_seq, last=chunk["is_last_chunk"])
         flags = (
             (protocol.FLAG_LAST_IN_SENTENCE if chunk["is_last_chunk"] else 0)
             | (protocol.FLAG_LAST_IN_TURN if chunk.get("is_last_in_turn") else 0)
-            | (protocol.FLAG_FIRST_IN_SENTENCE if chunk["chunk_seq"] == 0 else 0)
+            | (protocol.FLAG_FIRST_IN_SENTENCE if chunk_seq == 0 else 0)
         )
         frame = protocol.encode_audio(protocol.AudioFrame(
-            turn.number, chunk["sentence_seq"], chunk["chunk_seq"], chunk.get("sample_rate", 24000), chunk["pcm"], flags,
-            protocol.ENCODINGS[chunk.get("encoding", "PCM16LE")],
+            turn.number, sentence, chunk_seq, chunk.get("sample_rate", 24000), chunk["pcm"], flags,
+            protocol.ENCODINGS[chunk.get("encoding", AudioEncoding.PCM16LE)],
         ))
-        turn.replay.append((chunk["sentence_seq"], frame))
+        turn.replay.append((sentence, frame))
+        turn.replay_bytes += len(frame)
+        self.replay_bytes += len(frame)
+        self._replaying[(session_id, turn_id)] = turn
+        self._replaying.move_to_end((session_id, turn_id))
         self._trim_replay(turn)
         timeline = None
-        if chunk["chunk_seq"] == 0:
-            timeline = {"turn_id": turn_id, "turn": turn.number, "sentence_seq": chunk["sentence_seq"],
+        if chunk_seq == 0:
+            timeline = {"turn_id": turn_id, "turn": turn.number, "sentence_seq": sentence,
                         **{k: chunk.get(k, 0) for k in TIMELINE_FIELDS}, "edge_received_at_us": edge_received_at_us}
         for channel in session.clients.values():
             self._announce(channel, turn)
-            channel.push(OutFrame(frame, turn_id, chunk["sentence_seq"], consumed_ns, timeline))
-        if chunk.get("is_last_in_turn"):
-            turn.ended = True
-            end = protocol.encode_control(protocol.TURN_END, turn_id=turn_id, turn=turn.number)
-            for channel in session.clients.values():
-                channel.push(OutFrame(end))
-        self._reap_closed(session)
+            channel.push(OutFrame(frame, turn_id, sentence, consumed_ns, timeline))
+        self._end_if_last(session, turn, chunk)
+        self._reap_closed(session_id, session)
+        self._enforce_replay_bytes()
         return len(session.clients)
+
+    def _end_if_last(self, session: _Session, turn: _Turn, chunk: dict) -> None:
+        """The turn's last chunk ends it, whether its audio was forwarded or not (every turn ends)."""
+        if not chunk.get("is_last_in_turn") or turn.ended:
+            return
+        turn.ended = True
+        turn.end_reason = str(chunk.get("end_reason") or "")[: LIMITS.max_label_chars]
+        end = self._turn_end(turn)
+        for channel in session.clients.values():
+            self._announce(channel, turn)
+            channel.push(OutFrame(end))
+
+    def _drop_oldest_sentence(self, turn: _Turn) -> None:
+        oldest = turn.replay[0][0]
+        while turn.replay and turn.replay[0][0] == oldest:
+            freed = len(turn.replay.popleft()[1])
+            turn.replay_bytes -= freed
+            self.replay_bytes -= freed
+        if not turn.replay:
+            self._replaying.pop((turn.session_id, turn.turn_id), None)
+
+    def _clear_replay(self, turn: _Turn) -> None:
+        self.replay_bytes -= turn.replay_bytes
+        turn.replay.clear()
+        turn.replay_bytes = 0
+        self._replaying.pop((turn.session_id, turn.turn_id), None)
 
     def _trim_replay(self, turn: _Turn) -> None:
         # Bounded: past the cap, the oldest *whole* sentence goes, so a replay always starts at
         # a sentence boundary.
         while len(turn.replay) > self.replay_frames:
-            oldest = turn.replay[0][0]
-            while turn.replay and turn.replay[0][0] == oldest:
-                turn.replay.popleft()
+            self._drop_oldest_sentence(turn)
 
-    def _reap_closed(self, session: _Session) -> None:
+    def _enforce_replay_bytes(self) -> None:
+        """All replay buffers together stay under `replay_max_bytes`: the oldest sentence of the
+        turn least recently added to goes first (O(1) per sentence)."""
+        while self.replay_bytes > self.replay_max_bytes and self._replaying:
+            self._drop_oldest_sentence(next(iter(self._replaying.values())))
+            self.metrics.replay_evictions.inc()
+
+    def _reap_closed(self, session_id: str, session: _Session) -> None:
         for cid in [cid for cid, c in session.clients.items() if c.closed]:
             del session.clients[cid]
-            self.metrics.clients.dec()
+            self._client_left(session_id, session)
 
     # --- control --------------------------------------------------------------------------
+    def _stop_turns(self, session: _Session, turns: list[_Turn]) -> int:
+        """Stop `turns` at every client of the session: queued audio goes, `stop` goes first."""
+        dropped = 0
+        for turn in turns:
+            self._clear_replay(turn)
+            turn.ended = turn.stopped = True
+        for channel in session.clients.values():
+            for turn in turns:
+                dropped += channel.drop_turn(turn.turn_id)
+                channel.push(OutFrame(protocol.encode_control(
+                    protocol.STOP, turn_id=turn.turn_id, turn=turn.number, reason="cancel")), front=True)
+        self.metrics.drops.labels("cancelled").inc(dropped)
+        return dropped
+
     def cancel(self, session_id: str, turn_id: str | None, turn_ids: list[str] | tuple[str, ...] = (),
                source: str = "bus") -> int:
         """Apply a cancel (one turn, the listed turns, or every turn of the session seen so far):
         later chunks of the turn(s) are dropped, queued audio goes now and every client of the
-        session is told to stop. Returns the number of frames dropped."""
+        session is told to stop. Returns the number of frames dropped. No clock is compared: a
+        turn this edge sees after the cancel is not covered unless it is listed (a gate resolution)."""
         self.cancels.cancel(session_id, turn_id, turn_ids)
         self.metrics.cancels.labels(source).inc()
         session = self._sessions.get(session_id)
@@ -364,17 +587,7 @@ class SessionRouter:
         # Not yet stopped only: the edge's own cancel comes back from the bus, stop once.
         hit = [t for t in session.turns.values()
                if not t.stopped and self.cancels.is_cancelled(session_id, t.turn_id)]
-        dropped = 0
-        for turn in hit:
-            turn.replay.clear()
-            turn.ended = turn.stopped = True
-        for channel in session.clients.values():
-            for turn in hit:
-                dropped += channel.drop_turn(turn.turn_id)
-                channel.push(OutFrame(protocol.encode_control(
-                    protocol.STOP, turn_id=turn.turn_id, turn=turn.number, reason="cancel")), front=True)
-        self.metrics.drops.labels("cancelled").inc(dropped)
-        return dropped
+        return self._stop_turns(session, hit)
 
     def apply_control(self, event: dict) -> int:
         if event.get("action") != ControlAction.CANCEL:

@@ -7,6 +7,7 @@ import math
 import struct
 
 from pipeline.clock import now_us
+from schemas.contract import AudioEncoding
 
 
 def tone_pcm(duration_s: float, sample_rate: int = 24000, freq_hz: float = 440.0, amplitude: float = 0.3,
@@ -31,7 +32,7 @@ def tone_turn(session_id: str, turn_id: str, sentences: int = 2, chunks_per_sent
                 "session_id": session_id, "turn_id": turn_id, "sentence_seq": s, "chunk_seq": c,
                 "is_last_chunk": c == chunks_per_sentence - 1,
                 "is_last_in_turn": s == sentences - 1 and c == chunks_per_sentence - 1,
-                "sample_rate": sample_rate, "encoding": "PCM16LE",
+                "sample_rate": sample_rate, "encoding": AudioEncoding.PCM16LE,
                 "pcm": tone_pcm(chunk_ms / 1000, sample_rate, freq_hz, leading_silence_s=lead),
                 "worker_id": "tone", "first_token_at_us": t0 - 400_000, "text_complete_at_us": t0 - 300_000,
                 "released_at_us": t0 - 290_000, "request_received_at_us": t0 - 280_000,

@@ -203,6 +203,7 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
             if value.get("encoding", AudioEncoding.PCM16LE) == AudioEncoding.PCM16LE and len(audio) % 2:
                 problems.append(f"{len(audio)} bytes of PCM16LE is not whole samples")
         label("worker_id")
+        label("end_reason")
     elif message_type == "PlaybackReport":
         ident("turn_id")
         ident("client_id")

@@ -1,48 +1,70 @@
-"""Shared fixtures: the test session's own Apache Kafka broker and settings pointed at it.
+"""Shared fixtures: the test session's own Apache Kafka (one broker, or a 3-node cluster) and
+settings pointed at it.
 
 * `kafka_broker` (session): a real single-node KRaft Kafka (`pipeline.broker.LocalKafka`) on free
   loopback ports, with a temporary data dir; the jars come from the shared cache
   (``<cache_dir>/kafka/jars/<version>``, fetched once per machine). It starts only when a test
   asks for it, so pure tests run without Java. If it cannot start, the test FAILS with the broker
   log's tail: a Kafka test never skips.
+* `kafka_cluster` (session): a real 3-node KRaft cluster (`pipeline.broker.LocalCluster`: three
+  combined broker + controller nodes, a 3-voter quorum) on free loopback ports, started lazily
+  like `kafka_broker`, only by the tests that ask for it. A test that kills or restarts a node
+  must leave the cluster as it found it (`kafka_cluster.restart(n)`, `wait_in_sync()`).
 * `schema_registry` (session): a real Apicurio Registry (`pipeline.registry_server.LocalRegistry`,
   in-memory storage) on a free loopback port, from the shared cache
   (``<cache_dir>/registry/apicurio-<version>``, fetched once per machine). Like the broker it
-  starts only when a test asks for it (`registry_settings`), and a failure to start FAILS the
+  starts only when a test asks for it (`registry_url`), and a failure to start FAILS the
   test with the registry log's tail.
-* `make_settings(**overrides)`: a factory returning `Settings` pointed at that broker, with topic
-  names, app ids and a cache dir unique to each call, so tests sharing the broker never see each
-  other's messages.
+* `make_settings(**overrides)` / `make_cluster_settings(**overrides)`: factories returning
+  `Settings` pointed at the broker / the cluster, with topic names, app ids and a cache dir
+  unique to each call, so tests sharing a broker never see each other's messages.
 
 Mark tests that use them ``@pytest.mark.kafka`` (and ``@pytest.mark.registry`` for the registry).
+
+Tests marked ``soak`` (long loops that show a race is gone) are left out unless the ``-m``
+expression names them: ``pytest -m soak tests/...`` runs them.
 """
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from pipeline.broker import QUICK_START_JVM_OPTIONS, BrokerError, LocalKafka, fetch_jars, free_port
+from pipeline.broker import (QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster, LocalKafka, fetch_jars,
+                             free_port)
 from pipeline.registry_server import QUICK_START_JVM_OPTIONS as REGISTRY_QUICK_START
 from pipeline.registry_server import LocalRegistry, RegistryServerError, fetch_registry
 from pipeline.settings import Settings
 
+CLUSTER_NODES = 3
+
 
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory):
+def kafka_jars() -> Path:
     shared = Settings.from_env()  # where the machine's jar cache is, and which Kafka version
     try:
-        jars = fetch_jars(shared.kafka_dir, shared.kafka_version)
+        return fetch_jars(shared.kafka_dir, shared.kafka_version)
     except BrokerError as exc:
         pytest.fail(f"could not fetch the Apache Kafka jars: {exc}", pytrace=False)
-    port = free_port()
-    controller_port = free_port()
-    while controller_port == port:
-        controller_port = free_port()
+
+
+def distinct_free_ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    port, controller_port = distinct_free_ports(2)
     broker = LocalKafka(
-        tmp_path_factory.mktemp("kafka"), jars, port=port, controller_port=controller_port,
+        tmp_path_factory.mktemp("kafka"), kafka_jars, port=port, controller_port=controller_port,
         jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True,
     )
     try:
@@ -82,14 +104,33 @@ def registry_url(schema_registry: LocalRegistry) -> str:
     return schema_registry.url
 
 
-@pytest.fixture
-def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
+@pytest.fixture(scope="session")
+def kafka_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    ports = distinct_free_ports(2 * CLUSTER_NODES)
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("kafka-cluster"), kafka_jars,
+        ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(CLUSTER_NODES)],
+        jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True,
+    )
+    try:
+        cluster.start(timeout=240)
+    except BrokerError as exc:
+        cluster.stop()
+        pytest.fail(f"the test session's Kafka cluster did not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _settings_factory(bootstrap: str, port: int, controller_port: int,
+                      tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
     def make(**overrides: Any) -> Settings:
         uid = uuid.uuid4().hex[:10]
         values: dict[str, Any] = dict(
-            bootstrap=kafka_broker.bootstrap,
-            kafka_port=kafka_broker.port,
-            kafka_controller_port=kafka_broker.controller_port,
+            bootstrap=bootstrap,
+            kafka_port=port,
+            kafka_controller_port=controller_port,
             cache_dir=tmp_path_factory.mktemp(f"cache-{uid}"),
             text_topic_prefix=f"t{uid}.text.",
             control_topic=f"t{uid}.control",
@@ -97,6 +138,7 @@ def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFac
             audio_topic=f"t{uid}.audio",
             playback_topic=f"t{uid}.playback",
             deadletter_topic=f"t{uid}.deadletter",
+            agents_topic=f"t{uid}.agents",
             gate_app_id=f"gate-{uid}",
             gate_changelog_topic=f"gate-{uid}-gate_sessions-changelog",
         )
@@ -104,3 +146,43 @@ def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFac
         return Settings(**values)
 
     return make
+
+
+@pytest.fixture
+def make_settings(kafka_broker: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
+    return _settings_factory(kafka_broker.bootstrap, kafka_broker.port, kafka_broker.controller_port,
+                             tmp_path_factory)
+
+
+@pytest.fixture
+def make_cluster_settings(kafka_cluster: LocalCluster,
+                          tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Settings]:
+    """Settings whose bootstrap lists every node of the session's cluster."""
+    first = kafka_cluster.nodes[0]
+    return _settings_factory(kafka_cluster.bootstrap, first.port, first.controller_port, tmp_path_factory)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-screenshots", action="store_true",
+                     help="browser tests rewrite the screenshots the docs show (docs/img/); "
+                          "without it they write them under the test's tmp dir, so a test run leaves the tree clean")
+
+
+@pytest.fixture
+def screenshot_path(request: pytest.FixtureRequest, tmp_path) -> Callable[[str], Path]:
+    """Where a browser test saves the screenshot ``name`` (docs/img/<name> with --update-screenshots)."""
+    docs_img = Path(__file__).resolve().parents[1] / "docs" / "img"
+
+    def path(name: str) -> Path:
+        return docs_img / name if request.config.getoption("--update-screenshots") else tmp_path / name
+
+    return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "soak" in (config.getoption("markexpr") or ""):
+        return
+    soak = [item for item in items if item.get_closest_marker("soak")]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]

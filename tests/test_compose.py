@@ -4,6 +4,7 @@ step with the local setup: the same VOICEBUS_* variables, topic names and Kafka 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,33 +12,67 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.broker import cluster_properties
 from pipeline.settings import ENV_PREFIX, Settings
+from pipeline.topics import durability
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 VOICEBUS_SERVICES = {"gate": "gate", "worker": "worker", "edge": "edge"}
+TEST_SECRET = "compose-test-secret-0123456789abcdef"
+
+
+def _env(**overrides: str | None) -> dict[str, str]:
+    """This process's environment without any VOICEBUS_* variable, plus `overrides` (None removes)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VOICEBUS_")}
+    env.update({k: v for k, v in overrides.items() if v is not None})
+    return env
+
+
+def compose_config(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    docker_compose = shutil.which("docker-compose")
+    assert docker_compose, "docker-compose is not installed (make system-deps installs Debian's package)"
+    return subprocess.run([docker_compose, "-f", str(COMPOSE), "config", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, env=env)
 
 
 def resolved_compose() -> dict:
-    docker_compose = shutil.which("docker-compose")
-    assert docker_compose, "docker-compose is not installed (make system-deps installs Debian's package)"
-    proc = subprocess.run([docker_compose, "-f", str(COMPOSE), "config"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = compose_config(env=_env(VOICEBUS_EDGE_SECRET=TEST_SECRET))
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
 
 
 def test_compose_file_validates():
-    proc = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    proc = compose_config("-q", env=_env(VOICEBUS_EDGE_SECRET=TEST_SECRET))
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("secret", [None, ""])
+def test_compose_requires_the_edge_secret_to_be_set(secret):
+    """Unset or empty, docker-compose refuses the file and says which variable to set."""
+    proc = compose_config("-q", env=_env(VOICEBUS_EDGE_SECRET=secret))
+    assert proc.returncode != 0
+    assert "set VOICEBUS_EDGE_SECRET to a long random string" in proc.stderr
+
+
+def test_the_compose_edge_passes_the_edges_own_exposure_check(compose):
+    """The edge service listens on 0.0.0.0 with the secret the user set: the edge accepts that
+    (and would refuse the same service with the public default)."""
+    from players.edge import InsecureEdgeConfig, check_exposure
+
+    edge = Settings.from_env({k: str(v) for k, v in compose["services"]["edge"]["environment"].items()})
+    assert edge.edge_host == "0.0.0.0" and edge.edge_secret == TEST_SECRET
+    check_exposure(edge)
+    with pytest.raises(InsecureEdgeConfig):
+        check_exposure(edge.replace(edge_secret=Settings().edge_secret))
 
 
 def test_an_unknown_option_fails_validation(tmp_path):
     """The check above can fail: docker-compose rejects what it does not know."""
     bad = tmp_path / "docker-compose.yml"
     bad.write_text(COMPOSE.read_text().replace("    hostname: kafka\n", "    hostname: kafka\n    no_such_option: 1\n"))
-    proc = subprocess.run(["docker-compose", "-f", str(bad), "config", "-q"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["docker-compose", "-f", str(bad), "config", "-q"], capture_output=True, text=True, timeout=120,
+                          env=_env(VOICEBUS_EDGE_SECRET=TEST_SECRET))
     assert proc.returncode != 0 and "no_such_option" in proc.stderr
 
 
@@ -89,3 +124,17 @@ def test_the_registry_is_apicurio_at_our_version_and_every_stage_can_resolve_ids
         assert settings.registry_url == "http://registry:8080/apis/ccompat/v7"
         assert settings.wire_format == "single-object"
         assert "registry" in compose["services"][name]["depends_on"]
+
+
+def test_replication_fits_the_compose_kafka_and_matches_the_local_broker(compose):
+    kafka_nodes = [s for s in compose["services"].values() if str(s.get("image", "")).startswith("apache/kafka:")]
+    assert len(kafka_nodes) == 1
+    kafka_env = kafka_nodes[0]["environment"]
+    local = cluster_properties(len(kafka_nodes))  # what `voicebus kafka start` sets for this size
+    for key in ("default.replication.factor", "min.insync.replicas", "offsets.topic.replication.factor",
+                "transaction.state.log.min.isr"):
+        assert str(kafka_env["KAFKA_" + key.upper().replace(".", "_")]) == local[key], key
+    for name in VOICEBUS_SERVICES:
+        settings = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
+        durable = durability(settings, len(kafka_nodes))  # raises if the topics could not be created
+        assert (durable.replication_factor, durable.min_insync_replicas) == (1, 1)

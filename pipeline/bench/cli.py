@@ -15,6 +15,7 @@ BENCH_MODULES = [
     "pipeline.bench.synth",
     "pipeline.bench.edge",
     "pipeline.bench.ttfa",
+    "pipeline.bench.agents",
 ]
 
 

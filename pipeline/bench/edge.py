@@ -53,7 +53,9 @@ async def _bench(settings, counts: list[int], chunks: int, interval_s: float, ch
     results = {}
     for n in counts:
         metrics = EdgeMetrics(keep_overhead_samples=n * chunks)
-        router = SessionRouter(metrics, client_queue_frames=max(256, chunks))
+        # all N players are of one session: the per-session connection limit must admit them
+        router = SessionRouter(metrics, client_queue_frames=max(256, chunks), max_clients=max(1000, n),
+                               max_clients_per_session=n)
         runner = web.AppRunner(make_app(settings, with_kafka=False, router=router))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

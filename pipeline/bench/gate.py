@@ -3,7 +3,7 @@
 `voicebus bench gate` (uses the broker at ``VOICEBUS_BOOTSTRAP`` or starts a local one) prints:
 
 - core: µs per event of `GateSession`, in memory and with its state through JSON around every
-  event (what the faust worker does);
+  event (what the gate worker does);
 - broker: the latency from sending the token that completes a sentence to a consumer holding its
   synthesis request, through one gate worker subprocess, p50/p95/max.
 
@@ -24,6 +24,7 @@ from pipeline.clock import now_us
 from pipeline.gate.core import GateConfig, GateSession
 from pipeline.latency import percentile
 from pipeline.settings import Settings
+from schemas.contract import TextEventKind
 
 TEXT = "The quick brown fox jumps. It was far away, said Dr. Smith. Then it rained all day. "
 
@@ -33,8 +34,8 @@ def turn_events(session: str, turn: str, text: str, size: int) -> list[dict]:
     pieces = [text[i:i + size] for i in range(0, len(text), size)]
     base = {"session_id": session, "turn_id": turn, "agent_id": "bench", "claim_id": None,
             "language": None, "voice": None, "produced_at_us": 0}
-    events = [{**base, "seq": i, "kind": "TOKEN", "text": p} for i, p in enumerate(pieces)]
-    events.append({**base, "seq": len(pieces), "kind": "END_OF_TURN", "text": ""})
+    events = [{**base, "seq": i, "kind": TextEventKind.TOKEN, "text": p} for i, p in enumerate(pieces)]
+    events.append({**base, "seq": len(pieces), "kind": TextEventKind.END_OF_TURN, "text": ""})
     return events
 
 
@@ -76,6 +77,7 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
         partitions=1, text_topic_prefix=f"bench{uid}.text.", control_topic=f"bench{uid}.control",
         synthesis_topic=f"bench{uid}.synthesis", deadletter_topic=f"bench{uid}.deadletter",
         gate_app_id=f"bench-gate-{uid}", gate_changelog_topic=f"bench-gate-{uid}-changelog",
+        agents_topic=f"bench{uid}.agents",
     )
     await ensure_topics(settings, [settings.control_topic, settings.synthesis_topic, settings.deadletter_topic,
                                    text_topic(settings, "bench")])

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from pipeline.latency import percentile
+from schemas.contract import TextEventKind
 
 DEFAULT_CASES = Path("../shared/benchmarks/segmentation/pysbd-golden-rules.json")
 NAIVE_SPLIT = re.compile(r"(?<=[.!?])\s+")
@@ -101,7 +102,7 @@ def _corpus_turns() -> list[tuple[str, str]]:
     for path in sorted(CORPUS_DIR.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             event = json.loads(line)
-            if event.get("type") == "text" and event.get("kind") == "TOKEN":
+            if event.get("type") == "text" and event.get("kind") == TextEventKind.TOKEN:
                 key = (path.name, event["session_id"], event["turn_id"])
                 turns.setdefault(key, []).append(event["text"])
                 langs[key] = event.get("language") or "en"

@@ -36,6 +36,7 @@ from pathlib import Path
 from pipeline.clock import now_us
 from pipeline.latency import first_audio_stages, model_ttfa_ms, overhead_ms, summary
 from pipeline.settings import Settings
+from schemas.contract import PlaybackKind
 
 SENTENCES = [
     "Thanks for waiting, I found your order.",
@@ -184,12 +185,12 @@ class _Browser:
             await self._pw.stop()
 
     async def open(self, edge_url: str, session_id: str, secret: str):
-        from players.auth import issue_token
+        from players.auth import issue_token, player_url
 
         page = await self._browser.new_page()
         page.on("pageerror", lambda exc: self.errors.append(f"{session_id}: {exc}"))
         try:
-            await page.goto(f"{edge_url}/?session={session_id}&token={issue_token(secret, session_id, 3600)}")
+            await page.goto(player_url(edge_url, session_id, issue_token(secret, session_id, 3600)))
             await page.click("#start")
             await page.wait_for_function(PAGE_READY, timeout=20000)
             # The live waveform redraws a 960 px canvas ~90 times a second; shrink it so the
@@ -275,11 +276,11 @@ class _Bench:
                     if full:
                         turn = await listener.wait_turn_end(tid, 600)
                         if self.browser is not None:
-                            audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
+                            audible = await self._report(sid, tid, PlaybackKind.AUDIBLE_START, AUDIBLE_TIMEOUT_S)
                     else:
                         turn = await listener.wait_first_audio(tid, 300)
                         if self.browser is not None:  # the page must become audible before the cancel
-                            audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
+                            audible = await self._report(sid, tid, PlaybackKind.AUDIBLE_START, AUDIBLE_TIMEOUT_S)
                         await listener.cancel(tid, reason="bench: first audio measured")
                     out.append(self._sample(mode, length, sessions, turn, produced_us,
                                             audible["audible_at_us"] if audible else None))
@@ -342,7 +343,7 @@ class _Bench:
                     speaking = asyncio.create_task(self._speak(publisher, sid, tid, text))
                     turn = await listener.wait_first_audio(tid, 300)
                     if page is not None:  # barge in while the page is playing
-                        audible = await self._report(sid, tid, "AUDIBLE_START", AUDIBLE_TIMEOUT_S)
+                        audible = await self._report(sid, tid, PlaybackKind.AUDIBLE_START, AUDIBLE_TIMEOUT_S)
                         page_out["page_audible_before_cancel"] = audible is not None
                     sent_at = now_us()
                     await listener.cancel(tid, reason="bench: barge-in")
@@ -374,7 +375,7 @@ class _Bench:
         """After a cancel: when the page's worklet rendered silence. The worklet applies "stop"
         between render quanta and reports the frame it stopped at; the page maps that frame to
         the server clock (the same mapping as its audible start) and sends a STOPPED report."""
-        stopped = await self._report(session_id, turn_id, "STOPPED", 10.0)
+        stopped = await self._report(session_id, turn_id, PlaybackKind.STOPPED, 10.0)
         out: dict = {"cancel_to_page_silence_ms": (stopped["audible_at_us"] - sent_at_us) / 1000 if stopped else None}
         try:  # 40 render quanta (~210 ms) after the stop: nothing may have been rendered loud
             await page.wait_for_function("window.voicebusPlayer.stats.stops >= 1 && "

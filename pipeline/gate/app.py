@@ -1,36 +1,37 @@
-"""The gate as a faust stream processor: agents' text topics in, synthesis requests out.
+"""The gate's Kafka shell (aiokafka): agents' text topics in, synthesis requests out.
 
-`GateWorker` owns one faust App (app id ``settings.gate_app_id``) with:
+The pure core (`pipeline.gate.core.GateSession`) decides; this module owns everything Kafka:
 
-- ``gate-text``: an agent over every agent text topic. faust-streaming cannot subscribe by
-  pattern (its consumer subscribes to explicit names), so a discovery timer lists the broker's
-  topics every ``discovery_interval_s`` and adds new ones matching
-  `pipeline.topics.text_topic_pattern` to the agent's topic; the consumer resubscribes and the
-  group rebalances. A new agent's topic is read from its beginning, so nothing it sent before the
-  gate noticed it is lost (`_rewind_uncommitted_partitions` makes that hold across faust's
-  rebalance-time seeks). (With no text topic at all at start, the worker creates an empty one
-  for agent id ``_gate``: faust can only extend a subscription list that is not empty.)
-- ``gate-control``: a separate agent on the control topic, so a cancel is applied to the session's
-  state while the text agent still has a backlog (control overtakes data).
-- ``gate_sessions``: a faust Table (memory store, compacted changelog
-  ``settings.gate_changelog_topic``), session id -> `GateSession` state. A restarted or
-  rebalanced worker recovers it from the changelog.
-- a timer that applies hold timeouts (`GateSession.tick`) to the sessions that have one due.
+- **Co-partitioning.** Every text topic, the control topic and the gate's changelog have
+  ``settings.partitions`` partitions and are keyed by session id, so session S lives on the same
+  partition number p everywhere. Workers of one ``settings.gate_app_id`` form one consumer group
+  subscribed to the **control topic only**: owning control partition p means owning every session
+  on p. Partition p of every agent text topic is read by a second consumer with **no group**
+  (manual ``assign``), so a new agent topic costs a local ``assign`` of more partitions: no
+  rebalance, nobody waits. A text topic with another partition count cannot be co-partitioned:
+  it is refused (error log, counter ``voicebus_gate_topics_refused_total``); a text record whose
+  key hashes to another partition is dead-lettered (reason ``wrong-partition``).
+- **Discovery** (`pipeline.shell.TopicDiscovery`): the agent registry topic (written by the SDK)
+  followed from its beginning, and a periodic listing of topics matching the text prefix.
+- **State.** Each owned session's `GateSession` lives in memory; its state (``to_state()``) is
+  written to the compacted changelog (``settings.gate_changelog_topic``) on partition p, followed
+  by one record under a reserved key holding the next offset of every text topic's partition p.
+  Per event: apply -> send the requests and await their acks -> write the state and positions.
+  A crash in between re-applies the event on the old state, which gives the same requests with
+  the same sentence_seq; the core's (agent, turn, seq) guard makes a later re-delivery harmless.
+  The control consumer commits its own offsets (every ``commit_interval_s``, and on revoke).
+- **Rebalance.** On revoke of p: p leaves the owned set at once (no new event of p starts, the
+  timer skips it), an event of p in flight finishes (we still own p until the callback returns),
+  then p's sessions and text partitions are dropped. On assignment of p: changelog partition p is
+  read to its end (states and text positions), then the text partitions are sought there (no
+  stored position: their beginning). `READY_LINE` is printed after that (with ``--announce``).
+- **Bad input** goes through `pipeline.shell.RecordPolicy` (stage ``gate``): dead-lettered with
+  its reason; a turn the gate failed on still ends (`GateSession.end_failed_turn`).
+- **Timer** (every ``timer_interval_s``): hold timeouts (`GateSession.tick`) and idle-session
+  expiry (`GateSession.expire`, then a tombstone on the changelog) for owned sessions.
 
-Delivery: faust is at-least-once. For each event the worker (under one lock, so agents and timer
-never interleave on a session) loads the session, applies the event, sends the resulting requests
-and waits for the broker's acks, and only then writes the new state to the Table. A crash before
-the write means the event is re-delivered and re-applied to the old state, giving the same
-sentences with the same sentence_seq; a crash after it means the re-delivered event is ignored by
-the (agent, turn, seq) guard in the state. So no sentence is lost; a repeat needs a crash in the
-few milliseconds between the acks and the changelog write, and then carries the same
-(session_id, turn_id, sentence_seq) so consumers can drop it.
-
-Bad records (not decodable, wrong type, oversized, or an event the core rejects) go to the
-dead-letter topic with the reason in headers; the worker keeps going.
-
-Run it: ``voicebus gate``, ``python -m pipeline.gate.app`` (settings from ``VOICEBUS_*``), or
-`start_gate_subprocess` from tests and demos.
+Run it: ``voicebus gate``, ``python -m pipeline.gate.app``, or `start_gate_subprocess`.
+docs/gate.md has the design and the alternatives weighed.
 """
 
 from __future__ import annotations
@@ -41,27 +42,74 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from aiokafka.abc import ConsumerRebalanceListener
+
+from pipeline.bus import ensure_topics, make_producer
 from pipeline.clock import now_us
-from pipeline.codecs import CodecError, codec_for, deadletter_headers
-from pipeline.gate.core import GateConfig, GateInputError, GateSession
-from pipeline.gate.evidence import EvidenceError
+from pipeline.codecs import CodecError, codec_for
+from pipeline.gate.core import GateConfig, GateSession
 from pipeline.settings import Settings
-from pipeline.bus import ensure_topics
-from pipeline.topics import session_key, text_topic, text_topic_pattern
+from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery
+from pipeline.topics import fixed_topics, session_key, text_topic_pattern
 
 log = logging.getLogger(__name__)
 
-PLACEHOLDER_AGENT = "_gate"  # an agent id no agent uses; see GateWorker._initial_text_topics
-READY_LINE = "voicebus-gate assigned"  # printed (JSON after it) when partitions are assigned
+READY_LINE = "voicebus-gate assigned"  # printed (JSON list of "topic:partition" after it) when ready
+RECOVERY_TIMEOUT_S = 60.0  # reading a changelog partition to its end; then the recovery is retried
+TEXT_BATCH_RECORDS = 100  # text records per batch at most: a control event waits for one batch at most
+POSITIONS_KEY = b"\x00gate.positions"  # changelog key of a partition's text positions (no session
+# id can be it: ids have no control characters, schemas/contract.py)
+
+
+class GateStartError(RuntimeError):
+    """The gate cannot run against these topics (e.g. a partition count it cannot co-partition)."""
+
+
+class WrongPartition(ValueError):
+    """A text record on a partition other than the one its session key hashes to."""
+
+    reason = "wrong-partition"
+
+
+class PartitionRevoked(Exception):
+    """The partition of the event being handled was revoked while its output was retried."""
+
+
+def _tp(topic: str, partition: int) -> Any:
+    from aiokafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
+
+
+@dataclass
+class _Batch:
+    """The effects of one fetched batch of text records, committed together."""
+
+    entries: dict = field(default_factory=dict)  # session id -> _Entry touched
+    applied: dict = field(default_factory=dict)  # session id -> [(event, now_us)] applied in order
+    requests: list = field(default_factory=list)
+    positions: dict = field(default_factory=dict)  # (topic, p) -> next offset
+
+
+@dataclass
+class _Entry:
+    """One owned session: the live core object, the state last written, its partition."""
+
+    session: GateSession
+    state: str | None  # the state as the changelog holds it, JSON (None: nothing written yet)
+    partition: int
+    due_us: int | None = None  # the next hold timeout or the idle expiry, whichever is first
 
 
 class GateWorker:
-    """One gate worker: builds and owns its faust App. `run()` blocks until the worker stops."""
+    """One gate worker. `start()`/`stop()` in a running loop, or `run()` to block until SIGTERM."""
 
     def __init__(
         self,
@@ -70,233 +118,556 @@ class GateWorker:
         commit_interval_s: float = 1.0,
         session_timeout_s: float = 10.0,
         timer_interval_s: float = 0.2,
-        discovery_interval_s: float = 2.0,
+        discovery_interval_s: float | None = None,
         announce: bool = False,
+        clock_us: Callable[[], int] = now_us,
+        registry: Any = None,
+        out: Any = None,
     ) -> None:
-        import faust
+        from prometheus_client import CollectorRegistry, Counter
 
         self.settings = settings
         self.config = GateConfig.from_settings(settings)
         self.codec = codec_for(settings)
-        self._pattern = re.compile(text_topic_pattern(settings))
-        self._lock = asyncio.Lock()
+        self.commit_interval_s = commit_interval_s
+        self.session_timeout_s = session_timeout_s
+        self.timer_interval_s = timer_interval_s
+        self.discovery_interval_s = (settings.topic_discovery_interval_s if discovery_interval_s is None
+                                     else discovery_interval_s)
+        self.clock_us = clock_us
         self._announce = announce
-        initial_text_topics = self._initial_text_topics()  # before faust takes the event loop
-        self.app = faust.App(
-            settings.gate_app_id,
-            broker=f"kafka://{settings.bootstrap}",
-            store="memory://",
-            datadir=str(Path(settings.cache_dir) / "gate-faust"),
-            autodiscover=False,
-            web_enabled=False,
-            topic_partitions=settings.partitions,
-            topic_replication_factor=settings.replication_factor,
-            table_standby_replicas=0,  # a standby's keys would show up in the timer's scan
-            consumer_auto_offset_reset="earliest",
-            broker_commit_interval=commit_interval_s,
-            broker_session_timeout=session_timeout_s,
-            broker_heartbeat_interval=max(0.5, session_timeout_s / 5),
-            broker_rebalance_timeout=max(session_timeout_s, 10.0),
-            producer_linger=0.0,
-            producer_max_request_size=settings.max_message_bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
-        # Resubscribe soon after a new text topic appears (faust waits 45 s by default).
-        self.app.topics._resubscribe_sleep_lock_seconds = 1.0
-        raw = {"key_serializer": "raw", "value_serializer": "raw"}
-        self.text_channel = self.app.topic(*initial_text_topics, **raw)
-        # A list, not faust's tuple, shared with the agent's clone so discovery can extend it.
-        self.text_channel.topics = list(initial_text_topics)
-        self.control_channel = self.app.topic(settings.control_topic, **raw)
-        self.synthesis_channel = self.app.topic(settings.synthesis_topic, **raw)
-        self.deadletter_channel = self.app.topic(settings.deadletter_topic, **raw)
-        self.table = self.app.Table(
-            "gate_sessions",
-            default=None,
-            partitions=settings.partitions,
-            changelog_topic=self.app.topic(
-                settings.gate_changelog_topic, partitions=settings.partitions, compacting=True,
-                deleting=False, internal=True, key_serializer="raw", value_serializer="json",
-            ),
-            schema=faust.Schema(key_serializer="raw", value_serializer="json"),
-            # Changelog partition = the producer's partition for the session key, so writes from
-            # the timer (no current event) land where the session's text and control records do.
-            use_partitioner=True,
-        )
-        self.app.agent(self.text_channel, name="gate-text")(self._text_agent)
-        self.app.agent(self.control_channel, name="gate-control")(self._control_agent)
-        self.app.timer(timer_interval_s, name="gate-hold-timeouts")(self._hold_timeouts)
-        self.app.timer(discovery_interval_s, name="gate-topic-discovery")(self._discover_text_topics)
-        self.app.on_rebalance_complete.connect(self._on_rebalance_complete)
-        # Revocation comes first in every rebalance (also the first, with nothing to revoke),
-        # so the consumer's seek is wrapped before any recovery seeks with it.
-        self.app.on_partitions_revoked.connect(self._rewind_uncommitted_partitions)
-        self._rewinds_uncommitted = False
+        self._out = out
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._refused_counter = Counter("voicebus_gate_topics_refused", "Text topics the gate refused, by reason",
+                                        ["reason"], registry=self.registry)
+        self._unencodable = Counter("voicebus_gate_requests_unencodable", "Requests sent with empty text because "
+                                    "the contract refused them", registry=self.registry)
+        self._pattern = re.compile(text_topic_pattern(settings))
+        self._lock = asyncio.Lock()  # one event, tick or rebalance step at a time
+        self._owned: set[int] = set()
+        self._sessions: dict[str, _Entry] = {}
+        self._text_topics: set[str] = set()
+        self.refused_topics: dict[str, str] = {}
+        self._positions: dict[tuple[str, int], int] = {}  # (text topic, p) -> next offset to apply
+        self._stored_positions: dict[int, dict[str, int]] = {}  # p -> positions as recovered/written
+        self._dirty_positions: set[int] = set()
+        self._control_done: dict[int, int] = {}  # control partition -> next offset applied
+        self._control_committed: dict[int, int] = {}
+        self.producer = None
+        self.control = None
+        self.text = None
+        self.changelog = None
+        self.policy: RecordPolicy | None = None
+        self.discovery: TopicDiscovery | None = None
+        self.supervisor = Supervisor("gate", registry=self.registry)
+        self.ready = asyncio.Event()
+        self.revoked_partitions = 0
 
-    # --- running ---------------------------------------------------------------------------------
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
+        s = self.settings
+        await ensure_topics(s, fixed_topics(s))  # start in any order: no "topic not found" loops
+        self.producer = make_producer(s)
+        await self.producer.start()
+        try:
+            for topic in (s.control_topic, s.gate_changelog_topic):
+                n = len(await self.producer.partitions_for(topic))
+                if n != s.partitions:
+                    raise GateStartError(
+                        f"{topic} has {n} partitions, the gate co-partitions by number and needs "
+                        f"settings.partitions = {s.partitions}")
+            self.policy = RecordPolicy("gate", s, self.codec, self.producer, registry=self.registry)
+            common = dict(bootstrap_servers=s.bootstrap, enable_auto_commit=False,
+                          fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+            self.text = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
+            self.changelog = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
+            session_ms = int(self.session_timeout_s * 1000)
+            self.control = AIOKafkaConsumer(
+                group_id=s.gate_app_id, auto_offset_reset="earliest", session_timeout_ms=session_ms,
+                heartbeat_interval_ms=max(300, session_ms // 5), rebalance_timeout_ms=max(session_ms, 10_000),
+                **common)
+            await self.text.start()
+            await self.changelog.start()
+            await self.control.start()
+            # Known text topics first, so the first assignment already reads them.
+            self.discovery = TopicDiscovery(s, self._pattern.pattern, self._on_topics, self.producer,
+                                            interval_s=self.discovery_interval_s, policy_stage="gate",
+                                            registry=self.registry)
+            await self.discovery.start()
+            self.control.subscribe([s.control_topic], listener=_Listener(self))
+            self.supervisor.start("control", self._control_loop)
+            self.supervisor.start("text", self._text_loop)
+            self.supervisor.start("timer", self._timer_loop)
+            self.supervisor.start("registry", self.discovery.follow_registry)
+            self.supervisor.start("listing", self.discovery.poll_listing)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Finish the event in hand, commit control positions, leave the group, stop every client."""
+        async with self._lock:
+            await self.supervisor.stop()
+            if self.control is not None:
+                await self._commit_control(force=True)
+        for name in ("control", "text", "changelog"):
+            client = getattr(self, name)
+            setattr(self, name, None)
+            if client is not None:
+                try:
+                    await client.stop()
+                except Exception as exc:  # noqa: BLE001 - stopping anyway; the others must stop too
+                    log.error("gate: stopping the %s consumer failed: %s", name, exc)
+        if self.discovery is not None:
+            await self.discovery.stop()
+            self.discovery = None
+        if self.producer is not None:
+            await self.producer.stop()
+            self.producer = None
+
     def run(self, loglevel: str = "WARNING") -> int:
         """Run the worker in this process until SIGINT/SIGTERM."""
-        import faust
+        async def main() -> None:
+            stopping = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stopping.set)
+            await self.start()
+            try:
+                await stopping.wait()
+            finally:
+                await self.stop()
 
-        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, override_logging=False)
         try:
-            worker.execute_from_commandline()
-        except SystemExit as exc:
-            return int(exc.code or 0)
+            asyncio.run(main())
+        except GateStartError as exc:
+            log.error("gate: %s", exc)
+            return 2
         return 0
 
-    # --- agents ----------------------------------------------------------------------------------
-    async def _text_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            await self._on_record(event.message, "TextEvent")
-
-    async def _control_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            await self._on_record(event.message, "ControlEvent")
-
-    async def _on_record(self, message: Any, expect: str) -> None:
-        try:
-            value = self.codec.decode(message.value, expect=expect).value
-        except CodecError as exc:
-            await self._dead_letter(message, exc)
+    # --- topics ----------------------------------------------------------------------------------
+    async def _on_topics(self, names: set[str]) -> None:
+        """Discovery found text topics: read partition p of each new one for every owned p."""
+        new: list[str] = []
+        for topic in sorted(names - self._text_topics - set(self.refused_topics)):
+            n = len(await self.producer.partitions_for(topic))
+            if n != self.settings.partitions:
+                reason = f"{n} partitions, not {self.settings.partitions}: it cannot be co-partitioned"
+                self.refused_topics[topic] = reason
+                self._refused_counter.labels("partition-count").inc()
+                log.error("gate: refusing text topic %s (%s); recreate it with %d partitions",
+                          topic, reason, self.settings.partitions)
+                continue
+            new.append(topic)
+        if not new:
             return
-        session_id = value["session_id"]
         async with self._lock:
-            session = self._load(session_id)
+            self._text_topics.update(new)
+            await self._assign_text()
+        log.info("gate: reading new text topics %s", new)
+
+    async def _assign_text(self) -> None:
+        """(Under the lock.) Assign partition p of every text topic for every owned p, each at
+        its position: where this worker is, else the changelog's, else the beginning. No network
+        round trip: the lock holds every session up while this runs."""
+        from aiokafka.structs import TopicPartition
+
+        if self.text is None:
+            return  # stopping
+        tps = [TopicPartition(t, p) for t in sorted(self._text_topics) for p in sorted(self._owned)]
+        for tp in tps:
+            if (tp.topic, tp.partition) not in self._positions:
+                # No stored position: from the beginning. Offset 0 says so without a round trip
+                # under the lock: past a retention cut the consumer's reset (earliest) moves it
+                # to the log start, and every record there is >= 0.
+                stored = self._stored_positions.get(tp.partition, {}).get(tp.topic)
+                self._positions[(tp.topic, tp.partition)] = 0 if stored is None else stored
+        self.text.assign(tps)  # replaces the assignment and forgets positions: seek every one
+        for tp in tps:
+            self.text.seek(tp, self._positions[(tp.topic, tp.partition)])
+
+    # --- rebalance -------------------------------------------------------------------------------
+    async def _revoke(self, partitions: set[int]) -> None:
+        self._owned -= partitions  # at once: no event of these partitions starts from now on
+        async with self._lock:  # an event in flight finishes: we own p until this returns
+            await self._commit_control(force=True, only=partitions)
+            for sid in [sid for sid, e in self._sessions.items() if e.partition in partitions]:
+                del self._sessions[sid]
+            for key in [k for k in self._positions if k[1] in partitions]:
+                del self._positions[key]
+            for p in partitions:
+                self._stored_positions.pop(p, None)
+                self._dirty_positions.discard(p)
+                self._control_done.pop(p, None)
+                self._control_committed.pop(p, None)
+            await self._assign_text()
+            self.revoked_partitions += len(partitions)
+        if partitions:
+            log.info("gate: partitions %s revoked", sorted(partitions))
+
+    async def _assign(self, partitions: set[int]) -> None:
+        from aiokafka.errors import KafkaError
+
+        backoff = 0.2
+        while True:  # aiokafka swallows a callback's error: the partitions would sit unread
             try:
-                requests = session.apply(value, now_us())
-            except (GateInputError, EvidenceError) as exc:
-                await self._dead_letter(message, exc)
-                return
-            except Exception as exc:  # a bug must not wedge the partition: skip the event, loudly
-                log.exception("gate: event %s[%s]@%s failed; state left as before it",
-                              message.topic, message.partition, message.offset)
-                await self._dead_letter(message, exc)
-                return
-            await self._emit(requests)
-            self._store(session)
-
-    async def _hold_timeouts(self) -> None:
-        if self.app.rebalancing or self.app.tables.recovery.in_recovery:
-            return  # the table is being rebuilt: a stale read now could be written back
-        now = now_us()
-        due = [k for k, v in list(self.table.items()) if v and v.get("deadline_us") is not None
-               and v["deadline_us"] <= now]
-        for key in due:
-            async with self._lock:
-                session = self._load(key.decode("utf-8"))
-                requests = session.tick(now_us())
-                await self._emit(requests)
-                self._store(session)
-
-    async def _discover_text_topics(self) -> None:
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
-        try:
-            await admin.start()
-            names = {t for t in await admin.list_topics() if self._pattern.match(t)}
-        except Exception as exc:  # the broker is briefly away: try again next tick
-            log.warning("gate: cannot list topics: %s", exc)
-            return
-        finally:
-            await admin.close()
-        new = names - set(self.text_channel.topics)
-        if new:
-            log.info("gate: subscribing to new text topics %s", sorted(new))
-            # In place: the agent's stream iterates a clone of the channel sharing this list.
-            self.text_channel.topics.extend(sorted(new))
-            self.app.topics._flag_changes()  # faust resubscribes (see __init__)
-
-    async def _rewind_uncommitted_partitions(self, *args: Any, **kwargs: Any) -> None:
-        if self._rewinds_uncommitted:
-            return
-        consumer = self.app.consumer
-        # faust drops records it fetched while its flow was stopped (a rebalance in progress)
-        # and then "seeks back to committed offsets". aiokafka's seek_to_committed does not move
-        # a partition that has no committed offset (or 0), so those dropped records were never
-        # read again: the first turn of a new agent, whose topic the gate had just discovered
-        # with its records already in it, could vanish (seen once in a test run under load).
-        # Rewinding such partitions to their beginning gives the auto_offset_reset=earliest
-        # this worker asks for; records already applied come again and the state's seq guard
-        # ignores them, as after any re-delivery.
-        seek_to_committed = consumer.seek_to_committed
-
-        async def seek_to_committed_or_beginning() -> Any:
-            committed = await seek_to_committed()
-            uncommitted = [tp for tp, offset in committed.items() if not offset and self._is_stream_topic(tp.topic)]
-            if uncommitted:
-                log.info("gate: %d partitions without a committed offset read from their beginning", len(uncommitted))
-                for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
-                    await consumer.seek(tp, offset)
-            return committed
-
-        consumer.seek_to_committed = seek_to_committed_or_beginning
-        self._rewinds_uncommitted = True
-
-    def _is_stream_topic(self, topic: str) -> bool:
-        """A topic the gate's agents read (not a changelog, which faust's recovery seeks itself)."""
-        return topic == self.settings.control_topic or bool(self._pattern.match(topic))
-
-    async def _on_rebalance_complete(self, sender: Any = None, **kwargs: Any) -> None:
+                async with self._lock:
+                    new = partitions - self._owned
+                    await self._recover(new)
+                    self._owned |= new
+                    await self._assign_text()
+                break
+            except KafkaError as exc:
+                log.error("gate: recovering partitions %s failed (%s); retrying in %.1f s", sorted(partitions),
+                          exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+        log.info("gate: partitions %s assigned and recovered (%d sessions)", sorted(partitions), len(self._sessions))
+        self.ready.set()
         if self._announce:
-            assigned = sorted(f"{tp.topic}:{tp.partition}" for tp in self.app.consumer.assignment())
-            print(READY_LINE, json.dumps(assigned), flush=True)
+            assigned = sorted([f"{self.settings.control_topic}:{p}" for p in self._owned]
+                              + [f"{t}:{p}" for t, p in self._positions])
+            print(READY_LINE, json.dumps(assigned), file=self._out or sys.stdout, flush=True)
 
-    # --- state and output ------------------------------------------------------------------------
-    def _load(self, session_id: str) -> GateSession:
-        stored = self.table.get(session_key(session_id))
-        return GateSession.from_state(session_id, self.config, stored["state"] if stored else None)
+    async def _recover(self, partitions: set[int]) -> None:
+        """(Under the lock.) Read changelog partitions to their end: sessions and positions."""
+        from aiokafka.errors import KafkaTimeoutError
+        from aiokafka.structs import TopicPartition
 
-    def _store(self, session: GateSession) -> None:
-        self.table[session_key(session.session_id)] = {
-            "state": session.to_state(),
-            "deadline_us": session.next_deadline_us(),
-        }
+        if not partitions:
+            return
+        tps = [TopicPartition(self.settings.gate_changelog_topic, p) for p in sorted(partitions)]
+        self.changelog.assign(tps)
+        await self.changelog.seek_to_beginning(*tps)
+        ends = await self.changelog.end_offsets(tps)
+        states: dict[str, tuple[int, str | None]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RECOVERY_TIMEOUT_S
+        while True:
+            behind = [tp for tp in tps if await self.changelog.position(tp) < ends[tp]]
+            if not behind:
+                break
+            if loop.time() > deadline:
+                raise KafkaTimeoutError(f"changelog partitions {behind} not read to their end in {RECOVERY_TIMEOUT_S} s")
+            for tp, records in (await self.changelog.getmany(*behind, timeout_ms=500)).items():
+                for r in records:
+                    if r.key == POSITIONS_KEY:
+                        self._stored_positions[tp.partition] = json.loads(r.value)
+                    elif r.key is not None:
+                        states[r.key.decode("utf-8")] = (tp.partition, r.value.decode("utf-8") if r.value else None)
+        self.changelog.assign([])
+        for sid, (p, stored) in states.items():
+            if stored is None:
+                continue  # a tombstone: the session expired
+            session = GateSession.from_state(sid, self.config, json.loads(stored))
+            self._sessions[sid] = entry = _Entry(session, stored, p)
+            entry.due_us = self._due(session)
 
-    async def _emit(self, requests: list[dict]) -> None:
-        futures = [
-            await self.synthesis_channel.send(
-                key=session_key(r["session_id"]), value=self.codec.encode("SynthesisRequest", r, self.settings.synthesis_topic)
-            )
-            for r in requests
-        ]
-        for fut in futures:
-            await fut  # acked by the broker before the state that produced it is stored
+    # --- loops -----------------------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_commit = loop.time()
+        while True:
+            batch = await self.control.getmany(timeout_ms=500)
+            for tp, records in batch.items():
+                for record in records:
+                    async with self._lock:
+                        if tp.partition not in self._owned:
+                            continue  # fetched before a revoke
+                        try:
+                            await self._process_control(record, tp.partition)
+                        except PartitionRevoked as exc:
+                            log.info("gate: %s", exc)
+                            continue
+                        self._control_done[tp.partition] = record.offset + 1
+            if loop.time() - last_commit >= self.commit_interval_s:
+                async with self._lock:
+                    await self._commit_control()
+                last_commit = loop.time()
 
-    async def _dead_letter(self, message: Any, error: Exception) -> None:
-        headers = deadletter_headers(error, message.topic, message.partition, message.offset)
-        fut = await self.deadletter_channel.send(key=message.key, value=message.value, headers=headers)
-        await fut
-        log.warning("gate: dead-lettered %s[%s]@%s: %s", message.topic, message.partition, message.offset, error)
+    async def _text_loop(self) -> None:
+        async with self._lock:
+            await self._assign_text()  # a restarted loop goes on from the positions applied
+        while True:
+            if not self.text.assignment():
+                await asyncio.sleep(0.05)  # nothing owned yet: no fetch to wait in
+                continue
+            fetched = await self.text.getmany(timeout_ms=500, max_records=TEXT_BATCH_RECORDS)
+            if fetched:
+                async with self._lock:
+                    await self._process_text_batch(fetched)
 
-    def _initial_text_topics(self) -> list[str]:
-        """Text topics that exist now (so the first assignment already covers them)."""
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        async def list_matching() -> list[str]:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
-            await admin.start()
-            try:
-                names = sorted(t for t in await admin.list_topics() if self._pattern.match(t))
-            finally:
-                await admin.close()
-            if not names:
-                # faust copies an empty topic list into the agent's channel, which discovery
-                # then could not extend: start from one (empty) text topic of the gate's own.
-                names = [text_topic(self.settings, PLACEHOLDER_AGENT)]
-                await ensure_topics(self.settings, names)
-            return names
-
+    async def _process_text_batch(self, fetched: dict) -> None:
+        """(Under the lock.) Every text record fetched, applied in order per partition, then their
+        effects in one go: all requests sent and acked, then each touched session's state and each
+        partition's positions written once. At one record per fetch (a quiet gate) that is the
+        per-event order; under load it turns two broker round trips per event into two per
+        batch, so the gate keeps up instead of falling behind."""
+        batch = _Batch()
+        for tp, records in fetched.items():
+            key = (tp.topic, tp.partition)
+            for record in records:
+                if tp.partition not in self._owned or key not in self._positions:
+                    break  # fetched before a revoke
+                if record.offset < batch.positions.get(key, self._positions[key]):
+                    continue  # applied already (a seek back after a reassignment)
+                await self.policy.process(record, "TextEvent",
+                                          lambda decoded: self._apply_in_batch(decoded, record, tp.partition, batch))
+                batch.positions[key] = record.offset + 1
         try:
-            return asyncio.run(list_matching())
+            await self._commit_batch(batch)
+        except BaseException as exc:
+            # Nothing of the batch counts: sessions back to their stored state, partitions read
+            # again from the stored positions (a revoked partition is gone anyway).
+            for sid, entry in batch.entries.items():
+                entry.session = self._restored(sid, entry)
+            for topic, p in batch.positions:
+                if (topic, p) in self._positions and p in self._owned:
+                    self.text.seek(_tp(topic, p), self._positions[(topic, p)])
+            if isinstance(exc, PartitionRevoked):
+                log.info("gate: %s", exc)
+                return
+            raise
+
+    def _apply_in_batch(self, decoded: Any, record: Any, partition: int, batch: "_Batch") -> None:
+        event = decoded.message.value
+        sid = event["session_id"]
+        if self._partition_of(sid) != partition:
+            raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
+                                 f"its record is on {record.topic}[{partition}]")
+        entry = self._entry(sid, partition)
+        now = self.clock_us()
+        try:
+            requests = entry.session.apply(event, now)
         except Exception as exc:
-            log.warning("gate: cannot list topics at start (%s); discovery will retry", exc)
-            return []
-        finally:
-            # asyncio.run leaves no current loop behind; faust's worker needs one.
-            asyncio.set_event_loop(asyncio.new_event_loop())
+            # The core may have half-applied the event: rebuild the session from its stored
+            # state and this batch's earlier events (deterministic, their requests are already
+            # in the batch), then make sure the turn still ends. The policy dead-letters it.
+            session = self._restored(sid, entry)
+            for earlier, at in batch.applied.get(sid, []):
+                session.apply(earlier, at)
+            entry.session = session
+            closing = session.end_failed_turn(event, now, exc)
+            batch.entries[sid] = entry
+            batch.requests.extend(closing)
+            raise
+        batch.entries[sid] = entry
+        batch.applied.setdefault(sid, []).append((event, now))
+        batch.requests.extend(requests)
+
+    async def _commit_batch(self, batch: "_Batch") -> None:
+        if not batch.entries and not batch.positions:
+            return
+        now = self.clock_us()
+        states: dict[str, str] = {}
+        for sid, entry in batch.entries.items():
+            more, states[sid] = entry.session.shed(now)
+            batch.requests.extend(more)
+        partitions = {p for _, p in batch.positions} | {e.partition for e in batch.entries.values()}
+        await self._send_retrying(partitions, [(self.settings.synthesis_topic, session_key(r["session_id"]),
+                                                self._encode_request(r), None) for r in batch.requests])
+        previous = {key: self._positions[key] for key in batch.positions}
+        self._positions.update(batch.positions)
+        topic = self.settings.gate_changelog_topic
+        try:
+            await self._send_retrying(partitions, [
+                *[(topic, session_key(sid), states[sid].encode("utf-8"), entry.partition)
+                  for sid, entry in batch.entries.items()],
+                *[(topic, POSITIONS_KEY, self._positions_record(p), p) for p in sorted(partitions)],
+            ])
+        except BaseException:
+            self._positions.update(previous)
+            raise
+        for p in partitions:
+            self._dirty_positions.discard(p)
+        for sid, entry in batch.entries.items():
+            entry.state = states[sid]
+            entry.due_us = self._due(entry.session)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.timer_interval_s)
+            await self.tick()
+
+    async def tick(self) -> None:
+        """Hold timeouts and idle expiry of the owned sessions that are due; pending positions."""
+        now = self.clock_us()
+        for sid in [sid for sid, e in self._sessions.items() if e.due_us is not None and e.due_us <= now]:
+            async with self._lock:
+                entry = self._sessions.get(sid)
+                if entry is None or entry.partition not in self._owned:
+                    continue
+                now = self.clock_us()
+                expiry = entry.session.expires_at_us()
+                try:
+                    if expiry is not None and expiry <= now:
+                        requests = entry.session.expire(now)
+                        await self._emit(requests, entry.partition)
+                        await self._write(entry.partition, sid, None)
+                        del self._sessions[sid]
+                        log.info("gate: session %s expired (idle for %.0f s)", sid, self.settings.gate_session_idle_s)
+                    else:
+                        await self._commit_effects(entry, sid, entry.session.tick(now), now)
+                except PartitionRevoked as exc:
+                    log.info("gate: %s", exc)
+        async with self._lock:
+            for p in sorted(self._dirty_positions & self._owned):
+                await self._write_positions(p)
+
+    # --- one control record ---------------------------------------------------------------------
+    async def _process_control(self, record: Any, partition: int) -> None:
+        """(Under the lock.) One control record through the record policy, then its effects."""
+        effects: list[tuple[_Entry, str, list[dict], dict | None]] = []
+
+        def handle(decoded: Any) -> None:
+            event = decoded.message.value
+            sid = event["session_id"]
+            entry = self._entry(sid, partition)
+            try:
+                requests = entry.session.apply(event, self.clock_us())
+            except Exception:
+                entry.session = self._restored(sid, entry)  # it may be half-applied
+                raise  # the policy dead-letters it
+            effects.append((entry, sid, requests, entry.session.resolution))
+
+        await self.policy.process(record, "ControlEvent", handle)
+        for entry, sid, requests, resolution in effects:
+            await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
+
+    async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int,
+                              resolution: dict | None = None) -> None:
+        """(Under the lock.) Send the requests (and the resolution of a whole-session cancel),
+        then store the state (bounded) and positions."""
+        try:
+            more, encoded = entry.session.shed(now)
+            await self._emit(requests + more, entry.partition)
+            if resolution is not None:
+                # Later stages drop these turns even if they had not seen them yet. It comes back
+                # to this worker too, where it only cancels turns already cancelled.
+                await self._send_retrying(entry.partition, [(
+                    self.settings.control_topic, session_key(sid),
+                    self.codec.encode("ControlEvent", resolution, self.settings.control_topic), None)])
+            await self._write(entry.partition, sid, encoded.encode("utf-8"))
+            entry.state = encoded
+            entry.due_us = self._due(entry.session)
+        except BaseException:
+            entry.session = self._restored(sid, entry)
+            raise
+
+    def _restored(self, sid: str, entry: _Entry) -> GateSession:
+        """The session as last stored (the live object may hold a half-applied event)."""
+        return GateSession.from_state(sid, self.config, json.loads(entry.state) if entry.state else None)
+
+    def _entry(self, sid: str, partition: int) -> _Entry:
+        entry = self._sessions.get(sid)
+        if entry is None:
+            entry = self._sessions[sid] = _Entry(GateSession(sid, self.config), None, partition)
+        return entry
+
+    def _due(self, session: GateSession) -> int | None:
+        times = [t for t in (session.next_deadline_us(), session.expires_at_us()) if t is not None]
+        return min(times) if times else None
+
+    def _partition_of(self, session_id: str) -> int:
+        from aiokafka.partitioner import DefaultPartitioner
+
+        n = self.settings.partitions
+        return DefaultPartitioner()(session_key(session_id), list(range(n)), list(range(n)))
+
+    # --- output ----------------------------------------------------------------------------------
+    async def _emit(self, requests: list[dict], partition: int) -> None:
+        """Send requests and wait for every ack; on a send failure retry with backoff for as long
+        as `partition` is owned (a revoked partition's output is the new owner's job)."""
+        if not requests:
+            return
+        encoded = [(session_key(r["session_id"]), self._encode_request(r)) for r in requests]
+        await self._send_retrying(partition, [(self.settings.synthesis_topic, k, v, None) for k, v in encoded])
+
+    def _encode_request(self, request: dict) -> bytes:
+        """The request encoded. One the contract refuses (a gate bug: the core splits long text)
+        still goes out, with empty text, so its turn keeps its numbering and still ends."""
+        try:
+            return self.codec.encode("SynthesisRequest", request, self.settings.synthesis_topic)
+        except CodecError as exc:
+            self._unencodable.inc()
+            log.error("gate: request %s/%s#%s cannot be encoded (%s); sent with empty text", request["session_id"],
+                      request["turn_id"], request["sentence_seq"], exc)
+            return self.codec.encode("SynthesisRequest", {**request, "text": ""}, self.settings.synthesis_topic)
+
+    async def _write(self, partition: int, sid: str, value: bytes | None) -> None:
+        """The session's state (None: a tombstone) and then the partition's text positions."""
+        topic = self.settings.gate_changelog_topic
+        await self._send_retrying(partition, [(topic, session_key(sid), value, partition),
+                                              (topic, POSITIONS_KEY, self._positions_record(partition), partition)])
+        self._dirty_positions.discard(partition)
+
+    async def _write_positions(self, partition: int) -> None:
+        await self._send_retrying(partition, [(self.settings.gate_changelog_topic, POSITIONS_KEY,
+                                               self._positions_record(partition), partition)])
+        self._dirty_positions.discard(partition)
+
+    def _positions_record(self, partition: int) -> bytes:
+        positions = dict(self._stored_positions.get(partition, {}))  # topics not read now stay
+        positions.update({t: o for (t, p), o in self._positions.items() if p == partition})
+        self._stored_positions[partition] = positions
+        return json.dumps(positions, separators=(",", ":")).encode()
+
+    async def _send_retrying(self, partition: int | set[int],
+                             records: list[tuple[str, bytes, bytes | None, int | None]]) -> None:
+        """Send and wait for every ack; on a failure retry the lot with backoff while every
+        partition they belong to is still owned (else `PartitionRevoked`: the new owner's job)."""
+        from aiokafka.errors import KafkaError
+
+        partitions = {partition} if isinstance(partition, int) else partition
+        backoff = 0.1
+        while True:
+            try:
+                futures = [await self.producer.send(t, v, key=k, partition=p) for t, k, v, p in records]
+                for fut in futures:
+                    await fut  # acked before the state that produced it is written
+                return
+            except KafkaError as exc:
+                if not partitions <= self._owned:
+                    raise PartitionRevoked(f"partitions {sorted(partitions - self._owned)} revoked while "
+                                           f"their output failed: {exc}") from exc
+                log.warning("gate: send failed (%s); retrying in %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+
+    async def _commit_control(self, force: bool = False, only: set[int] | None = None) -> None:
+        """(Under the lock.) Commit the control positions applied (those not committed yet)."""
+        from aiokafka.errors import KafkaError
+        from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+        if self.control is None:
+            return  # stopping
+        todo = {p: o for p, o in self._control_done.items()
+                if (only is None or p in only) and self._control_committed.get(p) != o}
+        if not todo:
+            return
+        offsets = {TopicPartition(self.settings.control_topic, p): OffsetAndMetadata(o, "") for p, o in todo.items()}
+        try:
+            await self.control.commit(offsets)
+            self._control_committed.update(todo)
+        except KafkaError as exc:
+            # A rebalance raced the commit: the next owner re-applies those control events, which
+            # is harmless (a cancel applied twice is one cancel).
+            log.warning("gate: control commit failed (%s)", exc)
+
+
+class _Listener(ConsumerRebalanceListener):
+    """The control consumer's rebalance callbacks, handed to the worker."""
+
+    def __init__(self, worker: GateWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.worker._revoke({tp.partition for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.worker._assign({tp.partition for tp in assigned})
 
 
 def run_gate_worker(settings: Settings, **options: Any) -> int:
@@ -312,7 +683,8 @@ def start_gate_subprocess(
     """Start a gate worker as a child process (`python -m pipeline.gate.app --announce`).
 
     The caller owns the process: it must terminate (or kill) and wait for it. With the default
-    stdout, the child prints `READY_LINE` and its partitions after each rebalance.
+    stdout, the child prints `READY_LINE` and its partitions after each rebalance, once it has
+    recovered them.
     """
     env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "pipeline.gate.app", "--announce", "--loglevel", loglevel,
@@ -323,12 +695,13 @@ def start_gate_subprocess(
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--commit-interval", type=float, default=1.0, metavar="S",
-                        help="how often consumed offsets are committed (default 1.0)")
+                        help="how often applied control offsets are committed (default 1.0; text positions "
+                             "are stored with the state, on every event)")
     parser.add_argument("--session-timeout", type=float, default=10.0, metavar="S",
                         help="consumer group session timeout: how soon a dead worker's partitions move")
     parser.add_argument("--loglevel", default="WARNING")
     parser.add_argument("--announce", action="store_true",
-                        help=f"print '{READY_LINE} [partitions]' after each rebalance")
+                        help=f"print '{READY_LINE} [partitions]' after each rebalance, once recovered")
 
 
 def gate_command(args: argparse.Namespace, settings: Settings) -> int:

@@ -89,11 +89,11 @@ def register(subparsers) -> None:
     )
     seg.set_defaults(func=run_segment)
 
-    # `voicebus gate` (engineer C): one gate worker (faust) until stopped; see pipeline/gate/app.py.
+    # `voicebus gate`: one gate worker (aiokafka) until stopped; see pipeline/gate/app.py.
     from pipeline.gate.app import add_worker_arguments, gate_command
 
     gate = subparsers.add_parser(
-        "gate", help="run a gate worker: agents' text topics in, synthesis requests out (faust)",
+        "gate", help="run a gate worker: agents' text topics in, synthesis requests out",
     )
     add_worker_arguments(gate)
     gate.set_defaults(func=gate_command)

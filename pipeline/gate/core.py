@@ -3,8 +3,9 @@
 `GateSession` combines, per turn, the streaming segmenter (`pipeline.gate.segmenter`), evidence
 gating (`pipeline.gate.evidence`) and cancellation. It takes decoded `TextEvent` and
 `ControlEvent` dicts and returns `SynthesisRequest` dicts; time comes in as explicit ``now_us``
-arguments, so the core runs the same in tests, in the faust worker and in replays. Its whole state
-is a JSON-serialisable dict (`to_state` / `from_state`): the faust worker keeps it in a Table.
+arguments, so the core runs the same in tests, in the Kafka worker (`pipeline.gate.app`) and in
+replays. Its whole state is a JSON-serialisable dict (`to_state` / `from_state`): the worker keeps
+it in memory and in its changelog topic.
 
 Decisions (docs/gate.md says more):
 - Idempotence: every event carries (agent, turn, seq); an event whose seq is not above the
@@ -19,6 +20,13 @@ Decisions (docs/gate.md says more):
   and every sentence not yet released; later events of a cancelled turn are ignored.
 - ``gate_mode = buffered`` (a baseline for benchmarks): the same rules, but a turn's released
   sentences are joined into one request, sent at the end of the turn.
+- Bounds (docs/gate.md, "Bounds"): a request's text is at most ``max_text_bytes`` (longer text is
+  split at word boundaries into several requests); each turn's segmenter releases what it holds
+  once its buffer reaches ``max_buffer_chars``; a session whose state grows past
+  ``max_state_bytes`` has its oldest live turns ended (`shed`); a session with no event for
+  ``idle_expiry_us`` has its live turns ended and can be deleted (`expire`).
+- Every turn ends: a turn the gate fails on (`end_failed_turn`), sheds or expires still gets its
+  ``is_last_in_turn`` request.
 """
 
 from __future__ import annotations
@@ -35,8 +43,10 @@ from pipeline.gate.evidence import (
     EarlyResolutions,
     EvidenceGate,
 )
+import json
+
 from pipeline.settings import Settings, SettingsError
-from schemas.contract import DEFAULT_VOICES, LANGUAGES, SEGMENTER_LANGUAGE, ControlAction
+from schemas.contract import DEFAULT_VOICES, LANGUAGES, LIMITS, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -60,6 +70,10 @@ class GateInputError(ValueError):
     reason = "gate-rejected"  # the dead-letter header's reason
 
 
+class TurnRejected(GateInputError):
+    """A turn that cannot be spoken at all (its first event names a language the gate refuses)."""
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """The settings the core needs, resolved once."""
@@ -71,6 +85,10 @@ class GateConfig:
     hold_timeout_us: int = 10_000_000
     hold_timeout_policy: str = "release"
     gate_mode: str = GATE_MODE_INCREMENTAL
+    max_text_bytes: int = LIMITS.max_text_bytes
+    max_buffer_chars: int = 2048
+    max_state_bytes: int = 256 * 1024
+    idle_expiry_us: int = 3600 * 1_000_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GateConfig":
@@ -88,14 +106,47 @@ class GateConfig:
             hold_timeout_us=int(settings.hold_timeout_s * 1_000_000),
             hold_timeout_policy=settings.hold_timeout_policy,
             gate_mode=settings.gate_mode,
+            max_text_bytes=int(settings.max_text_bytes),
+            max_buffer_chars=int(settings.gate_max_buffer_chars),
+            max_state_bytes=int(settings.gate_max_session_state_bytes),
+            idle_expiry_us=int(settings.gate_session_idle_s * 1_000_000),
         )
 
 
 def kokoro_language(language: str | None, default: str) -> str:
     code = (language or default or "en").strip().lower()
     if code not in LANGUAGES:
-        raise GateInputError(f"language {code!r} cannot be spoken ({sorted(LANGUAGES)})")
+        raise TurnRejected(f"language {code!r} cannot be spoken ({sorted(LANGUAGES)})")
     return LANGUAGES[code]
+
+
+def split_text(text: str, max_bytes: int) -> list[str]:
+    """`text` in pieces of at most `max_bytes` UTF-8 bytes, cut at the last space before the
+    limit (inside a word longer than the limit: at the limit, never inside a character).
+    Text within the limit comes back as one piece (also the empty text)."""
+    if len(text.encode("utf-8")) <= max_bytes:
+        return [text]
+    pieces: list[str] = []
+    rest = text
+    while len(rest.encode("utf-8")) > max_bytes:
+        # The longest prefix within the limit, in characters.
+        lo, hi = 0, len(rest)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(rest[:mid].encode("utf-8")) <= max_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        cut = rest.rfind(" ", 0, lo + 1) if lo < len(rest) else lo
+        if cut <= 0:
+            cut = max(1, lo)
+        piece = rest[:cut].rstrip()
+        if piece:
+            pieces.append(piece)
+        rest = rest[cut:].lstrip()
+    if rest:
+        pieces.append(rest)
+    return pieces
 
 
 def _segmenter_class():
@@ -128,9 +179,10 @@ class _Turn:
             seg_cls = _segmenter_class()
             seg_state = state.get("segmenter")
             self.segmenter = (
-                seg_cls.from_state(seg_state) if seg_state is not None
+                seg_cls.from_state(seg_state, config.max_buffer_chars) if seg_state is not None
                 else seg_cls(language=SEGMENTER_LANGUAGE.get(self.language, "en"),
-                             first_clause_min_words=config.first_clause_min_words)
+                             first_clause_min_words=config.first_clause_min_words,
+                             max_buffer_chars=config.max_buffer_chars)
             )
             self.evidence = EvidenceGate.from_state(
                 state.get("evidence", {}), config.hold_timeout_us, config.hold_timeout_policy
@@ -173,6 +225,7 @@ class GateSession:
         self._early = EarlyResolutions.from_state(state.get("early", {}))
         cancel = state.get("cancel", {})
         self._cancelled_turns: list[str] = list(cancel.get("turns", []))
+        self.last_event_us: int = state.get("last_event_us", -1)
         # The ControlEvent the shell must publish after the last `apply`: the gate's resolution
         # of a whole-session cancel (the turns it cancelled), or None. Not part of the state.
         self.resolution: dict | None = None
@@ -184,6 +237,7 @@ class GateSession:
             "guards": self._guards,
             "early": self._early.to_state(),
             "cancel": {"turns": self._cancelled_turns},
+            "last_event_us": self.last_event_us,
         }
 
     @classmethod
@@ -194,6 +248,7 @@ class GateSession:
     def apply(self, event: dict, now_us: int) -> list[dict]:
         """A decoded TextEvent or ControlEvent (told apart by its fields)."""
         self.resolution = None
+        self.last_event_us = max(self.last_event_us, now_us)
         if "action" in event:
             return self.apply_control(event, now_us)
         return self.apply_text(event, now_us)
@@ -210,21 +265,21 @@ class GateSession:
         while len(self._guards) > MAX_GUARDS_KEPT:
             self._guards.pop(next(iter(self._guards)))
 
-        if kind in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
-            return self._resolve_claim(self._claim_id(event), READY if kind == "EVIDENCE_READY" else FAILED, now_us)
+        if kind in (TextEventKind.EVIDENCE_READY, TextEventKind.EVIDENCE_FAILED):
+            return self._resolve_claim(self._claim_id(event), READY if kind == TextEventKind.EVIDENCE_READY else FAILED, now_us)
 
         turn = self._turns.get(turn_id)
         if turn is None:
             turn = self._open_turn(event)
         if not turn.live:
             return []
-        if kind == "TOKEN":
+        if kind == TextEventKind.TOKEN:
             return self._feed(turn, event, now_us)
-        if kind == "EVIDENCE_PENDING":
+        if kind == TextEventKind.EVIDENCE_PENDING:
             claim_id = self._claim_id(event)
             turn.evidence.place(claim_id, turn.segmenter.fed, now_us, early=self._early.take(claim_id, now_us))
             return []
-        if kind == "END_OF_TURN":
+        if kind == TextEventKind.END_OF_TURN:
             turn.ended = True
             for sentence in turn.segmenter.flush():
                 self._offer(turn, sentence, now_us)
@@ -268,6 +323,72 @@ class GateSession:
             if turn.live and turn.evidence.expire(now_us):
                 out.extend(self._drain(turn, now_us))
         return out
+
+    def end_failed_turn(self, event: dict, now_us: int, error: BaseException) -> list[dict]:
+        """The gate failed on `event` (a TextEvent) with `error`; make sure its turn still ends.
+
+        Call it on the state as it was *before* the failed event. A turn that cannot be spoken
+        at all (`TurnRejected`) or that a bug (an untyped error) stopped is recorded as finished,
+        so its later events are ignored, and gets its end request now (empty text,
+        ``is_last_in_turn``), after what was released so far. A turn whose event was merely bad
+        input (an evidence mark without a claim id) goes on."""
+        turn_id = event.get("turn_id")
+        if not turn_id or event.get("kind") in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
+            return []
+        bug = getattr(error, "reason", None) is None
+        if not (bug or isinstance(error, TurnRejected)):
+            return []
+        turn = self._turns.get(turn_id)
+        if turn is None:
+            turn = _Turn(self.config, turn_id, {
+                "agent_id": event.get("agent_id", ""), "language": self.config.default_language,
+                "voice": self.config.default_voice, "started_at_us": int(event.get("produced_at_us", now_us)),
+                "finished": True})
+            self._turns[turn_id] = turn
+            return [self._request(turn, "", now_us, now_us, last=True)]
+        if turn.live:
+            turn.ended = True
+            turn.finished = True
+            turn.retire()
+            return [self._request(turn, "", now_us, now_us, last=True)]
+        return []
+
+    def shed(self, now_us: int) -> tuple[list[dict], str]:
+        """Keep the state within ``max_state_bytes``: end the oldest live turns (their text flushed
+        and released, holds resolved as on timeout) until it fits. Returns the requests that
+        released and the state as JSON (the caller stores it)."""
+        out: list[dict] = []
+        encoded = json.dumps(self.to_state(), separators=(",", ":"))
+        while len(encoded.encode("utf-8")) > self.config.max_state_bytes:
+            live = [t for t in self._turns.values() if t.live]
+            if live:
+                log.warning("session %s: state over %d bytes, turn %s ended early", self.session_id,
+                            self.config.max_state_bytes, live[0].turn_id)
+                out.extend(self._force_end(live[0], now_us))
+            elif len(self._turns) > 1 or self._guards or len(self._early):
+                # Only memory of the past is left: forget the oldest half of it.
+                for old in list(self._turns)[: max(1, len(self._turns) // 2)]:
+                    del self._turns[old]
+                for old in list(self._guards)[: len(self._guards) // 2 or len(self._guards)]:
+                    del self._guards[old]
+                self._early = EarlyResolutions.from_state({})
+            else:
+                break
+            encoded = json.dumps(self.to_state(), separators=(",", ":"))
+        return out, encoded
+
+    def expire(self, now_us: int) -> list[dict]:
+        """The session was idle for ``idle_expiry_us``: end every live turn (as `shed` does). The
+        caller then deletes the session's state."""
+        out: list[dict] = []
+        for turn in list(self._turns.values()):
+            if turn.live:
+                out.extend(self._force_end(turn, now_us))
+        return out
+
+    def expires_at_us(self) -> int | None:
+        """When the session counts as idle and may be expired (None: it never saw an event)."""
+        return None if self.last_event_us < 0 else self.last_event_us + self.config.idle_expiry_us
 
     # --- queries -------------------------------------------------------------------------------
     def next_deadline_us(self) -> int | None:
@@ -326,6 +447,9 @@ class GateSession:
         turn.arrivals.append([turn.segmenter.fed, now_us])
         for sentence in sentences:
             self._offer(turn, sentence, now_us)
+        settled = turn.segmenter.settled  # arrivals only matter for ends still to come
+        if turn.arrivals and turn.arrivals[0][0] <= settled:
+            turn.arrivals = [a for a in turn.arrivals if a[0] > settled]
         return self._drain(turn, now_us) if sentences else []
 
     def _offer(self, turn: _Turn, sentence: Any, now_us: int) -> None:
@@ -349,16 +473,20 @@ class GateSession:
             else:
                 released.append((item.payload["text"], item.payload["complete_us"]))
         finished = turn.ended and turn.evidence.held == 0
+        limit = self.config.max_text_bytes
         if self.config.gate_mode == GATE_MODE_BUFFERED:
-            # The whole answer as one request at the end of the turn (the TTFA baseline).
+            # The whole answer at the end of the turn (the TTFA baseline), in as few requests as
+            # the text limit allows.
             turn.buffered.extend([text, at] for text, at in released)
             if not finished:
                 return []
             text = " ".join(t for t, _ in turn.buffered)
             complete_us = max((at for _, at in turn.buffered), default=now_us)
-            out = [self._request(turn, text, complete_us, now_us, last=True)]
+            out = [self._request(turn, piece, complete_us, now_us) for piece in split_text(text, limit)]
+            out[-1]["is_last_in_turn"] = True
         else:
-            out = [self._request(turn, text, at, now_us) for text, at in released]
+            out = [self._request(turn, piece, at, now_us) for text, at in released
+                   for piece in split_text(text, limit)]
             if finished:
                 if out:
                     out[-1]["is_last_in_turn"] = True
@@ -390,6 +518,14 @@ class GateSession:
         # applied lands here too; it is only used if a later mark reuses the claim id.
         self._early.add(claim_id, status, now_us)
         return []
+
+    def _force_end(self, turn: _Turn, now_us: int) -> list[dict]:
+        """End a live turn now: flush its text, resolve its holds as a timeout would."""
+        turn.ended = True
+        for sentence in turn.segmenter.flush():
+            self._offer(turn, sentence, now_us)
+        turn.evidence.expire(now_us + turn.evidence.hold_timeout_us)
+        return self._drain(turn, now_us)
 
     def _cancel(self, turn: _Turn) -> None:
         if turn.live:

@@ -20,7 +20,7 @@ resolves it *ready* or *failed*. This module owns the rules, as a pure core driv
   policy: ``release`` (as if ready) or ``drop`` (as if failed, reason ``timeout``).
 
 Every state is a plain JSON-serialisable dict (`to_state` / `from_state`), because the gate keeps
-it in a faust Table.
+it in its changelog.
 """
 
 from __future__ import annotations

@@ -9,6 +9,14 @@ non-space character ("U.S. How" against "U.S. Government" needs the next word). 
 has not arrived yet the decision waits; it is never taken on a guess, so any way of splitting the
 same text gives the same utterances. `flush()` ends the turn: the end of text settles everything.
 
+Bound: with ``max_buffer_chars`` (the gate passes ``Settings.gate_max_buffer_chars``), an
+utterance still open when the buffer reaches that many characters is released at once, cut at
+its last word boundary before the limit (inside one over-long word: at the limit). Run-on text
+without punctuation is then spoken in pieces instead of piling up. Inside an unclosed code fence
+the fence's placeholder is said once and the fenced text is dropped as it comes (the fence stays
+open, so what follows it is still read as code), so a never-closed fence cannot grow the state.
+The cut depends only on the text, not on how it was split into pieces.
+
 Offsets count characters of everything fed since the segmenter was created:
 
 - ``start``: the utterance's first raw character (its block marker included, e.g. ``- `` or ``1. ``);
@@ -18,7 +26,7 @@ Offsets count characters of everything fed since the segmenter was created:
   before it was released. It is 0 when the piece that finished the utterance also settled it.
 
 Rules are in docs/segmentation.md. State is plain data (`to_state`/`from_state`), so the gate can
-keep it in a faust Table.
+keep it in its changelog topic.
 """
 
 from __future__ import annotations
@@ -78,9 +86,12 @@ _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")
 class StreamingSegmenter:
     """Turns one turn's text, fed piece by piece, into `Sentence`s (see the module docstring)."""
 
-    def __init__(self, language: str = "en", first_clause_min_words: int = 0) -> None:
+    def __init__(self, language: str = "en", first_clause_min_words: int = 0, max_buffer_chars: int = 0) -> None:
         if first_clause_min_words < 0:
             raise ValueError("first_clause_min_words must be >= 0 (0 disables early clauses)")
+        if max_buffer_chars < 0:
+            raise ValueError("max_buffer_chars must be >= 0 (0: no bound)")
+        self.max_buffer_chars = max_buffer_chars
         self._rules: LanguageRules = rules_for(language)
         self.language = language
         self.first_clause_min_words = first_clause_min_words
@@ -96,13 +107,21 @@ class StreamingSegmenter:
         """Characters fed so far."""
         return self._fed
 
+    @property
+    def settled(self) -> int:
+        """Characters released or dropped for good: no utterance to come ends at or before this."""
+        return self._base
+
     def feed(self, piece: str) -> list[Sentence]:
         """Add `piece`; return the utterances whose end became certain, in order."""
         if not piece:
             return []
         self._buf += piece
         self._fed += len(piece)
-        return self._drain()
+        out = self._drain()
+        if self.max_buffer_chars and len(self._buf) >= self.max_buffer_chars:
+            out.extend(self._bound())
+        return out
 
     def flush(self) -> list[Sentence]:
         """End of turn: release everything still buffered. The segmenter is then ready for a new
@@ -140,15 +159,16 @@ class StreamingSegmenter:
             "fence": self._fence,
             "line_start": self._line_start,
             "first_done": self._first_done,
+            "fence_spoken": self._fence_spoken,
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "StreamingSegmenter":
-        """Rebuild a segmenter saved by `to_state`."""
+    def from_state(cls, state: dict[str, Any], max_buffer_chars: int = 0) -> "StreamingSegmenter":
+        """Rebuild a segmenter saved by `to_state` (the bound is configuration, not state)."""
         if state.get("v") != _STATE_VERSION:
             raise SegmenterStateError(f"unknown segmenter state version {state.get('v')!r}")
         try:
-            seg = cls(state["language"], state["first_clause_min_words"])
+            seg = cls(state["language"], state["first_clause_min_words"], max_buffer_chars)
             seg._fed = state["fed"]
             seg._base = state["base"]
             seg._buf = state["buf"]
@@ -163,6 +183,7 @@ class StreamingSegmenter:
             seg._fence = state["fence"]
             seg._line_start = state["line_start"]
             seg._first_done = state["first_done"]
+            seg._fence_spoken = state.get("fence_spoken", False)  # absent in states saved before the bound
         except KeyError as exc:
             raise SegmenterStateError(f"segmenter state lacks {exc.args[0]!r}") from None
         return seg
@@ -183,6 +204,7 @@ class StreamingSegmenter:
         self._in_word = False
         self._code_span = False
         self._fence: str | None = None
+        self._fence_spoken = False  # the open fence's placeholder went out already (see _bound)
 
     def _at(self, j: int) -> str:
         """The character at buffer index j; END past the end of a flushed turn; waits otherwise."""
@@ -209,10 +231,53 @@ class StreamingSegmenter:
                 out.extend(released)
         return out
 
+    def _bound(self) -> list[Sentence]:
+        """Release or drop buffered text until the buffer is under ``max_buffer_chars``."""
+        out: list[Sentence] = []
+        limit = self.max_buffer_chars
+        while len(self._buf) >= limit:
+            before = len(self._buf)
+            if self._sent is None:  # only space scanned since the last utterance: forget it
+                drop = self._pos
+                self._buf = self._buf[drop:]
+                self._base += drop
+                self._pos = 0
+            elif self._fence is not None:
+                # The fenced text scanned so far holds no closing fence (it would have ended the
+                # utterance): say the placeholder once, drop the text, keep the fence open.
+                cut = self._pos
+                if cut > self._sent and not self._fence_spoken:
+                    out.append(Sentence(self._rules.code_placeholder, self._base + self._sent,
+                                        self._base + cut, "code", self._fed))
+                    self._fence_spoken = True
+                    self._first_done = True
+                self._buf = self._buf[cut:]
+                self._base += cut
+                self._pos = 0
+                self._sent = 0
+                self._content = 0
+            else:
+                buf = self._buf
+                hi = min(len(buf), max(self._sent + 1, self._content + 1, limit))
+                k = hi
+                while k > self._content and not buf[k - 1].isspace():
+                    k -= 1
+                cut = self._last_non_space_before(k) if k > self._content else hi
+                if cut <= self._content:
+                    cut = hi  # one word longer than the limit: cut inside it
+                out.extend(self._emit(cut))
+                self._line_start = False  # the rest goes on mid-line
+                out.extend(self._drain())
+            if len(self._buf) >= before:
+                break  # nothing could go (a lookahead longer than the limit): wait for more text
+        return out
+
     def _emit(self, end: int, kind: str | None = None) -> list[Sentence]:
         """Release buffer[_sent:end] and start a new utterance at `end`."""
         kind = kind or self._kind
-        if self._fence is not None or kind == "code":
+        if self._fence is not None and self._fence_spoken:
+            text = ""  # its placeholder was said when the bound dropped its text
+        elif self._fence is not None or kind == "code":
             text = self._rules.code_placeholder
         else:
             text = speakable_text(self._buf[self._content : end], heading=kind == "heading")

@@ -1,15 +1,31 @@
-"""`voicebus synth` (the engine alone, no Kafka), `voicebus weights prepare|status` and
-`voicebus voices`.
+"""The synthesis commands: `voicebus synth` (the engine alone, no Kafka), `voicebus weights
+prepare|status`, `voicebus voices` and `voicebus worker` (a synthesis worker on the bus), plus the worker's process
+entry (`python -m pipeline.synthesis.worker` runs `main` here).
 
-`register(subparsers)` only adds parsers; torch and kokoro are imported inside the commands.
+This module owns the worker's arguments, its signals and its run loop (`run_worker`);
+`pipeline.synthesis.worker` owns what the worker does. `register(subparsers)` only adds parsers:
+torch, kokoro and aiokafka are imported inside the commands.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
+import logging
+import signal
 import sys
 import time
 import wave
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from pipeline.synthesis.engine import SynthesisEngine
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -34,8 +50,6 @@ def register(subparsers) -> None:
     voices = subparsers.add_parser("voices", help="the voices available, their languages, where they come from, "
                                                   "and what a missing voice falls back to")
     voices.set_defaults(func=run_voices)
-
-    from pipeline.synthesis.worker import add_worker_arguments, worker_command  # light: no torch/aiokafka at import
 
     worker = subparsers.add_parser("worker", help="run a synthesis worker on the bus (cancel-aware, backpressured)")
     add_worker_arguments(worker)
@@ -146,3 +160,91 @@ def run_voices(args, settings) -> int:
                       f"{'' if catalog.fallback == settings.default_voice else ', not available: the first voice by name'})"
                       "; the worker logs it once per voice")
     return 0 if catalog.voices else 1
+
+
+# --- the synthesis worker ----------------------------------------------------------------------
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tiny", action="store_true",
+                        help="the tiny random-weight engine (real kokoro code; for tests and demos)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                        help="serve Prometheus metrics on http://<edge_host>:P/metrics and health on /healthz")
+    parser.add_argument("--worker-id", default=None, help="name in AudioChunk.worker_id (default host-pid-random)")
+    parser.add_argument("--announce", action="store_true",
+                        help="print one line 'voicebus-worker ready {json}' on stdout once the worker consumes "
+                             "(engine warm, control caught up, group joined)")
+
+
+WORKER_READY_LINE = "voicebus-worker ready"  # `--announce`: printed, JSON after it, once the worker consumes
+
+
+def ready_line(settings: Settings, worker_id: str, partitions: list[int]) -> str:
+    """The `--announce` line: `WORKER_READY_LINE` then JSON: the worker's id, its group, the
+    synthesis topic and the partitions first assigned to it (possibly none)."""
+    from pipeline.synthesis.worker import worker_group_id
+
+    return f"{WORKER_READY_LINE} " + json.dumps({
+        "worker_id": worker_id, "group": worker_group_id(settings), "topic": settings.synthesis_topic,
+        "partitions": partitions})
+
+
+async def run_worker(
+    settings: Settings,
+    engine: "SynthesisEngine",
+    *,
+    metrics_port: int | None = None,
+    stop: asyncio.Event | None = None,
+    worker_id: str | None = None,
+    announce: bool = False,
+) -> int:
+    """Run one worker until `stop` is set or the task is cancelled; it stops everything it owns.
+    A task of the worker that dies is restarted by its supervisor (and reported on /healthz),
+    so the worker runs on until asked to stop. Returns 0."""
+    from pipeline.synthesis.worker import SynthesisWorker
+
+    worker: SynthesisWorker | None = None
+
+    def on_ready(partitions: list[int]) -> None:
+        if announce and worker is not None:
+            print(ready_line(settings, worker.worker_id, partitions), flush=True)
+
+    worker = SynthesisWorker(settings, engine, worker_id=worker_id, metrics_port=metrics_port, on_ready=on_ready)
+    async with worker:
+        await (stop or asyncio.Event()).wait()
+        health = worker.health()
+    if health["restarts"]:
+        log.warning("worker %s stopped after %d task restart(s): %s", worker.worker_id, health["restarts"],
+                    json.dumps(health["tasks"]))
+    return 0
+
+
+def worker_command(args: argparse.Namespace, settings: Settings) -> int:
+    """`voicebus worker`: run one synthesis worker until SIGINT/SIGTERM."""
+    from pipeline.synthesis.engine import SynthesisEngine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return await run_worker(settings, engine, metrics_port=args.metrics_port, stop=stop,
+                                worker_id=args.worker_id, announce=args.announce)
+
+    return asyncio.run(main())
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m pipeline.synthesis.worker") -> int:
+    """The worker as a plain process (`python -m pipeline.synthesis.worker`), settings from the
+    environment."""
+    parser = argparse.ArgumentParser(prog=prog, description="Run one synthesis worker on the bus.")
+    add_worker_arguments(parser)
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    from pipeline.cli import quiet_third_party_warnings
+
+    with quiet_third_party_warnings(settings.show_library_warnings):  # a user-facing command, as `voicebus worker`
+        return worker_command(args, settings)

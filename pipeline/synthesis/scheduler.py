@@ -24,6 +24,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
+from schemas.contract import AudioEncoding
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
 
@@ -38,7 +39,9 @@ class Outcome(enum.Enum):
     STOPPED = "stopped"  # its turn was cancelled while it was being synthesized
     DUPLICATE = "duplicate"  # already completed (or queued) here: not spoken again
     DROPPED = "dropped"  # its partition was revoked: another worker will redo it; do not commit
-    FAILED = "failed"  # the engine raised; logged and skipped so one bad sentence blocks nothing
+    FAILED = "failed"  # the engine cannot speak it (same answer on every retry): its sentence is
+    # closed with an end_reason and skipped, so one bad sentence blocks nothing. Never a failed
+    # publish: the shell retries those, uncommitted, until the broker takes them
 
 
 # Outcomes after which the request's offset may be committed.
@@ -314,9 +317,14 @@ class ChunkAssembler:
             self._held = (piece, ready_at)
         return out
 
-    def finish(self) -> list[dict]:
+    def finish(self, end_reason: str = "") -> list[dict]:
         """The end of the sentence: the remaining chunk(s), the last flagged. A sentence with no
-        audio at all (an end-of-turn marker) yields one empty last chunk."""
+        audio at all (an end-of-turn marker) yields one empty last chunk.
+
+        ``end_reason`` (not empty) says the sentence ends early, its audio incomplete: the audio
+        made so far goes out and then one empty last chunk carrying the reason, so a player that
+        keys chunks by sequence sees the sentence (and, for the turn's last sentence, the turn)
+        end, and why."""
         if self.finished:
             return []
         self.finished = True
@@ -324,6 +332,14 @@ class ChunkAssembler:
         rest = bytes(self._buffer[: len(self._buffer) - len(self._buffer) % BYTES_PER_SAMPLE])
         self._buffer.clear()
         out: list[dict] = []
+        if end_reason:
+            if self._held is not None:
+                out.append(self._build(self._held[0] + rest, self._held[1], last=False))
+            elif rest:
+                out.append(self._build(rest, ready_at, last=False))
+            self._held = None
+            out.append(self._build(b"", ready_at, last=True, end_reason=end_reason))
+            return out
         if self._held is None:
             return [self._build(rest, ready_at, last=True)]
         held_pcm, held_at = self._held
@@ -334,7 +350,7 @@ class ChunkAssembler:
         out.append(self._build(rest, ready_at, last=True))
         return out
 
-    def _build(self, pcm: bytes, ready_at_us: int, *, last: bool) -> dict:
+    def _build(self, pcm: bytes, ready_at_us: int, *, last: bool, end_reason: str = "") -> dict:
         r = self.job.request
         chunk = {
             "session_id": r["session_id"],
@@ -344,7 +360,7 @@ class ChunkAssembler:
             "is_last_chunk": last,
             "is_last_in_turn": bool(last and r.get("is_last_in_turn", False)),
             "sample_rate": self.sample_rate,
-            "encoding": "PCM16LE",
+            "encoding": AudioEncoding.PCM16LE,
             "pcm": pcm,
             "worker_id": self.worker_id,
             "first_token_at_us": int(r.get("first_token_at_us", 0)),
@@ -354,6 +370,7 @@ class ChunkAssembler:
             "synthesis_started_at_us": self.synthesis_started_at_us,
             "audio_ready_at_us": ready_at_us,
             "published_at_us": 0,  # stamped by the shell just before sending
+            "end_reason": end_reason,
         }
         self._next_seq += 1
         return chunk

@@ -1,6 +1,9 @@
 """The synthesis worker on the bus: SynthesisRequests in, AudioChunks out, cancel-aware.
 
-Owns the Kafka shell around the pure core of `pipeline.synthesis.scheduler`:
+Owns the Kafka shell around the pure core of `pipeline.synthesis.scheduler`: fetch, speak,
+publish, commit. The plumbing every stage shares comes from `pipeline.shell`; the metrics from
+`pipeline.synthesis.metrics`; arguments, signals and the process entry from
+`pipeline.synthesis.cli`.
 
 - a consumer in the workers' group on ``settings.synthesis_topic`` (partitions by session keep a
   session's sentences in order; add workers for throughput); auto-commit is off and a request's
@@ -8,43 +11,54 @@ Owns the Kafka shell around the pure core of `pipeline.synthesis.scheduler`:
   worker killed mid-turn loses no sentence: its partitions move to another worker, which starts
   again from the last committed offset (at-least-once: a sentence cut off mid-way is spoken
   again in full, chunks keyed by session/turn/sentence_seq/chunk_seq);
-- its own group-less consumer on ``settings.control_topic`` reading every partition, so every
-  worker sees every cancel. It starts ``worker_cancel_lookback_s`` in the past (by timestamp)
-  and the worker does not fetch a single request before it has caught up with the control
-  topic's end, so a cancel issued just before the worker started is not missed. It runs as its
-  own task: control is never behind the data backlog;
-- synthesis in a one-thread executor so the loop keeps reading control events; before each
+- every record goes through the shell's `RecordPolicy` (stage ``worker``): a request that cannot
+  be decoded or breaks the contract is dead-lettered with its reason and its offset settled;
+- a `ControlFollower` (every control partition, ``worker_cancel_lookback_s`` back, caught up
+  before the first request is fetched), so every worker sees every cancel and a cancel issued just
+  before the worker started is not missed;
+- synthesis in a one-thread executor so the loop keeps applying control events; before each
   chunk is sent the loop checks the cancel state it updates itself, so no chunk of a cancelled
   turn is published after the worker has seen the cancel;
+- publishing never gives up: a send that fails (broker down, timeout, any `KafkaError`) is
+  retried with backoff until it succeeds or the worker stops, and the request stays uncommitted
+  meanwhile. Only a deterministic failure (text the engine cannot speak, a contract violation)
+  settles a request as failed; its sentence is then closed by a last chunk carrying
+  ``end_reason`` (the turn's last chunk when it was the turn's last sentence), so the player
+  still learns that the turn ended and why audio is missing;
 - backpressure: at most ``worker_max_in_flight`` requests queued or running; when full, the
   partitions are paused and requests wait on Kafka (nothing is dropped), see docs/worker.md;
-- Prometheus metrics (queue depth, in flight, consumer lag, outcomes, cancel-to-last-chunk) in a
-  registry owned by the worker, served on ``/metrics`` when a port is given.
-
-Run it with `run_worker(settings, engine)`, `voicebus worker`, or as a process:
-``python -m pipeline.synthesis.worker [--tiny] [--metrics-port P]``.
+- every long-running task runs under the shell's `Supervisor` (a task that dies is restarted
+  and counted); ``/healthz`` reports it and ``/metrics`` serves the worker's registry, when a
+  port is given.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
-import signal
 import socket
-import sys
 import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from aiohttp import web
+from aiokafka import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
-from pipeline.codecs import Codec, codec_for
+from pipeline.codecs import Codec, CodecError, codec_for
 from pipeline.settings import Settings
+from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
+from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
+from pipeline.synthesis.metrics import CancelObservation, WorkerMetrics
 from pipeline.synthesis.scheduler import (
     COMMITTABLE,
     ChunkAssembler,
@@ -54,19 +68,30 @@ from pipeline.synthesis.scheduler import (
     SynthesisScheduler,
     synthesis_args,
 )
+from schemas import contract
+from schemas.contract import ControlAction
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.structs import TopicPartition
 
     from pipeline.synthesis.engine import SynthesisEngine
+
+__all__ = [
+    "CancelObservation", "SynthesisWorker", "WorkerError", "WorkerMetrics", "new_worker_id",
+    "speak_failure_reason", "worker_group_id",
+]
 
 log = logging.getLogger(__name__)
 
 WORKER_GROUP_SUFFIX = "-workers"
-CONTROL_CATCH_UP_TIMEOUT_S = 15.0
 REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may finish before it is cut
 _END = object()
+
+# What the engine raises for text it cannot speak: the same request fails the same way on every
+# worker and every retry, so it is settled as failed (committed) instead of retried. Any other
+# exception of the engine is settled the same way (reason engine-error, logged with its
+# traceback): retrying a request the model chokes on would wedge its session for good.
+SPEAK_FAILURES: tuple[type[BaseException], ...] = (EngineError, CodecError, contract.UnknownLanguage, ValueError)
 
 
 class WorkerError(RuntimeError):
@@ -82,63 +107,25 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class WorkerMetrics:
-    """The worker's Prometheus metrics, in a registry of their own (no global state)."""
-
-    def __init__(self, worker_id: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = CollectorRegistry()
-        labels = {"registry": self.registry}
-        self.queue_depth = Gauge("voicebus_worker_queue_depth", "Requests accepted, waiting for synthesis", **labels)
-        self.in_flight = Gauge("voicebus_worker_in_flight", "Requests queued or being synthesized", **labels)
-        self.max_in_flight = Gauge("voicebus_worker_max_in_flight", "Bound on requests in flight", **labels)
-        self.paused = Gauge("voicebus_worker_fetch_paused", "1 while fetching is paused (full)", **labels)
-        self.consumer_lag = Gauge(
-            "voicebus_worker_consumer_lag", "Requests on the broker not yet fetched (highwater - position)",
-            ["partition"], **labels)
-        self.uncommitted = Gauge(
-            "voicebus_worker_uncommitted", "Requests fetched whose offsets are not committed yet", **labels)
-        self.requests = Counter("voicebus_worker_requests", "Requests settled, by outcome", ["outcome"], **labels)
-        self.chunks = Counter("voicebus_worker_chunks_published", "Audio chunks published", **labels)
-        self.deadletters = Counter("voicebus_worker_deadletters", "Records dead-lettered", **labels)
-        self.cancels_seen = Counter("voicebus_worker_cancels_seen", "Cancel events applied", **labels)
-        buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-        self.cancel_to_last_chunk = Histogram(
-            "voicebus_worker_cancel_to_last_chunk_seconds",
-            "From a cancel seen to the broker's ack of the turn's last chunk (0 when no send was on its way)",
-            buckets=buckets, **labels)
-        self.cancel_to_stopped = Histogram(
-            "voicebus_worker_cancel_to_synthesis_stopped_seconds",
-            "From a cancel seen to the running synthesis of the turn returning", buckets=buckets, **labels)
-        self.first_chunk = Histogram(
-            "voicebus_worker_request_to_first_chunk_seconds",
-            "From a request received to its first chunk published",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), **labels)
-        self.max_in_flight.set(0)
-        self.worker_id = worker_id
-
-
-@dataclass
-class CancelObservation:
-    """What one cancel did on this worker (kept for logs, tests and the benchmark)."""
-
-    session_id: str
-    turn_id: str | None
-    seen_at_us: int
-    purged: int
-    stopped: int
-    last_chunk_published_at_us: int = 0  # ack of a send already on its way when the cancel was seen
-    synthesis_stopped_at_us: int = 0
-
-    @property
-    def cancel_to_last_chunk_ms(self) -> float:
-        return max(0, self.last_chunk_published_at_us - self.seen_at_us) / 1000.0
+def speak_failure_reason(error: BaseException) -> str:
+    """The short reason a request could not be spoken: ``AudioChunk.end_reason`` and a metric label."""
+    if isinstance(error, (UnknownLanguage, contract.UnknownLanguage)):
+        return "unknown-language"
+    if isinstance(error, NoVoices):
+        return "no-voices"
+    if isinstance(error, CodecError):
+        return error.reason
+    if isinstance(error, ValueError):
+        return "invalid-request"
+    return "engine-error"
 
 
 class SynthesisWorker:
-    """One worker: owns its producer, both consumers, the executor, its tasks and the metrics
-    server. Use ``async with SynthesisWorker(...)`` or `start`/`stop`."""
+    """One worker: owns its producer, both consumers, the executor, its tasks and the HTTP
+    server. Use ``async with SynthesisWorker(...)`` or `start`/`stop`.
+
+    ``on_ready`` is called once, with the partitions first assigned (possibly none), when the
+    worker consumes: control caught up and the group joined."""
 
     def __init__(
         self,
@@ -149,36 +136,37 @@ class SynthesisWorker:
         metrics_port: int | None = None,
         codec: Codec | None = None,
         warm_up: bool = True,
+        on_ready: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.worker_id = worker_id or new_worker_id()
         self.metrics_port = metrics_port
         self.warm_up = warm_up
+        self.on_ready = on_ready
         self.codec = codec or codec_for(settings)
         self.metrics = WorkerMetrics(self.worker_id)
         self.metrics.max_in_flight.set(settings.worker_max_in_flight)
+        self.policy = RecordPolicy("worker", settings, self.codec, None, on_error=self._dead_letter,
+                                   registry=self.metrics.registry)
+        self.supervisor = Supervisor("worker", registry=self.metrics.registry)
         self.cancels = CancelRegistry()
         self.scheduler = SynthesisScheduler(settings.worker_max_in_flight, self.cancels, on_settled=self._on_settled)
         self.offsets = OffsetTracker()
         self.cancel_log: deque[CancelObservation] = deque(maxlen=1000)
-        self.assigned: set["TopicPartition"] = set()
+        self.assigned: set[TopicPartition] = set()
         self.ready = asyncio.Event()  # control caught up, data consumer subscribed
         self._wake = asyncio.Event()  # something to synthesize, or a slot freed
-        self._to_commit: dict["TopicPartition", int] = {}
+        self._to_commit: dict[TopicPartition, int] = {}
         self._commit_wanted = asyncio.Event()
         self._producer: "AIOKafkaProducer | None" = None
         self._data: "AIOKafkaConsumer | None" = None
-        self._control: "AIOKafkaConsumer | None" = None
+        self._follower: ControlFollower | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._tasks: list[asyncio.Task] = []
-        self._metrics_runner: Any = None
+        self._http_runner: web.AppRunner | None = None
         self._observations: dict[SynthesisJob, CancelObservation] = {}  # running job -> its cancel
+        self._announced = False
         self._stopping = False
-
-    @property
-    def tasks(self) -> list[asyncio.Task]:
-        return list(self._tasks)
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "SynthesisWorker":
@@ -189,26 +177,21 @@ class SynthesisWorker:
         await self.stop()
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
-
-        from pipeline.bus import ensure_topics, make_consumer, make_producer
-
         s = self.settings
         try:
+            # the worker creates every topic it uses: it may start before any gate or agent
             await ensure_topics(s, [s.synthesis_topic, s.control_topic, s.audio_topic, s.deadletter_topic])
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"synth-{self.worker_id}")
             self._producer = make_producer(s)
             await self._producer.start()
-            self._control = AIOKafkaConsumer(
-                bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-                fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
-            await self._control.start()
-            await self._seek_control_to_lookback()
+            self.policy.producer = self._producer
             if self.warm_up:
                 await self._warm_up_engine()
-            await self._catch_up_control()
-            # from here on control is read continuously, before the first request is fetched
-            self._tasks.append(asyncio.create_task(self._control_loop(), name=f"{self.worker_id}-control"))
+            # control is caught up before the first request is fetched, then followed on its own
+            self._follower = ControlFollower(s, self.policy, self._apply_control,
+                                             lookback_s=s.worker_cancel_lookback_s)
+            await self._follower.start()
+            self.supervisor.start("control", self._follower.follow)
             self._data = make_consumer(
                 s, group_id=worker_group_id(s), enable_auto_commit=False, auto_offset_reset="earliest",
                 session_timeout_ms=s.worker_session_timeout_ms,
@@ -217,18 +200,17 @@ class SynthesisWorker:
             self._data.subscribe([s.synthesis_topic], listener=_Rebalance(self))
             await self._data.start()
             if self.metrics_port is not None:
-                await self._start_metrics_server(self.metrics_port)
+                await self._start_http_server(self.metrics_port)
+            self.supervisor.start("fetch", self._fetch_loop)
+            self.supervisor.start("synthesis", self._synthesis_loop)
+            self.supervisor.start("commit", self._commit_loop)
+            self.supervisor.start("lag", self._lag_loop)
         except BaseException:
             await self.stop()
             raise
-        self._tasks += [
-            asyncio.create_task(self._fetch_loop(), name=f"{self.worker_id}-fetch"),
-            asyncio.create_task(self._synthesis_loop(), name=f"{self.worker_id}-synthesis"),
-            asyncio.create_task(self._commit_loop(), name=f"{self.worker_id}-commit"),
-            asyncio.create_task(self._lag_loop(), name=f"{self.worker_id}-lag"),
-        ]
         self.ready.set()
-        log.info("worker %s ready (group %s, max in flight %d)", self.worker_id, worker_group_id(s), s.worker_max_in_flight)
+        log.info("worker %s started (group %s, max in flight %d)", self.worker_id, worker_group_id(s),
+                 s.worker_max_in_flight)
 
     async def stop(self) -> None:
         """Stop every task and client this worker owns. Running synthesis is asked to stop;
@@ -236,30 +218,25 @@ class SynthesisWorker:
         self._stopping = True
         for job in self.scheduler.running:
             job.request_stop(Outcome.DROPPED)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
+        await self.supervisor.stop()
         if self._data is not None:
-            with contextlib.suppress(Exception):
-                await self._commit_pending()
+            await self._commit_pending()
             await self._data.stop()  # leaves the group: partitions move at once
             self._data = None
-        if self._control is not None:
-            await self._control.stop()
-            self._control = None
+        if self._follower is not None:
+            await self._follower.stop()
+            self._follower = None
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
+            self.policy.producer = None
         if self._executor is not None:
             # the running forward pass (asked to stop) finishes in its thread; don't block the loop
             await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
             self._executor = None
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
-            self._metrics_runner = None
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+            self._http_runner = None
 
     async def _warm_up_engine(self) -> None:
         """One short sentence before joining the group, so the first real request does not pay
@@ -274,65 +251,19 @@ class SynthesisWorker:
         await loop.run_in_executor(self._executor, speak_once)
         log.info("engine warmed up in %.2f s", loop.time() - started)
 
+    def health(self) -> dict[str, Any]:
+        """What ``/healthz`` says: ready, every supervised task running, restarts so far."""
+        tasks = self.supervisor.health()
+        healthy = self.ready.is_set() and not self._stopping and self.supervisor.healthy
+        return {"stage": "worker", "worker_id": self.worker_id, "healthy": healthy, "ready": self.ready.is_set(),
+                "restarts": sum(t["restarts"] for t in tasks.values()), "tasks": tasks,
+                "partitions": sorted(tp.partition for tp in self.assigned)}
+
     # --- control -----------------------------------------------------------------------------
-    async def _seek_control_to_lookback(self) -> None:
-        from aiokafka.structs import TopicPartition
-
-        assert self._control is not None
-        topic = self.settings.control_topic
-        assert self._producer is not None
-        partitions = await self._producer.partitions_for(topic)  # waits for the topic's metadata
-        if not partitions:
-            raise WorkerError(f"control topic {topic!r} has no partitions")
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        self._control.assign(tps)
-        since_ms = (now_us() // 1000) - int(self.settings.worker_cancel_lookback_s * 1000)
-        found = await self._control.offsets_for_times({tp: since_ms for tp in tps})
-        for tp in tps:
-            hit = found.get(tp)
-            if hit is None:
-                await self._control.seek_to_end(tp)
-            else:
-                self._control.seek(tp, hit.offset)
-
-    async def _catch_up_control(self) -> None:
-        """Apply every control event up to the control topic's end as of now, before any request
-        is fetched, so requests of turns cancelled just before the start are skipped."""
-        assert self._control is not None
-        tps = list(self._control.assignment())
-        ends = await self._control.end_offsets(tps)
-        deadline = asyncio.get_running_loop().time() + CONTROL_CATCH_UP_TIMEOUT_S
-        while True:
-            behind = [tp for tp in tps if await self._control.position(tp) < ends[tp]]
-            if not behind:
-                return
-            if asyncio.get_running_loop().time() > deadline:
-                raise WorkerError(f"control topic not caught up after {CONTROL_CATCH_UP_TIMEOUT_S}s: {behind}")
-            batch = await self._control.getmany(*behind, timeout_ms=200)
-            for records in batch.values():
-                for record in records:
-                    await self._apply_control_record(record)
-
-    async def _control_loop(self) -> None:
-        assert self._control is not None
-        while True:
-            batch = await self._control.getmany(timeout_ms=500)
-            for records in batch.values():
-                for record in records:
-                    await self._apply_control_record(record)
-
-    async def _apply_control_record(self, record: Any) -> None:
-        from pipeline.bus import decode_or_dead_letter
-
-        assert self._producer is not None
-        decoded = await decode_or_dead_letter(self._producer, self.settings, self.codec, record, expect="ControlEvent")
-        if decoded is None:
-            self.metrics.deadletters.inc()
-            return
-        event = decoded.value
+    def _apply_control(self, event: dict) -> None:
         seen_at = now_us()
         purged, stopped = self.scheduler.apply_control(event)
-        if event.get("action") != "CANCEL":
+        if event.get("action") != ControlAction.CANCEL:
             return
         self.metrics.cancels_seen.inc()
         observation = CancelObservation(event["session_id"], event.get("turn_id"), seen_at, len(purged), len(stopped))
@@ -347,42 +278,56 @@ class SynthesisWorker:
 
     # --- data --------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
-        from pipeline.bus import decode_or_dead_letter
-
-        assert self._data is not None and self._producer is not None
+        assert self._data is not None
         consumer = self._data
-        paused = False
         while True:
             free = self.scheduler.free_slots
             if free == 0:
-                if not paused:
-                    # stop fetching: requests wait on the broker, not in this process
-                    consumer.pause(*consumer.assignment())
-                    paused = True
-                    self.metrics.paused.set(1)
+                # stop fetching: requests wait on the broker, not in this process
+                consumer.pause(*consumer.assignment())
+                self.metrics.paused.set(1)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            paused = consumer.paused()  # asked of the consumer: right after a restart of this task too
             if paused:
-                consumer.resume(*consumer.assignment())
-                paused = False
+                consumer.resume(*paused)
                 self.metrics.paused.set(0)
             batch = await consumer.getmany(timeout_ms=200, max_records=free)
             for tp, records in batch.items():
                 for record in records:
                     if tp not in self.assigned:
                         continue  # revoked while this batch was in hand: the new owner reads it
-                    received_at = now_us()
-                    self.offsets.track(tp, record.offset)
-                    decoded = await decode_or_dead_letter(
-                        self._producer, self.settings, self.codec, record, expect="SynthesisRequest")
-                    if decoded is None:
-                        self.metrics.deadletters.inc()
-                        self._settle_offset(tp, record.offset)
-                        continue
-                    self.scheduler.submit(decoded.value, received_at_us=received_at, origin=(tp, record.offset))
+                    await self._take(tp, record)
             self._update_depth()
             self._wake.set()
+
+    async def _take(self, tp: TopicPartition, record: Any) -> None:
+        """One fetched record through the record policy into the scheduler. A record the policy
+        refuses was dead-lettered (with its reason): its offset is settled at once."""
+        received_at = now_us()
+        self.offsets.track(tp, record.offset)
+
+        def submit(decoded: Any) -> None:
+            self.scheduler.submit(decoded.message.value, received_at_us=received_at, origin=(tp, record.offset))
+
+        if not await self.policy.process(record, "SynthesisRequest", submit):
+            self._settle_offset(tp, record.offset)
+
+    async def _dead_letter(self, failure: RecordFailure) -> None:
+        """The policy's error callback: dead-letter the record, retrying while the broker does not
+        take it (its offset is settled only once the dead letter is acknowledged)."""
+        backoff = self.settings.worker_publish_backoff_s
+        while True:
+            try:
+                await self.policy.dead_letter(failure)
+                return
+            except KafkaError as exc:
+                self.metrics.publish_retries.labels(type(exc).__name__).inc()
+                log.warning("dead-lettering %s[%s]@%s failed (%r); retrying in %.1f s", failure.record.topic,
+                            failure.record.partition, failure.record.offset, exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(self.settings.worker_publish_max_backoff_s, backoff * 2)
 
     async def _synthesis_loop(self) -> None:
         while True:
@@ -394,18 +339,19 @@ class SynthesisWorker:
                 continue
             try:
                 outcome = await self._speak(job)
-            except asyncio.CancelledError:
+            except BaseException:
+                # cancelled (the worker stops) or a bug: the request is not committed; the
+                # supervisor restarts this task and the partition's next owner redoes it
                 job.request_stop(Outcome.DROPPED)
                 self.scheduler.finish(job)
                 raise
-            except Exception:
-                log.exception("synthesis of %s failed; skipped", job.key)
-                outcome = Outcome.FAILED
             self.scheduler.finish(job, outcome)
             self._wake.set()  # a slot is free
 
     async def _speak(self, job: SynthesisJob) -> Outcome:
-        """Synthesize one request and publish its chunks; returns SPOKEN unless stopped."""
+        """Synthesize one request and publish its chunks. SPOKEN once every chunk is acknowledged
+        (or the job was asked to stop: the scheduler then settles it with the stop's reason);
+        FAILED when the engine cannot speak it, after its closing chunk is acknowledged."""
         loop = asyncio.get_running_loop()
         assembler = ChunkAssembler(job, chunk_ms=self.settings.chunk_ms, sample_rate=self.engine.sample_rate,
                                    worker_id=self.worker_id)
@@ -415,9 +361,10 @@ class SynthesisWorker:
             finally:
                 self._observe_cancel_end(job)
             return Outcome.SPOKEN
-        stream = self.engine.stream(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
-                                    **synthesis_args(job, self.settings.opening_clause_min_words))
+        stream = None
         try:
+            stream = self.engine.stream(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
+                                        **synthesis_args(job, self.settings.opening_clause_min_words))
             while not job.stop_requested:
                 pcm = await loop.run_in_executor(self._executor, next, stream, _END)
                 if pcm is _END:
@@ -426,9 +373,25 @@ class SynthesisWorker:
                     break
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())
+        except Exception as exc:  # noqa: BLE001 - the engine's failure of this text: reported, settled
+            # Publishing never raises here (`_send` retries); what reaches this is the engine's (or
+            # the codec's) answer to this request, the same on every retry and every worker.
+            reason = speak_failure_reason(exc)
+            self.metrics.failures.labels(reason).inc()
+            log.log(logging.WARNING if isinstance(exc, SPEAK_FAILURES) else logging.ERROR,
+                    "%s cannot be spoken (%s: %s); its sentence is closed with end_reason %r%s", job.key,
+                    type(exc).__name__, exc, reason,
+                    " and its turn ended" if job.request.get("is_last_in_turn") else "",
+                    exc_info=None if isinstance(exc, SPEAK_FAILURES) else exc)
+            # the audio already made goes out, then a last chunk that says why the rest is missing
+            await self._publish_all(job, assembler.finish(end_reason=reason))
+            return Outcome.FAILED
         finally:
-            with contextlib.suppress(Exception):
-                await loop.run_in_executor(self._executor, stream.close)
+            if stream is not None:
+                # ValueError: the generator is still executing a cancelled step; RuntimeError: the
+                # executor is already shut down (the worker stops). Either way the stream is dropped.
+                with contextlib.suppress(ValueError, RuntimeError):
+                    await loop.run_in_executor(self._executor, stream.close)
             self._observe_cancel_end(job)
         return Outcome.SPOKEN
 
@@ -445,17 +408,10 @@ class SynthesisWorker:
                  (observation.synthesis_stopped_at_us - observation.seen_at_us) / 1000.0)
 
     async def _publish_all(self, job: SynthesisJob, chunks: list[dict]) -> bool:
-        """Publish chunks in order; False (and nothing more sent) once the job must stop. The
-        check runs on the loop that applies cancels, right before each send."""
-        from pipeline.bus import publish
-
-        assert self._producer is not None
+        """Publish chunks in order; False (and nothing more sent) once the job must stop."""
         for chunk in chunks:
-            if job.stop_requested or self.scheduler.is_cancelled(job):
-                job.request_stop(Outcome.STOPPED)
+            if not await self._send(job, chunk):
                 return False
-            chunk["published_at_us"] = now_us()
-            await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", chunk)
             self.metrics.chunks.inc()
             observation = self._observations.get(job)
             if observation is not None:
@@ -466,6 +422,28 @@ class SynthesisWorker:
                 self.metrics.first_chunk.observe(max(0, chunk["published_at_us"] - job.received_at_us) / 1e6)
         return True
 
+    async def _send(self, job: SynthesisJob, chunk: dict) -> bool:
+        """Send one chunk until the broker acknowledges it. True once acknowledged; False when the
+        job must stop first (cancelled, revoked, the worker stopping). The cancel check runs on the
+        loop that applies cancels, right before each attempt. A failed send (broker down, timeout)
+        is retried with backoff: the request stays uncommitted, nothing is skipped."""
+        assert self._producer is not None
+        backoff = self.settings.worker_publish_backoff_s
+        while True:
+            if job.stop_requested or self.scheduler.is_cancelled(job):
+                job.request_stop(Outcome.STOPPED)  # keeps an earlier reason (DROPPED) if there is one
+                return False
+            chunk["published_at_us"] = now_us()
+            try:
+                await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", chunk)
+                return True
+            except KafkaError as exc:
+                self.metrics.publish_retries.labels(type(exc).__name__).inc()
+                log.warning("publishing chunk %d of %s failed (%r); retrying in %.1f s (not committed)",
+                            chunk["chunk_seq"], job.key, exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(self.settings.worker_publish_max_backoff_s, backoff * 2)
+
     # --- settlement and commits --------------------------------------------------------------
     def _on_settled(self, job: SynthesisJob, outcome: Outcome) -> None:
         self.metrics.requests.labels(outcome.value).inc()
@@ -473,34 +451,46 @@ class SynthesisWorker:
             tp, offset = job.origin
             self._settle_offset(tp, offset)
 
-    def _settle_offset(self, tp: "TopicPartition", offset: int) -> None:
+    def _settle_offset(self, tp: TopicPartition, offset: int) -> None:
         commit_at = self.offsets.settle(tp, offset)
         if commit_at is not None:
-            self._to_commit[tp] = commit_at
+            self._to_commit[tp] = max(commit_at, self._to_commit.get(tp, 0))
             self._commit_wanted.set()
 
     async def _commit_loop(self) -> None:
+        backoff = self.settings.worker_publish_backoff_s
         while True:
             await self._commit_wanted.wait()
             self._commit_wanted.clear()
-            await self._commit_pending()
+            if await self._commit_pending():
+                backoff = self.settings.worker_publish_backoff_s
+                continue
+            await asyncio.sleep(backoff)  # the offsets stay pending: tried again
+            backoff = min(self.settings.worker_publish_max_backoff_s, backoff * 2)
+            self._commit_wanted.set()
 
-    async def _commit_pending(self) -> None:
-        from aiokafka.errors import KafkaError
-
+    async def _commit_pending(self) -> bool:
+        """Commit the settled offsets of the partitions still assigned. False when the commit
+        failed; the offsets then stay pending (a later commit carries them)."""
         if not self._to_commit or self._data is None:
-            return
+            return True
         offsets = {tp: off for tp, off in self._to_commit.items() if tp in self.assigned}
         self._to_commit.clear()
         if not offsets:
-            return
+            return True
         try:
             await self._data.commit(offsets)
         except (KafkaError, AssertionError) as exc:
-            # a rebalance is in progress; the new owner starts from the previous commit and the
-            # dedupe/at-least-once rules apply
-            log.warning("commit of %s failed: %s", offsets, exc)
-        self._update_depth()
+            # the broker is away or a rebalance is in progress: keep the offsets for the next try
+            # (a partition that moves meanwhile is dropped from them by `on_revoked`)
+            for tp, off in offsets.items():
+                self._to_commit[tp] = max(off, self._to_commit.get(tp, 0))
+            self.metrics.commit_retries.inc()
+            log.warning("commit of %s failed (%r); kept for the next commit", offsets, exc)
+            return False
+        finally:
+            self._update_depth()
+        return True
 
     async def commit_state(self) -> dict[int, tuple[int | None, int]]:
         """Per assigned partition: (committed offset of the workers' group, end offset)."""
@@ -510,7 +500,7 @@ class SynthesisWorker:
         return {tp.partition: (await self._data.committed(tp), ends[tp]) for tp in tps}
 
     # --- rebalance ---------------------------------------------------------------------------
-    async def on_revoked(self, revoked: set["TopicPartition"]) -> None:
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Partitions leave this worker: drop their queued requests (uncommitted: the next owner
         reads them), give a running sentence `REVOKE_GRACE_S` to finish, commit what is done."""
         revoked = set(revoked)
@@ -532,17 +522,23 @@ class SynthesisWorker:
         await self._commit_pending()
         self.assigned -= revoked
         self.offsets.forget(revoked)
+        for tp in revoked:
+            self._to_commit.pop(tp, None)
         log.info("partitions revoked: %s (%d queued dropped, %d running cut)",
                  sorted(tp.partition for tp in revoked), queued_dropped, len(running))
 
-    def on_assigned(self, assigned: set["TopicPartition"]) -> None:
+    def on_assigned(self, assigned: set[TopicPartition]) -> None:
         self.assigned |= set(assigned)
         if self._data is not None and self.scheduler.free_slots == 0:
             self._data.pause(*assigned)  # full: don't prefetch the new partitions either
         log.info("partitions assigned: %s", sorted(tp.partition for tp in assigned))
+        if not self._announced:
+            self._announced = True
+            if self.on_ready is not None:
+                self.on_ready(sorted(tp.partition for tp in self.assigned))
         self._wake.set()
 
-    # --- metrics -----------------------------------------------------------------------------
+    # --- metrics and health ------------------------------------------------------------------
     def _update_depth(self) -> None:
         self.metrics.queue_depth.set(self.scheduler.queue_depth)
         self.metrics.in_flight.set(self.scheduler.in_flight)
@@ -556,36 +552,39 @@ class SynthesisWorker:
                 highwater = self._data.highwater(tp)
                 if highwater is None:
                     continue
-                with contextlib.suppress(Exception):
+                try:
                     position = await self._data.position(tp)
-                    self.metrics.consumer_lag.labels(str(tp.partition)).set(max(0, highwater - position))
+                except (KafkaError, AssertionError, KeyError) as exc:  # revoked meanwhile
+                    log.debug("no position for %s: %r", tp, exc)
+                    continue
+                self.metrics.consumer_lag.labels(str(tp.partition)).set(max(0, highwater - position))
             self._update_depth()
 
-    async def _start_metrics_server(self, port: int) -> None:
-        from aiohttp import web
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
+    async def _start_http_server(self, port: int) -> None:
         async def metrics(_request: web.Request) -> web.Response:
             body = generate_latest(self.metrics.registry)
             return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+        async def healthz(_request: web.Request) -> web.Response:
+            health = self.health()
+            return web.Response(text=json.dumps(health), content_type="application/json",
+                                status=200 if health["healthy"] else 503)
+
         app = web.Application()
         app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
         runner = web.AppRunner(app)
         await runner.setup()
-        self._metrics_runner = runner
+        self._http_runner = runner
         site = web.TCPSite(runner, self.settings.edge_host, port)
         await site.start()
-        log.info("worker metrics on http://%s:%d/metrics", self.settings.edge_host, port)
+        log.info("worker metrics on http://%s:%d/metrics, health on /healthz", self.settings.edge_host, port)
 
 
-class _Rebalance:
+class _Rebalance(ConsumerRebalanceListener):
     """aiokafka rebalance listener forwarding to the worker."""
 
     def __init__(self, worker: SynthesisWorker) -> None:
-        from aiokafka import ConsumerRebalanceListener
-
-        ConsumerRebalanceListener.register(type(self))
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked) -> None:
@@ -595,59 +594,9 @@ class _Rebalance:
         self.worker.on_assigned(assigned)
 
 
-async def run_worker(
-    settings: Settings,
-    engine: "SynthesisEngine",
-    *,
-    metrics_port: int | None = None,
-    stop: asyncio.Event | None = None,
-    worker_id: str | None = None,
-) -> int:
-    """Run one worker until `stop` is set or the task is cancelled; it stops everything it owns."""
-    async with SynthesisWorker(settings, engine, worker_id=worker_id, metrics_port=metrics_port) as worker:
-        stop_wait = asyncio.ensure_future((stop or asyncio.Event()).wait())
-        try:
-            # the worker's own tasks only end by failing: stop then too, with an error status
-            done, _ = await asyncio.wait([stop_wait, *worker.tasks], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop_wait.cancel()
-        failed = [t for t in done if t is not stop_wait and not t.cancelled() and t.exception() is not None]
-        for task in failed:
-            log.error("worker task %s failed: %r", task.get_name(), task.exception())
-    return 1 if failed else 0
+if __name__ == "__main__":  # `python -m pipeline.synthesis.worker`: the entry lives in the CLI module
+    import sys
 
+    from pipeline.synthesis.cli import main
 
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tiny", action="store_true",
-                        help="the tiny random-weight engine (real kokoro code; for tests and demos)")
-    parser.add_argument("--metrics-port", type=int, default=None, metavar="P",
-                        help="serve Prometheus metrics on http://<edge_host>:P/metrics")
-    parser.add_argument("--worker-id", default=None, help="name in AudioChunk.worker_id (default host-pid-random)")
-
-
-def worker_command(args: argparse.Namespace, settings: Settings) -> int:
-    """`voicebus worker`: run one synthesis worker until SIGINT/SIGTERM."""
-    from pipeline.synthesis.engine import SynthesisEngine
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
-
-    async def main() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return await run_worker(settings, engine, metrics_port=args.metrics_port, stop=stop, worker_id=args.worker_id)
-
-    return asyncio.run(main())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.synthesis.worker", description=__doc__.splitlines()[0])
-    add_worker_arguments(parser)
-    args = parser.parse_args(argv)
-    return worker_command(args, Settings.from_env())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m pipeline.synthesis.worker"))

@@ -8,9 +8,13 @@ const FLAG_LAST_IN_TURN = 0x02;
 const JITTER_MS = 60;
 
 const $ = (id) => document.getElementById(id);
-const params = new URLSearchParams(location.search);
-$("session").value = params.get("session") || "";
-$("token").value = params.get("token") || "";
+// The page URL is /#session=S&token=T: a fragment never reaches a server (no access log, proxy or
+// Referer sees the token). The token goes to the edge only inside the WebSocket hello.
+const fragment = new URLSearchParams(location.hash.slice(1));
+const query = new URLSearchParams(location.search);
+$("session").value = fragment.get("session") || query.get("session") || "";
+$("token").value = fragment.get("token") || "";
+const tokenInQuery = query.has("token");
 
 // Everything the page knows, exposed for debugging and for the end-to-end test.
 const player = (window.voicebusPlayer = {
@@ -31,6 +35,12 @@ const player = (window.voicebusPlayer = {
 
 function setStatus(text) {
   $("status").textContent = text;
+}
+
+if (tokenInQuery && !fragment.get("token")) {
+  // An old-style link (?token=...): that token was already sent to the server and may be logged.
+  setStatus("the token in this URL's query (?token=) is not used: it reaches server logs. " +
+    "Open the player with #session=S&token=T (voicebus token prints that URL) or paste the token above.");
 }
 
 function clientNowUs() {

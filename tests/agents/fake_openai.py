@@ -1,7 +1,9 @@
 """A local OpenAI-compatible chat-completions server for the adapter tests (aiohttp).
 
 It streams a scripted answer as SSE chunks at a chosen token interval and can stall, break the
-connection, answer an HTTP error, or leave out `data: [DONE]`. It records the request bodies it got.
+connection, answer an HTTP error, leave out `data: [DONE]`, write raw bytes after some tokens
+(invalid UTF-8, a JSON payload that is not an object), or start a line that never ends. It records
+the request bodies it got.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class Script:
     status: int = 200
     send_done: bool = True
     empty_deltas: bool = True  # send the role-only first chunk and an empty-content chunk, like real servers
+    raw_after: int | None = None  # write `raw` after this many tokens, then go on with the rest
+    raw: bytes = b""
+    endless_line_after: int | None = None  # after this many tokens, write one line forever (4 KiB a write)
 
 
 @dataclass
@@ -32,6 +37,7 @@ class FakeChatServer:
     requests: list[dict] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)  # time.monotonic() of each token write
     sent_at_us: list[int] = field(default_factory=list)  # the same, epoch microseconds
+    endless_bytes: int = 0  # bytes of the endless line written so far
 
     def __post_init__(self) -> None:
         self._release = asyncio.Event()
@@ -75,6 +81,15 @@ class FakeChatServer:
                 await response.write(self._chunk(None, role="assistant"))
                 await response.write(self._chunk(""))
             for i, token in enumerate(s.tokens):
+                if s.raw_after is not None and i == s.raw_after:
+                    await response.write(s.raw)
+                if s.endless_line_after is not None and i == s.endless_line_after:
+                    await response.write(b"data: ")
+                    while not self._release.is_set():
+                        await response.write(b"x" * 4096)
+                        self.endless_bytes += 4096
+                        await asyncio.sleep(0)
+                    return response
                 if s.stall_after is not None and i == s.stall_after:
                     await self._release.wait()
                     return response

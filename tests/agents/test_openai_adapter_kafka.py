@@ -1,5 +1,7 @@
 """The OpenAI-compatible adapter publishing a fake server's stream through the real broker."""
 
+import asyncio
+
 import aiohttp
 import pytest
 
@@ -81,3 +83,46 @@ async def test_an_http_error_publishes_nothing(make_settings, fake_server):
                 await turn.token("x")
         got = await reader.wait_for(count_kind("END_OF_TURN"))
     assert {r.value["session_id"] for r in got} == {"marker"}  # nothing of s1 before the marker turn
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"data: \xff\xfe{}\n\n", "not UTF-8"),
+    (b"data: 42\n\n", "JSON object, got int"),
+    (b'data: ["a"]\n\n', "JSON object, got list"),
+    (b'data: {"choices": "x"}\n\n', "'choices' is not a list"),
+    (b'data: {"choices": [{"index": 0, "delta": {"content": 5}}]}\n\n', "not a string"),
+])
+async def test_a_bad_payload_ends_the_turn_with_a_clear_error(make_settings, fake_server, raw, why, caplog):
+    settings = make_settings()
+    fake_server.script.raw_after, fake_server.script.raw = 3, raw
+    async with TopicReader(settings, [text_topic(settings, "llm")]) as reader:
+        async with asyncio.timeout(30):
+            result = await _speak(settings, fake_server)
+        got = await reader.wait_for(count_kind("END_OF_TURN"))
+    assert result.outcome == BROKEN and why in result.error
+    assert [r.value["kind"] for r in got] == ["TOKEN"] * 3 + ["END_OF_TURN"]
+    assert any(why in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+async def test_a_line_that_never_ends_ends_the_turn_at_the_line_limit(make_settings, fake_server):
+    settings = make_settings(sse_max_line_bytes=64 * 1024)
+    fake_server.script.endless_line_after = 2
+    async with TopicReader(settings, [text_topic(settings, "llm")]) as reader:
+        async with asyncio.timeout(30):  # without a bound the line grows until memory runs out
+            result = await _speak(settings, fake_server)
+        got = await reader.wait_for(count_kind("END_OF_TURN"))
+    assert result.outcome == BROKEN and "65536" in result.error
+    assert [r.value["kind"] for r in got] == ["TOKEN"] * 2 + ["END_OF_TURN"]
+
+
+async def test_a_cancelled_adapter_still_ends_its_turn(make_settings, fake_server):
+    settings = make_settings()
+    fake_server.script.stall_after = 2
+    async with TopicReader(settings, [text_topic(settings, "llm")]) as reader:
+        task = asyncio.create_task(_speak(settings, fake_server, stall_timeout_s=60))
+        await reader.wait_for(count_kind("TOKEN", 2))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        got = await reader.wait_for(count_kind("END_OF_TURN"))
+    assert [r.value["kind"] for r in got] == ["TOKEN"] * 2 + ["END_OF_TURN"]

@@ -1,12 +1,14 @@
 """The adapter's stream reading against a local fake OpenAI-compatible server (no Kafka)."""
 
+import asyncio
 import time
 
 import aiohttp
 import pytest
 
 from agents.openai_adapter import (
-    SseDecoder, StreamBroken, StreamStalled, UpstreamError, chat_completions_url, stream_deltas,
+    SseDecoder, SseLineTooLong, StreamBroken, StreamStalled, UpstreamError, chat_completions_url, delta_text,
+    stream_deltas,
 )
 from tests.agents.fake_openai import FakeChatServer, Script
 
@@ -84,3 +86,44 @@ async def test_a_stream_without_done_ends_at_close(fake_server):
     fake_server.script.send_done = False
     got, _ = await _collect(fake_server)
     assert got == TOKENS
+
+
+def test_the_sse_decoder_holds_at_most_max_line_bytes_of_an_unfinished_line():
+    decoder = SseDecoder(max_line_bytes=4096)
+    decoder.feed(b"data: ")
+    with pytest.raises(SseLineTooLong, match="4096"):
+        for _ in range(10):
+            decoder.feed(b"x" * 1000)
+    assert len(decoder._buffer) <= 4096 + 1000
+    # finished lines count too, and so does one event's data spread over many lines
+    with pytest.raises(SseLineTooLong):
+        SseDecoder(max_line_bytes=100).feed(b"data: " + b"y" * 200 + b"\n\n")
+    with pytest.raises(SseLineTooLong, match="event's data"):
+        SseDecoder(max_line_bytes=100).feed(b"data: 0123456789\n" * 20)
+    assert SseDecoder(max_line_bytes=100).feed(b"data: 0123456789\n\n" * 20) == ["0123456789"] * 20
+
+
+def test_invalid_utf8_and_chunks_that_are_not_objects_break_the_stream():
+    with pytest.raises(StreamBroken, match="not UTF-8"):
+        SseDecoder().feed(b"data: \xff\xfe\n\n")
+    for payload in (42, ["a"], "text", None, {"choices": "x"}, {"choices": [7]},
+                    {"choices": [{"index": 0, "delta": "x"}]}, {"choices": [{"index": 0, "delta": {"content": 5}}]}):
+        with pytest.raises(StreamBroken):
+            delta_text(payload)
+    assert delta_text({"choices": [{"index": 0, "delta": {"content": None}}]}) == ""
+
+
+async def test_a_line_that_never_ends_breaks_the_stream_at_the_limit(fake_server):
+    fake_server.script.endless_line_after = 2
+    with pytest.raises(SseLineTooLong, match="65536"):
+        await asyncio.wait_for(_collect(fake_server, max_line_bytes=65536), 20)
+    assert fake_server.endless_bytes >= 65536
+
+
+def test_events_before_a_bad_line_in_the_same_bytes_come_out_first():
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: one\n\ndata: \xff\n\n") == ["one"]
+    with pytest.raises(StreamBroken, match="not UTF-8"):
+        decoder.raise_pending()
+    with pytest.raises(StreamBroken):
+        decoder.feed(b"data: two\n\n")  # a broken stream stays broken

@@ -106,3 +106,50 @@ async def test_concurrent_replays_keep_sessions_apart(make_settings):
         t1_last = max(r.value["produced_at_us"] for r in texts if r.value["turn_id"] == "t1")
         t2_first = min(r.value["produced_at_us"] for r in texts if r.value["turn_id"] == "t2")
         assert t1_last <= cancel["issued_at_us"] <= t2_first
+
+
+async def test_a_bad_record_is_left_out_and_reported_and_the_recording_goes_on(make_settings):
+    """The recorder takes records through the shell's record policy (stage ``recorder``): garbage
+    and a record that breaks the contract reach its error callback with their reasons; the good
+    turn after them is recorded."""
+    import io
+
+    from fastavro import parse_schema, schemaless_writer
+
+    import schemas
+    from pipeline.bus import ensure_topics, make_producer, publish
+    from pipeline.clock import now_us
+    from pipeline.codecs import MAGIC, Codec
+
+    settings = make_settings()
+    topic = text_topic(settings, "assistant")
+    await ensure_topics(settings, [topic, settings.control_topic])
+    codec = Codec()
+    failures = []
+
+    async def collect(failure) -> None:
+        failures.append((failure.stage, failure.reason, failure.record.value))
+
+    def event(seq, kind, text=""):
+        return {"session_id": "s1", "turn_id": "t1", "agent_id": "assistant", "seq": seq, "kind": kind,
+                "text": text, "claim_id": None, "language": None, "voice": None, "produced_at_us": now_us()}
+
+    bad = io.BytesIO()
+    bad.write(MAGIC + codec.fingerprint_of("TextEvent"))
+    schemaless_writer(bad, parse_schema(schemas.load("TextEvent")), {**event(0, "TOKEN", "x"), "language": "zz"})
+    ready = asyncio.Event()
+    recording = asyncio.create_task(record(settings, turns=1, duration_s=60, ready=ready, on_error=collect))
+    await asyncio.wait_for(ready.wait(), 20)
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"not avro", key=b"s1")
+        await producer.send_and_wait(topic, bad.getvalue(), key=b"s1")
+        await publish(producer, codec, topic, "TextEvent", event(0, "TOKEN", "Hello."))
+        await publish(producer, codec, topic, "TextEvent", event(1, "END_OF_TURN"))
+    finally:
+        await producer.stop()
+    recorded = await asyncio.wait_for(recording, 60)
+    assert [(stage, reason) for stage, reason, _ in failures] == [("recorder", "malformed"),
+                                                                  ("recorder", "contract-violation")]
+    assert [(e.kind, e.text) for e in recorded.events] == [("TOKEN", "Hello."), ("END_OF_TURN", "")]

@@ -56,3 +56,16 @@ def test_turn_tracker_waits_for_pending_claims_and_counts_cancels():
     tracker.observe("TextEvent", {"session_id": "s", "turn_id": "a", "kind": "TOKEN", "produced_at_us": 5})
     tracker.observe("ControlEvent", {"session_id": "s", "turn_id": None, "action": "CANCEL", "issued_at_us": 9})
     assert tracker.finished == {("s", "a")}
+
+
+def test_a_whole_session_cancel_ends_the_turns_seen_or_listed_whatever_the_clocks():
+    tracker = TurnTracker()
+    tracker.observe("TextEvent", {"session_id": "s", "turn_id": "a", "kind": "TOKEN", "produced_at_us": 5_000})
+    # the canceller's clock is behind the agent's: its cancel still ends the turn it follows
+    tracker.observe("ControlEvent", {"session_id": "s", "turn_id": None, "turn_ids": [], "action": "CANCEL",
+                                     "issued_at_us": 1_000})
+    assert tracker.finished == {("s", "a")}
+    # the gate's resolution lists a turn the recorder has not seen yet: it is over too
+    tracker.observe("ControlEvent", {"session_id": "s", "turn_id": None, "turn_ids": ["b"], "action": "CANCEL",
+                                     "issued_at_us": 2_000, "source": "gate"})
+    assert tracker.finished == {("s", "a"), ("s", "b")}

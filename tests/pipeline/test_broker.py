@@ -88,26 +88,28 @@ def test_cli_start_status_stop_across_processes_leaves_no_process(kafka_broker, 
     # `kafka_broker` guarantees the jars are fetched; this test runs a second broker via the CLI.
     shared = Settings.from_env()
     port, controller_port = free_port(), free_port()
-    env = {
-        **os.environ,
+    env = {  # the ports come from the command line (--port, --controller-port), not the environment
+        **{k: v for k, v in os.environ.items() if k not in ("VOICEBUS_KAFKA_PORT", "VOICEBUS_KAFKA_CONTROLLER_PORT",
+                                                             "VOICEBUS_BOOTSTRAP")},
         "VOICEBUS_CACHE_DIR": str(tmp_path),
-        "VOICEBUS_KAFKA_PORT": str(port),
-        "VOICEBUS_KAFKA_CONTROLLER_PORT": str(controller_port),
         "VOICEBUS_KAFKA_VERSION": shared.kafka_version,
     }
+    ports = ("--port", str(port), "--controller-port", str(controller_port))
     # share the already-fetched jars instead of fetching again into tmp_path
     (tmp_path / "kafka" / "jars").mkdir(parents=True)
     (tmp_path / "kafka" / "jars" / shared.kafka_version).symlink_to(kafka_broker.jars)
     data_dir = tmp_path / "kafka" / f"node-{port}"
 
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "pipeline", "kafka", *args], env=env,
+    def cli(action: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", "kafka", action, *ports], env=env,
                               capture_output=True, text=True, timeout=180)
 
     try:
         started = cli("start")
         assert started.returncode == 0, started.stderr
         assert started.stdout.strip().splitlines()[-1] == f"127.0.0.1:{port}"
+        # VOICEBUS_BOOTSTRAP (default 127.0.0.1:9092) does not follow --port: it says how to match it
+        assert f"VOICEBUS_BOOTSTRAP=127.0.0.1:{port}" in started.stderr
         assert broker_answers("127.0.0.1", port)
         assert len(_kafka_pids_for(data_dir)) == 1
 
@@ -125,3 +127,19 @@ def test_cli_start_status_stop_across_processes_leaves_no_process(kafka_broker, 
     finally:
         for pid in _kafka_pids_for(data_dir):  # only if an assertion failed mid-way
             os.kill(pid, 9)
+
+
+def test_kafka_start_help_shows_the_port_options_and_the_bootstrap_rule(capsys):
+    from pipeline.broker import broker_settings
+    from pipeline.cli import build_parser, main
+
+    with pytest.raises(SystemExit):
+        main(["kafka", "start", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--port P" in help_text and "--controller-port P" in help_text
+    assert "VOICEBUS_BOOTSTRAP=127.0.0.1:<port>" in help_text
+    for action in ("start", "status", "stop"):
+        args = build_parser().parse_args(["kafka", action, "--port", "19092", "--controller-port", "19093"])
+        mapped = broker_settings(args, Settings())
+        assert (mapped.kafka_port, mapped.kafka_controller_port) == (19092, 19093)
+    assert broker_settings(build_parser().parse_args(["kafka", "status"]), Settings()) == Settings()

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.bus import decoded_records, ensure_topics, make_consumer, make_producer, publish
+from pipeline.bus import TopicCreationError, decoded_records, ensure_topics, make_consumer, make_producer, publish
 from pipeline.codecs import MAGIC, Codec
-from pipeline.topics import fixed_topics, session_key, text_topic, text_topic_pattern
+from pipeline.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
+                             text_topic, text_topic_pattern)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -47,6 +50,59 @@ async def test_ensure_topics_is_idempotent_and_uses_configured_partitions(make_s
     finally:
         await admin.close()
     assert {t["topic"]: len(t["partitions"]) for t in described} == {n: 3 for n in fixed_topics(settings)}
+
+
+async def topic_config(settings, topic: str) -> dict[str, str]:
+    """The topic's effective configs as the broker reports them, once its metadata has the topic
+    (the controller creates it; the broker learns of it a moment later: error 3 until then)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        async def described():
+            while True:
+                (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+                (resource,) = response.resources
+                if resource[0] != 3:  # UNKNOWN_TOPIC_OR_PARTITION
+                    return resource
+                await asyncio.sleep(0.1)
+
+        resource = await asyncio.wait_for(described(), 30)
+    finally:
+        await admin.close()
+    assert resource[0] == 0, resource[1]
+    return {entry[0]: entry[1] for entry in resource[4]}
+
+
+async def test_topics_are_created_with_their_class_retention_and_min_isr(make_settings):
+    settings = make_settings()
+    await ensure_topics(settings, [settings.audio_topic, settings.control_topic, settings.deadletter_topic])
+    audio, control, dlq = [await topic_config(settings, t)
+                           for t in (settings.audio_topic, settings.control_topic, settings.deadletter_topic)]
+    assert audio["retention.ms"] == str(AUDIO_RETENTION.retention_ms)
+    assert audio["segment.ms"] == str(AUDIO_RETENTION.segment_ms)
+    assert control["retention.ms"] == str(EVENT_RETENTION.retention_ms)
+    assert dlq["retention.ms"] == str(DEADLETTER_RETENTION.retention_ms)
+    for configs in (audio, control, dlq):
+        assert configs["cleanup.policy"] == "delete"
+        assert configs["min.insync.replicas"] == "1"  # one broker: one replica, one in sync
+
+
+async def test_a_topic_kafka_refuses_to_create_raises(make_settings):
+    settings = make_settings()
+    with pytest.raises(TopicCreationError, match="no spaces here"):
+        await ensure_topics(settings, ["no spaces here"])
+
+
+async def test_producers_wait_for_all_replicas_and_are_idempotent(make_settings):
+    settings = make_settings()
+    topic = settings.control_topic
+    await ensure_topics(settings, [topic])
+    async with make_producer(settings) as producer:
+        # aiokafka keeps these private; they are what the broker is sent
+        assert producer._sender._acks == -1  # acks=all
+        assert producer._txn_manager is not None  # idempotence: a producer id and sequence numbers
+        await producer.send_and_wait(topic, b"x", key=b"s1")
+        assert producer._txn_manager.producer_id >= 0
 
 
 async def test_content_and_per_key_order_survive_the_round_trip(make_settings):
@@ -218,3 +274,16 @@ async def test_pattern_subscription_sees_a_new_agent_topic(make_settings):
         assert all(re.match(text_topic_pattern(settings), t) for t in topics)
     finally:
         await consumer.stop()
+
+
+def test_only_the_bus_module_builds_kafka_producers():
+    """Every stage's producer comes from `make_producer`, so acks=all and idempotence hold for all:
+    no other module constructs an AIOKafkaProducer itself."""
+    root = Path(__file__).resolve().parents[2]
+    builders = sorted(
+        str(path.relative_to(root))
+        for package in ("pipeline", "agents", "players")
+        for path in (root / package).rglob("*.py")
+        if "AIOKafkaProducer(" in path.read_text()
+    )
+    assert builders == ["pipeline/bus.py"]

@@ -31,6 +31,7 @@ from schemas import contract
 
 CODEC = Codec()
 TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc").read_text())
+AUDIO_CHUNK_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v1.avsc").read_text())
 
 
 # --- values from a schema ------------------------------------------------------------------------
@@ -186,6 +187,37 @@ def test_a_codec_without_history_refuses_old_records():
     schemaless_writer(buf, old, v0_text_event())
     with pytest.raises(UnknownFingerprint):
         Codec(history=[]).decode(buf.getvalue())
+
+
+def v1_audio_chunk() -> dict:
+    return {"session_id": "s1", "turn_id": "t1", "sentence_seq": 2, "chunk_seq": 0, "is_last_chunk": True,
+            "is_last_in_turn": True, "sample_rate": 24000, "encoding": "PCM16LE", "pcm": b"", "worker_id": "w",
+            "first_token_at_us": 1, "text_complete_at_us": 2, "released_at_us": 3, "request_received_at_us": 4,
+            "synthesis_started_at_us": 5, "audio_ready_at_us": 6, "published_at_us": 7}
+
+
+def test_audio_chunk_gained_end_reason_and_keeps_v1_in_history():
+    assert {f["name"] for f in schemas.load("AudioChunk")["fields"]} - {f["name"] for f in AUDIO_CHUNK_V1["fields"]} == {
+        "end_reason"}
+    assert AUDIO_CHUNK_V1 in schemas.load_history()
+
+
+def test_an_audio_chunk_written_before_end_reason_decodes_with_an_empty_reason():
+    apache_v1 = avro.schema.parse(json.dumps(AUDIO_CHUNK_V1))
+    buf = io.BytesIO()
+    buf.write(MAGIC + apache_v1.fingerprint("CRC-64-AVRO"))
+    avro.io.DatumWriter(apache_v1).write(v1_audio_chunk(), avro.io.BinaryEncoder(buf))
+    decoded = CODEC.decode(buf.getvalue(), expect="AudioChunk")
+    assert decoded.older_writer
+    assert decoded.value == {**v1_audio_chunk(), "end_reason": ""}
+
+
+def test_a_reader_from_before_end_reason_reads_a_new_audio_chunk():
+    encoded = CODEC.encode("AudioChunk", {**v1_audio_chunk(), "end_reason": "no-voices"})
+    reader = avro.io.DatumReader(avro.schema.parse(json.dumps(schemas.load("AudioChunk"))),
+                                 avro.schema.parse(json.dumps(AUDIO_CHUNK_V1)))
+    assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == v1_audio_chunk()
+    assert CODEC.decode(encoded).value["end_reason"] == "no-voices"
 
 
 # --- bad input: each typed error -------------------------------------------------------------------

@@ -123,3 +123,30 @@ async def test_the_control_follower_applies_the_lookback_before_start_returns_th
         finally:
             await follower.stop()
     assert follower.applied == 7
+
+
+@pytest.mark.kafka
+async def test_a_control_follower_whose_consumer_died_is_restarted_where_it_stopped(make_settings):
+    """Regression: the supervisor restarted `follow` on the same dead consumer, which failed
+    again at once, for good: the stage saw no cancel any more."""
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings, [settings.control_topic, settings.deadletter_topic])
+    codec, seen = Codec(), []
+    async with make_producer(settings) as producer:
+        follower = ControlFollower(settings, RecordPolicy("test", settings, codec, producer),
+                                   lambda event: seen.append(event["session_id"]))
+        await follower.start()
+        supervisor = Supervisor("test", min_backoff_s=0.01)
+        try:
+            supervisor.start("control", follower.follow)
+            await publish(producer, codec, settings.control_topic, "ControlEvent", control("one"))
+            await eventually(lambda: "one" in seen, timeout_s=30, what="the first event")
+            await follower.consumer.stop()  # the consumer dies under the running follower
+            await eventually(lambda: supervisor.health()["control"]["restarts"] >= 1, timeout_s=30,
+                             what="the follower's restart")
+            await publish(producer, codec, settings.control_topic, "ControlEvent", control("two"))
+            await eventually(lambda: "two" in seen, timeout_s=30, what="an event after the restart")
+            assert seen == ["one", "two"]  # nothing applied twice, nothing missed
+        finally:
+            await supervisor.stop()
+            await follower.stop()

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.bus import make_producer, publish
 from pipeline.codecs import Codec
-from players.auth import issue_token
+from players.auth import issue_token, player_url
 from players.tone import tone_turn
 from tests.players.edge_helpers import SECRET, running_edge
 from tests.players.test_edge_kafka import read_topic
@@ -35,8 +35,10 @@ async def test_a_turn_from_kafka_plays_reports_audible_start_and_barge_in_silenc
             page = await browser.new_page()
             errors = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
-            url = client.make_url(f"/?session=S&token={issue_token(SECRET, 'S', 300)}")
-            await page.goto(str(url))
+            # the token rides in the fragment (never sent to the server); the page reads location.hash
+            url = player_url(str(client.make_url("/")), "S", issue_token(SECRET, "S", 300))
+            assert "#session=S&token=" in url
+            await page.goto(url)
             await page.click("#start")
             await wait_in_page(page, "window.voicebusPlayer.state === 'ready' && window.voicebusPlayer.clock.samples >= 3")
 

@@ -11,8 +11,10 @@ def test_token_command_prints_a_valid_token_and_the_player_url(capsys, monkeypat
     assert main(["token", "--session", "demo-1", "--ttl", "60"]) == 0
     token, url = capsys.readouterr().out.split()
     verify_token("cli-secret", token, "demo-1")
-    query = parse_qs(urlparse(url).query)
-    assert query == {"session": ["demo-1"], "token": [token]}
+    # the token rides in the fragment, which browsers never send to a server (no access log sees it)
+    parts = urlparse(url)
+    assert parts.query == "" and token not in parts.path
+    assert parse_qs(parts.fragment) == {"session": ["demo-1"], "token": [token]}
 
 
 def test_bench_edge_prints_percentiles_per_client_count(capsys):

@@ -15,6 +15,7 @@ from players.tone import tone_turn
 from tests.players.edge_helpers import (
     SECRET, audio, collect, connect, edge_settings, of_type, running_edge, turn_ended,
 )
+from tests.waiting import eventually
 
 
 async def test_each_client_gets_only_its_sessions_audio():
@@ -225,3 +226,69 @@ async def test_a_full_outbox_skips_the_oldest_sentence_whole_and_tells_the_playe
         assert len(channel.outbox) <= 8
         router.route(chunks[9])  # sentence 2 is not affected
         assert channel.outbox[-1].sentence == 2
+
+
+async def test_a_cancel_flood_is_rate_limited_per_client_and_the_connection_stays_up():
+    # A listen-only client sends unlimited cancels with arbitrary turn ids: past its bucket each
+    # is refused with a reason it sees, counted, and neither applied nor published.
+    settings = edge_settings(edge_cancel_burst=3, edge_cancel_rate_per_s=0.001)
+    async with running_edge(settings, with_kafka=False) as (app, client):
+        router = app[ROUTER_KEY]
+        ws, _ = await connect(client, "s1")
+        for i in range(200):
+            await ws.send_str(json.dumps({"type": "cancel", "v": 1, "turn_id": f"made-up-{i}"}))
+        await ws.send_str(json.dumps({"type": "ping", "v": 1, "t0": 1}))
+        got = await collect(ws, lambda m: of_type(m, "pong") and len(of_type(m, "error")) >= 197)
+        refused = of_type(got, "error")
+        assert len(refused) == 197 and {e["code"] for e in refused} == {"rate-limited"}
+        assert router.metrics.registry.get_sample_value(
+            "voicebus_edge_refused_total", {"reason": "cancel-rate-limited"}) == 197
+        assert router.metrics.registry.get_sample_value("voicebus_edge_cancels_total", {"source": "edge"}) == 3
+        other, _ = await connect(client, "s1")  # another client has its own bucket
+        await other.send_str(json.dumps({"type": "cancel", "v": 1, "turn_id": "t9"}))
+        await other.send_str(json.dumps({"type": "ping", "v": 1, "t0": 2}))
+        assert not of_type(await collect(other, lambda m: of_type(m, "pong")), "error")
+
+
+@pytest.mark.parametrize("settings, sessions, refused_code", [
+    (dict(edge_max_clients_per_session=2), ["a", "a", "a"], "session-full"),
+    (dict(edge_max_clients=2), ["a", "b", "c"], "edge-full"),
+])
+async def test_connections_past_a_limit_are_closed_with_1013_and_a_reason(settings, sessions, refused_code):
+    async with running_edge(edge_settings(**settings), with_kafka=False) as (app, client):
+        first = [await connect(client, s) for s in sessions[:-1]]
+        assert all(ready["type"] == "ready" for _, ready in first)
+        ws, error = await connect(client, sessions[-1])
+        assert error["type"] == "error" and error["code"] == refused_code
+        await collect(ws, lambda m: False)
+        assert ws.close_code == protocol.CLOSE_TRY_AGAIN_LATER
+        await first[0][0].close()  # a place becomes free
+        await eventually(lambda: app[ROUTER_KEY].n_clients < len(sessions) - 1, timeout_s=5, what="the client left")
+        _, ready = await connect(client, sessions[-1])
+        assert ready["type"] == "ready"
+
+
+async def test_a_resume_with_a_negative_sentence_is_refused_with_4400_out_of_range():
+    async with running_edge(edge_settings(), with_kafka=False) as (app, client):
+        ws, error = await connect(client, "s1", resume={"turn_id": "t1", "sentence_seq": -1})
+        assert error["type"] == "error" and error["code"] == "out-of-range"
+        await collect(ws, lambda m: False)
+        assert ws.close_code == protocol.CLOSE_PROTOCOL_ERROR
+
+
+async def test_a_barge_in_does_not_cancel_a_new_turn_whose_agent_clock_is_behind_the_edge_s():
+    # The edge's clock is an hour ahead of the agent's: the next turn's first token "happened"
+    # before the barge-in by the edge's clock. Cancels name turns; no clock is compared.
+    from pipeline.clock import now_us
+
+    async with running_edge(edge_settings(), with_kafka=False) as (app, client):
+        router = app[ROUTER_KEY]
+        ws, _ = await connect(client, "s1")
+        router.route(tone_turn("s1", "t1", 2, 1)[0])
+        await collect(ws, lambda m: audio(m))
+        await ws.send_str(json.dumps({"type": "cancel", "v": 1, "reason": "barge-in"}))
+        assert of_type(await collect(ws, lambda m: of_type(m, "stop")), "stop")[0]["turn_id"] == "t1"
+        for chunk in tone_turn("s1", "t2", 1, 2):
+            router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000})
+        got = await collect(ws, turn_ended)
+        assert of_type(got, "turn_start")[0]["turn_id"] == "t2" and len(audio(got)) == 2

@@ -10,8 +10,11 @@ from pipeline.bus import make_consumer, make_producer, publish
 from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from players.edge import LINK_KEY
+from players.router import SessionRouter
 from players.tone import tone_turn
+from tests.foreign import foreign_encode
 from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -45,7 +48,7 @@ async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
             await producer.send_and_wait(settings.audio_topic, b"not avro", key=b"A")  # dead-lettered, ignored
             odd = {**tone_turn("A", "ta", 1, 1)[0], "pcm": b"\x01\x02\x03"}  # not whole PCM16 samples
-            await publish(producer, codec, settings.audio_topic, "AudioChunk", odd)
+            await producer.send_and_wait(settings.audio_topic, foreign_encode("AudioChunk", odd), key=b"A")
         finally:
             await producer.stop()
         for ws in (a1, a2):
@@ -66,7 +69,8 @@ async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings
         assert 'voicebus_stage_latency_seconds_count{stage="bus_to_edge"} 3.0' in metrics
         assert (await (await client.get("/healthz")).json())["kafka"] == "ready"
         dead = await read_topic(settings, settings.deadletter_topic, None, lambda v: len(v) >= 2, raw=True)
-        assert sorted(dict(r.headers)["voicebus.error.reason"] for r in dead) == [b"malformed", b"unroutable-chunk"]
+        # the contract refuses the odd chunk in the codec, before the router sees it
+        assert sorted(dict(r.headers)["voicebus.error.reason"] for r in dead) == [b"contract-violation", b"malformed"]
 
 
 async def test_client_cancel_lands_on_the_control_topic_and_reports_on_the_playback_topic(make_settings):
@@ -85,6 +89,11 @@ async def test_client_cancel_lands_on_the_control_topic_and_reports_on_the_playb
         assert events[0]["action"] == "CANCEL" and events[0]["source"] == "edge" and events[0]["reason"] == "barge-in"
         reports = await read_topic(settings, settings.playback_topic, "PlaybackReport", lambda v: v)
         assert reports[0]["kind"] == "AUDIBLE_START" and reports[0]["client_id"] == ready["client_id"]
+        # a barge-in without a turn id names the turns this edge knows: no clock is compared anywhere
+        app[LINK_KEY].router.route(tone_turn("S", "t2", 1, 1)[0])
+        await ws.send_str(json.dumps({"type": "cancel", "v": 1, "reason": "barge-in"}))
+        events = await read_topic(settings, settings.control_topic, "ControlEvent", lambda v: len(v) >= 2)
+        assert events[1]["turn_id"] is None and events[1]["turn_ids"] == ["t1", "t2"]
 
 
 async def test_a_cancel_from_the_bus_stops_players_and_drops_the_turns_later_chunks(make_settings):
@@ -111,3 +120,127 @@ async def test_a_cancel_from_the_bus_stops_players_and_drops_the_turns_later_chu
         got = await collect(ws, turn_ended, timeout=15)
         assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"]  # t1's late chunks never came
         assert len(audio(got)) == 1
+
+
+class RouterWithABug(SessionRouter):
+    """A router with a bug that only one kind of chunk triggers (turn "boom"): the edge must
+    survive any exception a record makes its handler raise, not only the ones it expects."""
+
+    def route(self, chunk, *args, **kwargs):
+        if chunk["turn_id"] == "boom":
+            raise RuntimeError("a bug in the router")
+        return super().route(chunk, *args, **kwargs)
+
+
+async def test_a_bad_record_is_dead_lettered_with_its_reason_and_the_next_chunk_still_plays(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings, router=RouterWithABug.from_settings(settings)) as (app, client):
+        ws, _ = await connect(client, "S")
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            good = tone_turn("S", "t1", 1, 2)
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", good[0])
+            # written by a producer that bypasses our codec: Avro takes a negative int
+            negative = foreign_encode("AudioChunk", {**tone_turn("S", "t1", 1, 1)[0], "sentence_seq": -1, "end_reason": ""})
+            await producer.send_and_wait(settings.audio_topic, negative, key=b"S")
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", tone_turn("S", "boom", 1, 1)[0])
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", good[1])
+        finally:
+            await producer.stop()
+        got = await collect(ws, turn_ended, timeout=15)
+        assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1)]
+        assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t1"]
+        dead = await read_topic(settings, settings.deadletter_topic, None, lambda v: len(v) >= 2, raw=True)
+        reasons = {dict(r.headers)["voicebus.error.reason"]: dict(r.headers) for r in dead}
+        assert set(reasons) == {b"contract-violation", b"handler-error"}
+        assert b"sentence_seq -1" in reasons[b"contract-violation"]["voicebus.error.message"]
+        assert reasons[b"handler-error"]["voicebus.error.stage"] == b"edge"
+        assert b"a bug in the router" in reasons[b"handler-error"]["voicebus.error.message"]
+        health = await (await client.get("/healthz")).json()
+        assert health["kafka"] == "ready" and health["tasks"]["audio"]["restarts"] == 0
+        metrics = await (await client.get("/metrics")).text()
+        assert 'voicebus_records_dead_lettered_total{reason="handler-error",stage="edge"} 1.0' in metrics
+        assert 'voicebus_records_dead_lettered_total{reason="contract-violation",stage="edge"} 1.0' in metrics
+
+
+async def test_a_consume_task_that_dies_is_restarted_where_it_stopped_and_healthz_says_so(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client):
+        link = app[LINK_KEY]
+        ws, _ = await connect(client, "S")
+        backoff = asyncio.Event()
+
+        async def held_backoff(seconds: float) -> None:  # the test decides when the first restart happens
+            await backoff.wait()
+            await asyncio.sleep(seconds)  # then the real backoff: a restart that fails again must not spin
+
+        link.supervisor.sleep = held_backoff
+        await link.consumer.stop()  # its consumer is gone: the task dies outside any record
+        response = await eventually(_status(client, 503), timeout_s=15, what="/healthz reports the dead task")
+        body = await response.json()
+        assert body["kafka"] == "down" and body["tasks"]["audio"]["restarts"] == 1
+        assert "ConsumerStoppedError" in body["tasks"]["audio"]["last_error"]
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:  # published while the task is down: the restarted consumer resumes where it stopped
+            for chunk in tone_turn("S", "t1", 1, 2):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        finally:
+            await producer.stop()
+        backoff.set()
+        got = await collect(ws, turn_ended, timeout=15)
+        assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1)]
+        body = await (await eventually(_status(client, 200), timeout_s=15, what="healthy again")).json()
+        assert body["tasks"]["audio"]["running"] and body["tasks"]["audio"]["restarts"] == 1
+
+
+def _status(client, status: int):
+    async def probe():
+        response = await client.get("/healthz")
+        return response if response.status == status else None
+
+    return probe
+
+
+async def test_a_retried_chunk_and_a_re_spoken_sentence_are_heard_once(make_settings):
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client):
+        ws, _ = await connect(client, "S")
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            first = tone_turn("S", "t1", 2, 3)
+            for chunk in first[:2] + [first[1]]:  # a producer retry duplicates chunk (0, 1)
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            # the worker died after chunk (0, 1); its successor speaks the sentence again from its start
+            again = tone_turn("S", "t1", 2, 3)
+            again[-1]["end_reason"] = "sentence-failed"  # its last sentence could not be spoken whole
+            for chunk in again:
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        finally:
+            await producer.stop()
+        got = await collect(ws, turn_ended, timeout=15)
+        assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+        assert [m.get("reason") for m in of_type(got, "turn_end")] == ["sentence-failed"]
+
+
+async def test_a_cancel_published_before_the_edge_started_still_drops_its_turn(make_settings):
+    settings = make_settings(edge_secret=SECRET, edge_cancel_lookback_s=60.0)
+    producer, codec = make_producer(settings), Codec()
+    await producer.start()
+    try:
+        from pipeline.bus import ensure_topics
+
+        await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
+        await publish(producer, codec, settings.control_topic, "ControlEvent", {
+            "session_id": "S", "turn_id": "t1", "action": "CANCEL", "reason": "agent", "source": "agent",
+            "issued_at_us": now_us()})
+        async with running_edge(settings) as (app, client):
+            ws, _ = await connect(client, "S")
+            for chunk in tone_turn("S", "t1", 1, 2) + tone_turn("S", "t2", 1, 1):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            got = await collect(ws, turn_ended, timeout=15)
+    finally:
+        await producer.stop()
+    assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"] and len(audio(got)) == 1

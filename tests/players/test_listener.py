@@ -34,3 +34,12 @@ def test_frames_after_the_edges_stop_are_counted():
     turn.stopped = turn.ended = True  # the edge's "stop", without a cancel from this player
     assert not turn.add_frame(300, _frame(1, 0))
     assert turn.frames_after_stop == 1 and len(turn.frames) == 1
+
+
+def test_turn_end_s_reason_is_kept():
+    from players.listener import Listener
+
+    listener = Listener("http://127.0.0.1:1", "s1", "secret")
+    listener._on_control({"type": "turn_start", "v": 1, "turn_id": "t1", "turn": 1, "sample_rate": 24000}, 0)
+    listener._on_control({"type": "turn_end", "v": 1, "turn_id": "t1", "turn": 1, "reason": "sentence-failed"}, 1)
+    assert listener.turns["t1"].ended and listener.turns["t1"].end_reason == "sentence-failed"

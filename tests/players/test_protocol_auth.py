@@ -48,6 +48,36 @@ def test_bad_client_messages_raise_typed_errors(text, error):
     assert info.value.close_code in (protocol.CLOSE_PROTOCOL_ERROR, protocol.CLOSE_UNSUPPORTED_VERSION)
 
 
+@pytest.mark.parametrize("text", [
+    '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "t", "sentence_seq": -1}}',
+    '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "t", "sentence_seq": 2147483648}}',
+    '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "sentence_seq": -1}',
+    '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "sentence_seq": 2147483648}',
+    '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "audible_at_us": -5}',
+    '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "audible_at_us": 9223372036854775808}',
+    '{"type": "ping", "v": 1, "t0": NaN}',
+    '{"type": "ping", "v": 1, "t0": Infinity}',
+])
+def test_negative_or_oversized_numbers_are_refused_as_out_of_range(text):
+    with pytest.raises(protocol.OutOfRange) as info:
+        protocol.parse_client_message(text)
+    assert info.value.code == "out-of-range" and info.value.close_code == protocol.CLOSE_PROTOCOL_ERROR
+
+
+@pytest.mark.parametrize("text", [
+    '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "t", "sentence_seq": true}}',
+    '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "t", "sentence_seq": 1.5}',
+    '{"type": "cancel", "v": 1, "turn_id": "' + "x" * 129 + '"}',
+    '{"type": "cancel", "v": 1, "turn_id": ""}',
+    '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "a\\u0000b"}',
+    '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "' + "x" * 129 + '", "sentence_seq": 0}}',
+])
+def test_mistyped_numbers_and_bad_turn_ids_are_malformed_frames(text):
+    with pytest.raises(protocol.MalformedFrame) as info:
+        protocol.parse_client_message(text)
+    assert info.value.code == "malformed-frame" and info.value.close_code == protocol.CLOSE_PROTOCOL_ERROR
+
+
 def test_control_messages_carry_type_and_version():
     message = json.loads(protocol.encode_control(protocol.STOP, turn_id="t1"))
     assert message == {"type": "stop", "v": 1, "turn_id": "t1"}
@@ -105,6 +135,7 @@ _FRAME = st.fixed_dictionaries(
 @example(json.dumps({"type": "report", "v": 1, "kind": "STOPPED", "turn_id": "a\nb"}))
 @example(json.dumps({"type": "cancel", "v": 1, "turn_id": "x" * 129}))
 @example(json.dumps({"type": "hello", "v": 1, "session": "s", "token": "t", "resume": {"turn_id": "", "sentence_seq": 0}}))
+@example(json.dumps({"type": "cancel", "v": 1, "resume": {}}))
 def test_any_client_text_frame_is_refused_or_yields_ids_the_contract_accepts(text):
     """Fuzz (issue 10): the edge turns a client's cancel and report into bus events; an id the
     contract refuses (control characters, over 128 characters) used to pass the frame check and
@@ -118,6 +149,6 @@ def test_any_client_text_frame_is_refused_or_yields_ids_the_contract_accepts(tex
         if message.get(name) is not None:
             value = {"session_id": "s", name: message[name]}
             assert not contract.violations("ControlEvent", value), message
-    resume = message.get("resume")
-    if isinstance(resume, dict):
+    resume = message.get("resume") if message["type"] == protocol.HELLO else None
+    if resume is not None:
         assert not contract.violations("ControlEvent", {"session_id": "s", "turn_id": resume["turn_id"]})

@@ -252,7 +252,7 @@ marks = st.sampled_from([i + 1 for i, c in enumerate(TEXT) if c == " "])
 def test_any_split_gives_the_same_requests_and_state_survives_json(cuts, mark_at, ready_after, failed):
     reference = texts(gate_sentences(_script([], mark_at, 10**6, failed), CONFIG))
     events = _script(cuts, mark_at, ready_after, failed)
-    # The way the faust worker runs it: state through JSON between every two events.
+    # The way the gate worker stores it: state through JSON between every two events.
     state, out = None, []
     for i, e in enumerate(events):
         session = GateSession.from_state("s1", CONFIG, json.loads(json.dumps(state)) if state else None)

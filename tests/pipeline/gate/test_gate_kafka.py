@@ -1,5 +1,5 @@
-"""The gate worker (faust) through the real broker: agents' token events in, synthesis requests
-out, in order per session; evidence, hold timeout, cancel, dead letters; a worker SIGKILLed
+"""The gate worker (aiokafka shell) through the real broker: agents' token events in, synthesis
+requests out, in order per session; evidence, hold timeout, cancel, dead letters; a worker SIGKILLed
 mid-turn and two restarted workers sharing the partitions leave no gap and no repeat."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ async def send_all(settings, events_by_agent):
             if agent == "control":
                 await publish(producer, codec, settings.control_topic, "ControlEvent", event)
             elif agent == "raw":
-                await producer.send_and_wait(event[0], event[1], key=b"bad")
+                await producer.send_and_wait(event[0], event[1], key=event[2] if len(event) > 2 else b"bad")
             else:
                 await publish(producer, codec, text_topic(settings, agent), "TextEvent", event)
     finally:
@@ -169,7 +169,9 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         + [("retriever", rb.ready("order"))]
         + [("raw", (text_topic(settings, "llm"), b"not avro at all"))]
         + [("raw", (text_topic(settings, "llm"),
-                    foreign_encode("TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0])))]
+                    foreign_encode("TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0]),
+                    b"sx"))]
+        + [("llm", Turn(session="sy", turn="t9").pending(None))]  # a mark without a claim id
         + [("newcomer", x) for x in f.tokens("A new agent speaks. ") + [f.end()]]
     )
     await send_all(settings, phase1)
@@ -199,14 +201,15 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         assert [x[3] for x in sessions[s]] == [False] * (len(sessions[s]) - 1) + [True], s
     # The pure core gives the same for the sessions whose outcome does not depend on timing.
     core = by_session(gate_sentences([ev for agent, ev in phase1 + phase2
-                                      if agent != "raw" and ev["session_id"] != "sx"],
+                                      if agent != "raw" and ev["session_id"] not in ("sx", "sy")],
                                      GateConfig.from_settings(settings.replace(hold_timeout_s=3600))))
     for s in ("sa", "sb", "sc"):
         assert sessions[s] == core[s], s
 
-    dead = await collect(settings, lambda got: len(got) >= 2, timeout=10, topic=settings.deadletter_topic)
-    reasons = {dict(r.headers)["voicebus.error.reason"]: r.value for r in dead}  # two partitions
-    assert set(reasons) == {b"malformed", b"contract-violation"}
+    dead = await collect(settings, lambda got: len(got) >= 3, timeout=10, topic=settings.deadletter_topic)
+    reasons = {dict(r.headers)["voicebus.error.reason"]: r.value for r in dead}
+    assert set(reasons) == {b"malformed", b"contract-violation", b"gate-rejected"}
+    assert all(dict(r.headers)["voicebus.error.stage"] == b"gate" for r in dead)
     assert reasons[b"malformed"] == b"not avro at all"
     assert "sx" not in sessions
 
@@ -221,14 +224,15 @@ async def test_worker_killed_mid_turn_restarts_without_gap_or_repeat(make_settin
     first_half = {s: t.tokens(text[:cut], size=4) for s, t in turns.items()}
     second_half = {s: t.tokens(text[cut:], size=4) + [t.end()] for s, t in turns.items()}
 
-    # A long commit interval: the killed worker never commits offsets, so everything is
-    # re-delivered to the new workers and only the Table's state guards prevent repeats.
+    # A long commit interval: the killed worker never commits control offsets; its text
+    # positions and states are in the changelog, written after the acks of what they produced,
+    # so the new workers go on exactly where the killed one's last write says.
     first = gate_processes(settings, "first", commit_interval_s=300, session_timeout_s=6)
     first.wait_assigned()
     await send_all(settings, [("llm", ev) for s in turns for ev in first_half[s]])
     got = await collect(settings, lambda got: len(got) >= len(turns), timeout=60)
     assert sorted(r["text"] for r in got) == ["First sentence is here."] * len(turns)
-    time.sleep(1.5)  # let the changelog writes of the last events reach the broker
+    time.sleep(1.5)  # (kept from the faust version: the changelog write follows the acks at once now)
     first.proc.kill()
     first.proc.wait(10)
 

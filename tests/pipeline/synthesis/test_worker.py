@@ -203,6 +203,38 @@ def test_end_of_turn_marker_yields_one_empty_last_chunk_without_synthesis():
     assert chunks[0]["sentence_seq"] == 4 and chunks[0]["chunk_seq"] == 0
 
 
+def test_a_failed_sentence_sends_what_it_has_then_an_empty_last_chunk_with_its_reason():
+    job = SynthesisJob(request(last=True), received_at_us=10)
+    assembler = ChunkAssembler(job, chunk_ms=CHUNK_MS, sample_rate=SAMPLE_RATE)
+    chunk_bytes = SAMPLE_RATE * CHUNK_MS // 1000 * 2
+    out = assembler.feed(b"\x01\x00" * (chunk_bytes // 2 * 2 + 10))  # two chunks and a bit: one held back
+    out += assembler.finish(end_reason="no-voices")
+    assert [c["chunk_seq"] for c in out] == [0, 1, 2]
+    assert [len(c["pcm"]) for c in out] == [chunk_bytes, chunk_bytes + 20, 0]
+    assert [(c["is_last_chunk"], c["is_last_in_turn"], c["end_reason"]) for c in out] == [
+        (False, False, ""), (False, False, ""), (True, True, "no-voices")]
+    codec = Codec()
+    assert all(codec.decode(codec.encode("AudioChunk", c)).value["end_reason"] == c["end_reason"] for c in out)
+    # nothing made yet: the closing chunk alone, and a sentence inside the turn does not end the turn
+    inner = ChunkAssembler(SynthesisJob(request(last=False), received_at_us=10), chunk_ms=CHUNK_MS,
+                           sample_rate=SAMPLE_RATE).finish(end_reason="engine-error")
+    assert [(c["pcm"], c["is_last_chunk"], c["is_last_in_turn"], c["end_reason"]) for c in inner] == [
+        (b"", True, False, "engine-error")]
+
+
+def test_what_the_engine_cannot_speak_is_named_by_reason():
+    from pipeline.codecs import InvalidMessage
+    from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
+    from pipeline.synthesis.worker import speak_failure_reason
+
+    assert speak_failure_reason(UnknownLanguage("x")) == "unknown-language"
+    assert speak_failure_reason(NoVoices("x")) == "no-voices"
+    assert speak_failure_reason(InvalidMessage("x")) == "contract-violation"
+    assert speak_failure_reason(ValueError("speed")) == "invalid-request"
+    assert speak_failure_reason(EngineError("x")) == "engine-error"
+    assert speak_failure_reason(RuntimeError("a torch error")) == "engine-error"
+
+
 def test_cancel_stops_real_synthesis_in_flight_before_its_next_chunk(engine):
     """The engine runs in a thread (as in the worker); a cancel applied on the other thread stops
     it before its next chunk."""

@@ -149,6 +149,8 @@ async def test_requests_in_chunks_out_in_order_per_session(make_settings, engine
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://{settings.edge_host}:{metrics_port}/metrics") as response:
                     metrics_text = await response.text()
+                async with http.get(f"http://{settings.edge_host}:{metrics_port}/healthz") as response:
+                    health_status, health = response.status, await response.json()
         assert worker.scheduler.peak_in_flight == 2, "8 requests through a worker holding at most 2"
         assert bus.of("early", "gone") == []
         for session, n in [("s1", 2), ("s2", 2)]:
@@ -164,7 +166,10 @@ async def test_requests_in_chunks_out_in_order_per_session(make_settings, engine
                 assert c["pcm"] or (c["is_last_chunk"] and session == "s2")
         assert 'voicebus_worker_requests_total{outcome="spoken"} 5.0' in metrics_text
         assert 'voicebus_worker_requests_total{outcome="cancelled"} 2.0' in metrics_text
-        assert "voicebus_worker_deadletters_total 1.0" in metrics_text
+        assert 'voicebus_records_dead_lettered_total{reason="malformed",stage="worker"} 1.0' in metrics_text \
+            or 'voicebus_records_dead_lettered_total{stage="worker",reason="malformed"} 1.0' in metrics_text
+        assert health_status == 200 and health["healthy"] and health["restarts"] == 0
+        assert set(health["tasks"]) == {"control", "fetch", "synthesis", "commit", "lag"}
         assert "voicebus_worker_queue_depth 0.0" in metrics_text
         assert "voicebus_worker_consumer_lag" in metrics_text
         marker = [c for c in bus.of("s2") if c["sentence_seq"] == 1]

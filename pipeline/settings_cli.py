@@ -1,0 +1,59 @@
+"""`voicebus settings`: every `Settings` field, its ``VOICEBUS_`` variable, its default, the value
+in effect (from the environment) and its meaning (the field's docstring in pipeline/settings.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from pipeline.settings import ENV_PREFIX, Settings, field_docs
+
+
+SECRET_FIELDS = frozenset({"edge_secret"})
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("settings", help="list every setting: VOICEBUS_ variable, default, value, meaning")
+    p.add_argument("--json", action="store_true", help="one JSON object per field instead of a table")
+    p.set_defaults(func=run_settings)
+
+
+def settings_rows(settings: Settings) -> list[dict[str, str]]:
+    """One row per field, in declaration order. Defaults are those of a plain `Settings()`."""
+    defaults, docs = Settings(), field_docs()
+    rows = []
+    for f in dataclasses.fields(Settings):
+        default, value = getattr(defaults, f.name), getattr(settings, f.name)
+        shown = _show(value)
+        if f.name in SECRET_FIELDS:  # never print a secret: say only whether it was changed
+            shown = "(empty)" if not value else "(the default)" if value == default else "(set)"
+        rows.append({"field": f.name, "variable": ENV_PREFIX + f.name.upper(), "default": _show(default),
+                     "value": shown, "meaning": docs[f.name]})
+    return rows
+
+
+def _show(value) -> str:
+    return "" if value is None else str(value)
+
+
+def run_settings(args, settings: Settings) -> int:
+    rows = settings_rows(settings)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(160, Console().width))
+    table = Table(title="voicebus settings (set each with its environment variable)", show_lines=True)
+    table.add_column("variable", no_wrap=True)
+    for column in ("default", "value"):
+        table.add_column(column, overflow="fold", max_width=30)
+    table.add_column("meaning", overflow="fold")
+    for row in rows:
+        changed = row["value"] != row["default"]
+        table.add_row(row["variable"], row["default"], f"[bold]{row['value']}[/]" if changed else row["value"],
+                      row["meaning"])
+    console.print(table)
+    return 0

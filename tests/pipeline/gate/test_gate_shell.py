@@ -1,0 +1,402 @@
+"""The gate's aiokafka shell through the real broker, workers run in this process:
+
+- a rebalance in the middle of turns with held evidence (issue 9.6): two workers, every sentence
+  released exactly once, nothing sent by the old owner for a partition after its revoke, the
+  changelog holds the new owner's state;
+- a restart with a backlog (issue 9.5): events sent before the restarted worker is ready are
+  processed (50 runs: ``pytest -m soak -k restarted``; the default run takes 3);
+- new agents at no cost (issue 16): a registered topic is read without a rebalance, an
+  unregistered one is found by the listing, a topic that cannot be co-partitioned is refused;
+- start in any order (16.3): a worker on a bare broker creates what it uses, no error loop;
+- a record on the wrong partition for its session is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import TopicPartition
+
+from agents.sdk import Publisher
+from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
+from pipeline.codecs import Codec
+from pipeline.gate.app import POSITIONS_KEY, GateStartError, GateWorker
+from pipeline.topics import session_key, text_topic
+from tests.pipeline.gate.test_core import Turn, cancel
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+async def workers():
+    """Start gate workers in this process; every one still running is stopped at the end."""
+    started: list[GateWorker] = []
+
+    async def start(settings, *, wait=True, **options) -> GateWorker:
+        """A started worker; with ``wait=False`` one whose start runs as ``worker.starting``."""
+        worker = GateWorker(settings, **options)
+        started.append(worker)
+        if wait:
+            await worker.start()
+        else:
+            worker.starting = asyncio.create_task(worker.start())
+        return worker
+
+    yield start
+    for worker in started:
+        starting = getattr(worker, "starting", None)
+        if starting is not None and not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        await worker.stop()
+
+
+class Requests:
+    """Every synthesis request on the topic, read from the beginning by a consumer of its own."""
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.codec = Codec()
+        self.got: list[dict] = []
+        self.consumer = make_consumer(settings, settings.synthesis_topic, auto_offset_reset="earliest")
+
+    async def __aenter__(self):
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.consumer.stop()
+
+    async def poll(self) -> list[dict]:
+        for records in (await self.consumer.getmany(timeout_ms=100)).values():
+            self.got.extend(self.codec.decode(r.value, expect="SynthesisRequest").value for r in records)
+        return self.got
+
+    async def until(self, done, what, timeout_s=60.0) -> list[dict]:
+        async def probe():
+            return done(await self.poll())
+        await eventually(probe, timeout_s=timeout_s, what=what)
+        return self.got
+
+    def of(self, session):
+        return [(r["turn_id"], r["sentence_seq"], r["text"], r["is_last_in_turn"]) for r in self.got
+                if r["session_id"] == session]
+
+
+async def send(settings, agent, events):
+    codec = Codec()
+    async with make_producer(settings) as producer:
+        for event in events:
+            if "action" in event:
+                await publish(producer, codec, settings.control_topic, "ControlEvent", event)
+            else:
+                await publish(producer, codec, text_topic(settings, agent), "TextEvent", event)
+
+
+def ended(n):
+    return lambda got: sum(r["is_last_in_turn"] for r in got) >= n
+
+
+def partition_of(settings, session):
+    from aiokafka.partitioner import DefaultPartitioner
+
+    n = settings.partitions
+    return DefaultPartitioner()(session_key(session), list(range(n)), list(range(n)))
+
+
+class OutputLog:
+    """Spy on one worker: its sends, revocations and assignments, in order."""
+
+    def __init__(self, worker: GateWorker):
+        self.events: list[tuple[str, object]] = []
+        send_retrying, revoke, assign = worker._send_retrying, worker._revoke, worker._assign
+
+        async def logged_send(partition, records):
+            self.events.append(("send", partition))
+            return await send_retrying(partition, records)
+
+        async def logged_revoke(partitions):
+            await revoke(partitions)
+            self.events.append(("revoked", set(partitions)))
+
+        async def logged_assign(partitions):
+            self.events.append(("assigning", set(partitions)))  # owned again from here on
+            await assign(partitions)
+
+        worker._send_retrying = logged_send
+        worker._revoke = logged_revoke
+        worker._assign = logged_assign
+
+    def sends_after_revoke(self) -> list[int]:
+        revoked: set[int] = set()
+        bad = []
+        for kind, what in self.events:
+            if kind == "revoked":
+                revoked |= what
+            elif kind == "assigning":
+                revoked -= what
+            elif what in revoked:
+                bad.append(what)
+        return bad
+
+
+async def changelog_states(settings) -> dict[str, dict | None]:
+    """The last changelog record of every session key (None: a tombstone)."""
+    consumer = make_consumer(settings, settings.gate_changelog_topic, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(settings.gate_changelog_topic, p) for p in range(settings.partitions)]
+        ends = await consumer.end_offsets(tps)
+        states: dict[str, dict | None] = {}
+
+        async def read_all():
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                for r in records:
+                    if r.key != POSITIONS_KEY:
+                        states[r.key.decode()] = json.loads(r.value) if r.value else None
+            return all([await consumer.position(tp) >= ends[tp] for tp in tps])
+
+        await eventually(read_all, timeout_s=30, what="changelog read to its end")
+        return states
+    finally:
+        await consumer.stop()
+
+
+async def test_a_rebalance_mid_turn_releases_every_sentence_exactly_once(make_settings, workers):
+    settings = make_settings(partitions=4, hold_timeout_s=5.0, hold_timeout_policy="release")
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm"), text_topic(settings, "retriever")])
+    first = await workers(settings, session_timeout_s=6)
+    log_first = OutputLog(first)
+    await eventually(lambda: first._owned == {0, 1, 2, 3}, what="the first worker owns every partition")
+
+    sessions = [f"rb{i}" for i in range(8)]
+    assert len({partition_of(settings, s) for s in sessions}) >= 3
+    turns = {s: Turn(session=s) for s in sessions}
+    async with Requests(settings) as requests:
+        await send(settings, "llm", [e for s in sessions for e in
+                                     turns[s].tokens("Before the claim. ") + [turns[s].pending("c")]
+                                     + turns[s].tokens("Held one. Held two. ")])
+        await requests.until(lambda got: len(got) >= len(sessions), "every first sentence")
+
+        # A second worker joins while every turn holds two sentences behind its pending claim.
+        second = await workers(settings, session_timeout_s=6)
+        await eventually(lambda: first._owned and second._owned and len(first._owned | second._owned) == 4
+                         and not first._owned & second._owned, timeout_s=60, what="the partitions split")
+        moved = {0, 1, 2, 3} - first._owned
+        assert moved, "no partition moved to the second worker"
+        assert all(s not in first._sessions for s in sessions if partition_of(settings, s) in moved)
+
+        # Half the claims resolve; the other half time out (the new owner's timer releases them).
+        ready = sessions[::2]
+        await send(settings, "retriever", [Turn(session=s, agent="retriever").ready("c") for s in ready])
+        await send(settings, "llm", [e for s in sessions for e in turns[s].tokens("After it. ") + [turns[s].end()]])
+        await requests.until(ended(len(sessions)), "every turn ended", timeout_s=60)
+        # Late duplicates would come from a timer tick of the old owner: give it two.
+        await asyncio.sleep(3 * first.timer_interval_s)
+        await requests.poll()
+
+    for s in sessions:
+        assert requests.of(s) == [("t1", 0, "Before the claim.", False), ("t1", 1, "Held one.", False),
+                                  ("t1", 2, "Held two.", False), ("t1", 3, "After it.", True)], s
+    assert log_first.sends_after_revoke() == []
+    stored = await changelog_states(settings)
+    for s in sessions:
+        owner = first if partition_of(settings, s) in first._owned else second
+        assert stored[s] == json.loads(owner._sessions[s].state), s
+
+
+@pytest.mark.parametrize("run", [pytest.param(i, marks=[pytest.mark.soak] if i >= 3 else [])
+                                 for i in range(50)])
+async def test_a_restarted_worker_processes_what_was_sent_before_it_was_ready(run, make_settings, workers):
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    t = Turn(session=f"restart{run}")
+    async with Requests(settings) as requests:
+        first = await workers(settings)
+        await send(settings, "llm", t.tokens("First sentence is here. Sec"))
+        await requests.until(lambda got: len(got) >= 1, "the first sentence")
+        await first.stop()
+
+        # A backlog while no worker runs, then the probe while the new worker is starting.
+        await send(settings, "llm", t.tokens("ond one follows. Third"))
+        second = await workers(settings, wait=False)
+        await send(settings, "llm", t.tokens(" is the last one.") + [t.end()])
+        probe_sent_before_ready = not second.ready.is_set()
+        await second.starting
+        await requests.until(ended(1), "the turn's end after the restart", timeout_s=60)
+    assert probe_sent_before_ready
+    assert requests.of(t.session) == [("t1", 0, "First sentence is here.", False),
+                                      ("t1", 1, "Second one follows.", False),
+                                      ("t1", 2, "Third is the last one.", True)]
+
+
+async def test_a_registered_agent_is_read_without_a_rebalance(make_settings, workers):
+    settings = make_settings(partitions=2, topic_discovery_interval_s=3600.0)  # registry only
+    gate = await workers(settings)
+    await eventually(lambda: gate._owned == {0, 1}, what="the worker owns both partitions")
+    revoked_before = gate.revoked_partitions
+    async with Requests(settings) as requests:
+        async with Publisher(settings, agent_id="newcomer") as agent:
+            async with agent.turn("joiner") as turn:
+                await turn.token("Hello from a new agent. ")
+                await turn.token("Second sentence.")
+        got = await requests.until(ended(1), "the new agent's turn")
+    assert [r["text"] for r in got] == ["Hello from a new agent.", "Second sentence."]
+    assert text_topic(settings, "newcomer") in gate._text_topics
+    assert gate.revoked_partitions == revoked_before  # nobody waited on a rebalance
+
+
+async def test_unregistered_topics_are_found_by_listing_and_a_wrong_partition_count_is_refused(
+        make_settings, workers):
+    settings = make_settings(partitions=2, topic_discovery_interval_s=0.3)
+    gate = await workers(settings)
+    await eventually(lambda: gate._owned == {0, 1}, what="the worker owns both partitions")
+    odd = text_topic(settings, "odd")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(odd, num_partitions=3, replication_factor=1)])
+    finally:
+        await admin.close()
+    await ensure_topics(settings, [text_topic(settings, "plain")])  # no registry record
+    t = Turn(session="lister", agent="plain")
+    async with Requests(settings) as requests:
+        await send(settings, "plain", t.tokens("Found by listing. ") + [t.end()])
+        got = await requests.until(ended(1), "the unregistered agent's turn")
+    assert [r["text"] for r in got] == ["Found by listing."]
+    await eventually(lambda: odd in gate.refused_topics, what="the 3-partition topic refused")
+    assert odd not in gate._text_topics
+    assert gate.registry.get_sample_value("voicebus_gate_topics_refused_total", {"reason": "partition-count"}) == 1
+
+
+async def test_a_worker_on_a_bare_broker_creates_its_topics_and_logs_no_error_loop(make_settings, workers, caplog):
+    settings = make_settings(partitions=2)
+    caplog.set_level(logging.WARNING)
+    gate = await workers(settings)  # nothing exists yet: no control, synthesis, changelog topic
+    await eventually(lambda: gate._owned == {0, 1}, what="the worker owns both partitions")
+    async with Publisher(settings, agent_id="early") as agent:
+        async with agent.turn("first-session") as turn:
+            await turn.token("The first words. ")
+    async with Requests(settings) as requests:
+        await requests.until(ended(1), "the first turn")
+    # No "Topic ... not found in cluster metadata" loop, no error of the gate's own. (aiokafka may
+    # log a NotLeaderForPartition retry or two while the brand-new topics elect their leaders.)
+    noise = [r.getMessage() for r in caplog.records
+             if "not found" in r.getMessage() or (r.levelno >= logging.ERROR and r.name.startswith("pipeline"))]
+    assert noise == []
+    retries = [r for r in caplog.records if r.name.startswith("aiokafka") and r.levelno >= logging.WARNING]
+    assert len(retries) < 20, [r.getMessage() for r in retries]
+
+
+async def test_a_text_record_on_the_wrong_partition_for_its_session_is_dead_lettered(make_settings, workers):
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    await workers(settings)
+    t = Turn(session="misrouted")
+    wrong = 1 - partition_of(settings, "misrouted")
+    codec = Codec()
+    async with make_producer(settings) as producer:
+        for e in t.tokens("Nobody hears this. ") + [t.end()]:
+            await producer.send_and_wait(text_topic(settings, "llm"), codec.encode("TextEvent", e),
+                                         key=b"misrouted", partition=wrong)
+    dead = make_consumer(settings, settings.deadletter_topic, auto_offset_reset="earliest")
+    await dead.start()
+    try:
+        got: list = []
+
+        async def probe():
+            for records in (await dead.getmany(timeout_ms=200)).values():
+                got.extend(records)
+            return len(got) >= 2
+        await eventually(probe, what="the misrouted records dead-lettered")
+    finally:
+        await dead.stop()
+    assert {dict(r.headers)["voicebus.error.reason"] for r in got} == {b"wrong-partition"}
+
+
+async def test_a_whole_session_cancel_is_resolved_and_published_once(make_settings, workers):
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    await workers(settings)
+    t1, t2 = Turn(turn="t1", session="barge"), Turn(turn="t2", session="barge")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", t1.tokens("Spoken first. ") + [t1.end()] + t2.tokens("Then this. And"))
+        await requests.until(lambda got: len(got) >= 2, "t1 ended and t2's first sentence")
+        await send(settings, "llm", [cancel(session="barge")])
+        await send(settings, "llm", t2.tokens(" never this. ") + [t2.end()])
+        t3 = Turn(turn="t3", session="barge")  # first seen after the cancel: a new turn
+        await send(settings, "llm", t3.tokens("A new turn. ") + [t3.end()])
+        await requests.until(lambda got: any(r["turn_id"] == "t3" and r["is_last_in_turn"] for r in got), "t3")
+    assert [(t, x) for t, _, x, _ in requests.of("barge")] == [
+        ("t1", "Spoken first."), ("t2", "Then this."), ("t3", "A new turn.")]
+    control = make_consumer(settings, settings.control_topic, auto_offset_reset="earliest")
+    await control.start()
+    try:
+        events: list[dict] = []
+
+        async def probe():
+            for records in (await control.getmany(timeout_ms=200)).values():
+                events.extend(Codec().decode(r.value, expect="ControlEvent").value for r in records)
+            return len(events) >= 2
+        await eventually(probe, what="the gate's resolution on the control topic")
+        await asyncio.sleep(0.5)  # a second resolution (the gate answering its own) would be here by now
+        await probe()
+    finally:
+        await control.stop()
+    resolutions = [e for e in events if e["source"] == "gate"]
+    assert len(resolutions) == 1 and resolutions[0]["turn_ids"] == ["t1", "t2"]
+    assert resolutions[0]["turn_id"] is None and resolutions[0]["session_id"] == "barge"
+
+
+async def test_a_bad_event_inside_a_batch_costs_only_itself(make_settings, workers):
+    """The worker applies a fetched batch before it writes anything; an event the core rejects in
+    the middle of a session's batch must not undo the session's events before it."""
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    t = Turn(session="mixed")
+    events = t.tokens("One is here. Two") + [t.pending(None)] + t.tokens(" goes on. ") + [t.end()]
+    codec = Codec()
+    async with make_producer(settings) as producer:  # all queued before the worker starts: one batch
+        for e in events:
+            await producer.send(text_topic(settings, "llm"), codec.encode("TextEvent", e), key=b"mixed")
+        await producer.flush()
+    gate = await workers(settings)
+    async with Requests(settings) as requests:
+        await requests.until(ended(1), "the turn's end")
+    assert requests.of("mixed") == [("t1", 0, "One is here.", False), ("t1", 1, "Two goes on.", True)]
+    assert gate.registry.get_sample_value("voicebus_records_dead_lettered_total",
+                                          {"stage": "gate", "reason": "gate-rejected"}) == 1
+
+
+async def test_an_idle_session_expires_its_open_turn_ends_and_its_state_is_tombstoned(make_settings, workers):
+    settings = make_settings(partitions=1, gate_session_idle_s=1.0)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    gate = await workers(settings)
+    t = Turn(session="left")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", t.tokens("The agent says this. And then it vanishes mid"))
+        await requests.until(ended(1), "the abandoned turn ended by expiry", timeout_s=30)
+    assert requests.of("left") == [("t1", 0, "The agent says this.", False),
+                                   ("t1", 1, "And then it vanishes mid", True)]
+    await eventually(lambda: "left" not in gate._sessions, what="the session dropped from memory")
+    assert (await changelog_states(settings))["left"] is None  # a tombstone: compaction removes it
+
+
+async def test_a_control_topic_that_cannot_be_co_partitioned_stops_the_start(make_settings):
+    settings = make_settings(partitions=2)
+    await ensure_topics(settings.replace(partitions=3), [settings.control_topic])
+    worker = GateWorker(settings)
+    with pytest.raises(GateStartError, match="3 partitions"):
+        await worker.start()
+    assert worker.producer is None and worker.control is None  # everything it started is stopped
