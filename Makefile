@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.voicebus-installed
 
-.PHONY: setup system-deps venv kafka-jars weights demo test bench clean
+.PHONY: setup system-deps venv kafka-jars registry weights demo test bench clean
 
-setup: system-deps venv kafka-jars weights
+setup: system-deps venv kafka-jars registry weights
 
 # Java and Maven (the local Kafka broker and its jars), Debian's chromium (the browser tests
 # drive it headless) and docker-compose (validates docker-compose.yml without an engine).
@@ -31,6 +31,10 @@ $(STAMP): pyproject.toml
 
 kafka-jars: venv
 	$(BIN)/voicebus kafka fetch
+
+# Apicurio Registry (the schema registry of the Confluent framing and its interop test), once, cached
+registry: venv
+	$(BIN)/voicebus registry fetch
 
 weights: venv
 	$(BIN)/voicebus weights prepare

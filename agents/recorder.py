@@ -146,7 +146,7 @@ async def record(
     from aiokafka.admin import AIOKafkaAdminClient
 
     from pipeline.bus import ensure_topics, make_consumer
-    from pipeline.codecs import Codec
+    from pipeline.codecs import codec_for
     from pipeline.shell import RecordPolicy
 
     if duration_s is None and turns is None:
@@ -155,7 +155,7 @@ async def record(
         raise RecordError(f"turns must be >= 1, got {turns}")
     since_us = now_us() if since_us is None else since_us
     await ensure_topics(settings, [settings.control_topic])
-    codec = Codec(max_text_bytes=settings.max_text_bytes)
+    codec = codec_for(settings)
     policy = RecordPolicy("recorder", settings, codec, None, on_error=on_error or _skip_logged)
     pattern = re.compile(recorded_topics_pattern(settings))
     # No consumer group: the recorder assigns partitions itself and keeps its own positions, so an

@@ -26,7 +26,7 @@ import uuid
 from typing import Any, AsyncIterable, Iterable
 
 from pipeline.clock import now_us
-from pipeline.codecs import Codec
+from pipeline.codecs import Codec, codec_for
 from pipeline.settings import Settings
 from pipeline.topics import text_topic
 from schemas import contract
@@ -191,7 +191,7 @@ class Publisher:
         text_topic(settings, agent_id)  # validate early
         self.settings = settings
         self.agent_id = agent_id
-        self.codec = codec or Codec(max_text_bytes=settings.max_text_bytes)
+        self.codec = codec or codec_for(settings)
         self._producer_options = producer_options or {}
         self._producer = None
         self._ready_topics: set[str] = set()
@@ -204,11 +204,12 @@ class Publisher:
         await self.stop()
 
     async def start(self) -> None:
-        from pipeline.bus import ensure_topics, make_producer
+        from pipeline.bus import ensure_topics, make_producer, register_schemas
 
         if self._producer is not None:
             return
         await ensure_topics(self.settings, [self.settings.control_topic])
+        await register_schemas(self.codec, {self.settings.control_topic: "ControlEvent"})
         self._ready_topics.add(self.settings.control_topic)
         producer = make_producer(self.settings, **self._producer_options)
         await producer.start()
@@ -231,7 +232,7 @@ class Publisher:
         publisher). Call it before the clock matters: on a new topic this takes a few
         hundred milliseconds (creation, leader election) that would otherwise delay the first
         token and everything queued behind it."""
-        from pipeline.bus import ensure_topics
+        from pipeline.bus import ensure_topics, register_schemas
         from pipeline.shell import register_topic
 
         topic = text_topic(self.settings, agent_id)
@@ -240,6 +241,7 @@ class Publisher:
             producer = self._require_producer()
             partitions = await producer.partitions_for(topic)
             await _wait_until_partitions_lead(self.settings, topic, partitions)
+            await register_schemas(self.codec, {topic: "TextEvent"})
             # The gate follows the agent registry: it reads the new topic within milliseconds
             # instead of finding it by its periodic listing (docs/gate.md, "New agents").
             await register_topic(producer, self.settings, agent_id, topic)
@@ -262,7 +264,7 @@ class Publisher:
     async def _send(self, producer, topic: str, message_type: str, value: dict[str, Any], wait: bool):
         from pipeline.topics import session_key
 
-        data = self.codec.encode(message_type, value)
+        data = self.codec.encode(message_type, value, topic)
         if wait:
             return await producer.send_and_wait(topic, data, key=session_key(value["session_id"]))
         return await producer.send(topic, data, key=session_key(value["session_id"]))

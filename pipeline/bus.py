@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
                              TopicAlreadyExistsError)
 
-from pipeline.codecs import Codec, CodecError, Decoded, deadletter_headers
+from pipeline.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
 from pipeline.settings import Settings
 from pipeline.topics import Durability, durability, fixed_topics, session_key, topic_configs
 
@@ -128,6 +128,16 @@ async def _ensure_topics_once(settings: Settings, names: list[str], partitions: 
         await admin.close()
 
 
+async def register_schemas(codec: Codec, topics: Mapping[str, str]) -> None:
+    """With Confluent framing, register each topic's schema (``{topic: message type}``) now,
+    off the event loop, so the first record a stage writes does not wait for the registry.
+    A no-op in single-object framing."""
+    if codec.framing != CONFLUENT:
+        return
+    for topic, message_type in topics.items():
+        await asyncio.to_thread(codec.register, topic, message_type)
+
+
 async def _wait_until_described(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float = 15.0) -> None:
     """Until the metadata of just-created topics names a leader for every partition, so callers
     (and a stage starting before anyone else) do not begin with "unknown topic" retries."""
@@ -155,7 +165,7 @@ async def cluster_durability(settings: Settings, admin: AIOKafkaAdminClient) -> 
 
 async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any]) -> None:
     """Encode `value` and send it keyed by its session id; returns once the broker acked."""
-    await producer.send_and_wait(topic, codec.encode(message_type, value), key=session_key(value["session_id"]))
+    await producer.send_and_wait(topic, codec.encode(message_type, value, topic), key=session_key(value["session_id"]))
 
 
 async def dead_letter(producer: AIOKafkaProducer, settings: Settings, record: Any, error: Exception) -> None:

@@ -8,13 +8,17 @@ those functions, so `voicebus --help` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
+import warnings
+from typing import Iterator
 
 from pipeline.settings import Settings, SettingsError
 
 SUBCOMMAND_MODULES = [
-    "pipeline.broker",  # kafka start|status|stop
+    "pipeline.broker",  # kafka fetch|start|status|stop
+    "pipeline.registry_server",  # registry fetch|start|status|stop|register
     "pipeline.topics_cli",  # topics
     "pipeline.settings_cli",  # settings
     "pipeline.gate.cli",  # segment, gate
@@ -24,6 +28,29 @@ SUBCOMMAND_MODULES = [
     "pipeline.demo",  # demo
     "pipeline.bench.cli",  # bench bus|segment|synth|edge|ttfa
 ]
+
+
+# Warnings that torch and kokoro print on every run of `synth` and the worker, about their own
+# code, that a user of voicebus can do nothing about. Matched by category, message and the
+# module that warns, so a new warning (or one about our code) still shows. Only `main` (the
+# console entry) applies them, inside `warnings.catch_warnings`, so nothing leaks into a test
+# or a library caller.
+KNOWN_THIRD_PARTY_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (UserWarning, r"dropout option adds dropout after all but last recurrent layer", r"torch\."),
+    (FutureWarning, r"`torch\.nn\.utils\.weight_norm` is deprecated", r"torch\."),
+    (FutureWarning, r"`torch\.jit\.script` is deprecated", r"torch\."),
+)
+
+
+@contextlib.contextmanager
+def quiet_third_party_warnings(show: bool = False) -> Iterator[None]:
+    """Hide `KNOWN_THIRD_PARTY_WARNINGS` while a user-facing command runs (restored after);
+    ``VOICEBUS_SHOW_LIBRARY_WARNINGS=1`` shows them again."""
+    with warnings.catch_warnings():
+        if not show:
+            for category, message, module in KNOWN_THIRD_PARTY_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category, module=module)
+        yield
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,5 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"voicebus: {exc}", file=sys.stderr)
         return 2
-    result = args.func(args, settings)
+    with quiet_third_party_warnings(settings.show_library_warnings):
+        result = args.func(args, settings)
     return int(result or 0)

@@ -1,10 +1,26 @@
-"""Avro single-object encoding of every voicebus message, and the typed errors of bad input.
+"""The wire format of every voicebus message (Avro, in one of two framings), and the typed errors
+of bad input.
 
-A message on the bus is, as the Avro specification defines single-object encoding:
+A message on the bus is framed one of two ways (`Settings.wire_format` chooses what a writer
+produces; a reader always accepts both, byte 0 tells them apart, so a topic can migrate from one
+to the other without a stop):
 
-    C3 01 | CRC-64-AVRO fingerprint of the writer schema (8 bytes, little-endian) | Avro binary body
+* ``single-object`` (the default, no registry needed), as the Avro specification defines it:
 
-so any Avro implementation can read it. The codec knows every current schema in `schemas/` and
+      C3 01 | CRC-64-AVRO fingerprint of the writer schema (8 bytes, little-endian) | Avro binary body
+
+* ``confluent``, what Kafka Connect, ksqlDB, Flink and the Confluent clients read:
+
+      00 | schema id in the registry (4 bytes, big-endian) | Avro binary body
+
+  The schema ids come from a Confluent-compatible schema registry (`pipeline.registry`, given to
+  the codec; `codec_for(settings)` builds it from ``VOICEBUS_REGISTRY_URL``). A writer registers
+  the current ``.avsc`` of a topic's message type under the subject ``<topic>-value``
+  (TopicNameStrategy) with compatibility BACKWARD the first time it writes to that topic (or
+  when `register` is called at start); a reader resolves an id it has not seen through the
+  registry once and caches it.
+
+Either way any Avro implementation can read it. The codec knows every current schema in `schemas/` and
 every older writer schema in `schemas/history/`; it decodes a record written with any of them by
 fingerprint and resolves it to the current reader schema (schema evolution: additive changes with
 defaults). Every message is also checked against the rules Avro cannot express
@@ -16,17 +32,31 @@ the dead-letter headers use.
 from __future__ import annotations
 
 import io
+import json
+import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
-from fastavro.schema import fingerprint, to_parsing_canonical_form
+from fastavro.read import SchemaResolutionError
+from fastavro.schema import SchemaParseException, fingerprint, to_parsing_canonical_form
 
 import schemas
 from schemas import contract
 
+if TYPE_CHECKING:
+    from pipeline.registry import SchemaRegistry
+    from pipeline.settings import Settings
+
 MAGIC = b"\xc3\x01"
 HEADER_LEN = len(MAGIC) + 8
+CONFLUENT_MAGIC = b"\x00"
+CONFLUENT_HEADER_LEN = 1 + 4
+
+SINGLE_OBJECT = "single-object"
+CONFLUENT = "confluent"
+WIRE_FORMATS = (SINGLE_OBJECT, CONFLUENT)
+_MAX_MISSING_IDS = 1024  # ids the registry said it does not know, remembered so bad records don't hammer it
 
 
 class CodecError(ValueError):
@@ -41,6 +71,20 @@ class MalformedRecord(CodecError):
 
 class UnknownFingerprint(CodecError):
     reason = "unknown-fingerprint"
+
+
+class UnknownSchemaId(CodecError):
+    """A Confluent-framed record names a schema id the registry does not know (or no registry
+    is configured to ask)."""
+
+    reason = "unknown-schema-id"
+
+
+class RegistryUnavailable(CodecError):
+    """The schema registry could not be asked (down, refused, timed out): the record itself may
+    be fine, so the dead letter says so and it can be replayed once the registry is back."""
+
+    reason = "registry-unavailable"
 
 
 class InvalidText(CodecError):
@@ -83,26 +127,46 @@ class Decoded:
     value: dict
     fingerprint: bytes
     older_writer: bool
+    schema_id: int | None = None  # the registry id of a Confluent-framed record; None: single-object
 
 
 class Codec:
-    """Encodes and decodes voicebus messages. Immutable once built; share one per process."""
+    """Encodes and decodes voicebus messages; share one per process.
+
+    Its schemas are fixed once built; with a `registry` it also keeps the schema ids it
+    registered or resolved (caches only grow, and are safe to share between tasks).
+    """
 
     def __init__(
         self,
         current: Mapping[str, Mapping[str, Any]] | None = None,
         history: Iterable[Mapping[str, Any]] | None = None,
         max_text_bytes: int = contract.LIMITS.max_text_bytes,
+        *,
+        framing: str = SINGLE_OBJECT,
+        registry: "SchemaRegistry | None" = None,
     ) -> None:
+        if framing not in WIRE_FORMATS:
+            raise ValueError(f"wire format {framing!r} is not one of {', '.join(WIRE_FORMATS)}")
+        if framing == CONFLUENT and registry is None:
+            raise ValueError("the confluent wire format needs a schema registry")
         current = dict(current) if current is not None else {n: schemas.load(n) for n in schemas.CURRENT}
         history = list(history) if history is not None else schemas.load_history()
         self._max_text_bytes = max_text_bytes
+        self.framing = framing
+        self.registry = registry
+        self._raw: dict[str, Mapping[str, Any]] = {}
         self._readers: dict[str, Any] = {}
         self._writer_fp: dict[str, bytes] = {}
         self._by_fp: dict[bytes, _Known] = {}
+        self._by_id: dict[int, _Known] = {}
+        self._id_fp: dict[int, bytes] = {}
+        self._topic_ids: dict[tuple[str, str], int] = {}
+        self._missing_ids: set[int] = set()
         for name, raw in current.items():
             parsed = parse_schema(dict(raw), named_schemas={})
             fp = schema_fingerprint(raw)
+            self._raw[name] = raw
             self._readers[name] = parsed
             self._writer_fp[name] = fp
             self._by_fp[fp] = _Known(name, parsed, True)
@@ -119,15 +183,47 @@ class Codec:
     def fingerprint_of(self, message_type: str) -> bytes:
         return self._writer_fp[message_type]
 
-    def encode(self, message_type: str, value: Mapping[str, Any]) -> bytes:
-        """Single-object encoding of `value` with the current schema of `message_type`."""
+    def register(self, topic: str, message_type: str) -> int:
+        """Register the current schema of `message_type` for `topic` (subject ``<topic>-value``,
+        compatibility BACKWARD) and return its id; cached, so only the first call per topic
+        asks the registry. Call it at start (off the event loop) for the topics a process
+        writes; `encode` calls it on a topic's first record otherwise."""
+        from pipeline.registry import RegistryError, subject_for
+
+        key = (topic, message_type)
+        schema_id = self._topic_ids.get(key)
+        if schema_id is not None:
+            return schema_id
+        if message_type not in self._readers:
+            raise WrongMessageType(f"no schema for message type {message_type!r}")
+        if self.registry is None:
+            raise UnknownSchemaId(f"no schema registry configured to register {message_type} for {topic}")
+        try:
+            schema_id = self.registry.register(subject_for(topic), self._raw[message_type])
+        except RegistryError as exc:
+            raise RegistryUnavailable(f"registering {message_type} as {subject_for(topic)}: {exc}") from exc
+        self._by_id.setdefault(schema_id, self._by_fp[self._writer_fp[message_type]])
+        self._id_fp.setdefault(schema_id, self._writer_fp[message_type])
+        self._topic_ids[key] = schema_id
+        return schema_id
+
+    def encode(self, message_type: str, value: Mapping[str, Any], topic: str | None = None) -> bytes:
+        """`value` encoded with the current schema of `message_type`, framed as this codec's
+        wire format says. The Confluent framing needs the `topic` (its subject names the
+        schema id); single-object encoding ignores it."""
         try:
             schema = self._readers[message_type]
         except KeyError:
             raise WrongMessageType(f"no schema for message type {message_type!r}") from None
         buf = io.BytesIO()
-        buf.write(MAGIC)
-        buf.write(self._writer_fp[message_type])
+        if self.framing == CONFLUENT:
+            if topic is None:
+                raise WrongMessageType(f"confluent framing needs the topic {message_type} is written to")
+            buf.write(CONFLUENT_MAGIC)
+            buf.write(struct.pack(">I", self.register(topic, message_type)))
+        else:
+            buf.write(MAGIC)
+            buf.write(self._writer_fp[message_type])
         try:
             schemaless_writer(buf, schema, dict(value))
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
@@ -136,35 +232,88 @@ class Codec:
         return buf.getvalue()
 
     def decode(self, data: bytes, expect: str | None = None) -> Decoded:
-        """Decode one single-object-encoded record; `expect` names the type the caller wants."""
+        """Decode one record in either framing (byte 0 says which); `expect` names the type the
+        caller wants. The value is resolved to the current schema of its type."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise MalformedRecord(f"expected bytes, got {type(data).__name__}")
         data = bytes(data)
-        if len(data) < HEADER_LEN or data[:2] != MAGIC:
+        schema_id: int | None = None
+        if len(data) >= HEADER_LEN and data[:2] == MAGIC:
+            header_len = HEADER_LEN
+            fp = data[2:HEADER_LEN]
+            known = self._by_fp.get(fp)
+            if known is None:
+                raise UnknownFingerprint(f"unknown writer schema fingerprint {fp.hex()}")
+        elif len(data) >= CONFLUENT_HEADER_LEN and data[:1] == CONFLUENT_MAGIC:
+            header_len = CONFLUENT_HEADER_LEN
+            (schema_id,) = struct.unpack(">I", data[1:CONFLUENT_HEADER_LEN])
+            known = self._known_by_id(schema_id)
+            fp = self._id_fp[schema_id]
+        else:
             raise MalformedRecord(
-                f"not Avro single-object encoding: {len(data)} bytes, starts {data[:4].hex() or 'empty'}"
+                f"neither Avro single-object encoding nor Confluent framing: {len(data)} bytes, "
+                f"starts {data[:4].hex() or 'empty'}"
             )
-        fp = data[2:HEADER_LEN]
-        known = self._by_fp.get(fp)
-        if known is None:
-            raise UnknownFingerprint(f"unknown writer schema fingerprint {fp.hex()}")
         if expect is not None and known.name != expect:
             raise WrongMessageType(f"expected {expect}, got {known.name}")
-        body = io.BytesIO(data[HEADER_LEN:])
+        body = io.BytesIO(data[header_len:])
         try:
             value = schemaless_reader(
                 body, known.parsed, None if known.current else self._readers[known.name]
             )
         except UnicodeDecodeError as exc:
             raise InvalidText(f"{known.name}: a string field is not valid UTF-8 ({exc.reason})") from exc
-        except (EOFError, ValueError, TypeError, IndexError, KeyError, OverflowError, StopIteration) as exc:
+        except (EOFError, ValueError, TypeError, IndexError, KeyError, OverflowError, StopIteration,
+                SchemaResolutionError) as exc:
             raise MalformedRecord(f"{known.name}: body does not match its schema: {exc!r}") from exc
-        if body.tell() != len(data) - HEADER_LEN:
+        if body.tell() != len(data) - header_len:
             raise MalformedRecord(
-                f"{known.name}: {len(data) - HEADER_LEN - body.tell()} trailing bytes after the record"
+                f"{known.name}: {len(data) - header_len - body.tell()} trailing bytes after the record"
             )
         self._check(known.name, value)
-        return Decoded(known.name, value, fp, not known.current)
+        return Decoded(known.name, value, fp, not known.current, schema_id)
+
+    def _known_by_id(self, schema_id: int) -> _Known:
+        """The writer schema registered as `schema_id`: from the cache, else from the registry
+        (once). A schema we already know by fingerprint is reused as is; another one must be a
+        record of one of our message types, and is resolved to its current schema on read."""
+        from pipeline.registry import RegistryError, SchemaNotFound
+
+        known = self._by_id.get(schema_id)
+        if known is not None:
+            return known
+        if self.registry is None:
+            raise UnknownSchemaId(
+                f"Confluent-framed record with schema id {schema_id}, and no schema registry configured "
+                "(VOICEBUS_REGISTRY_URL)"
+            )
+        if schema_id in self._missing_ids:
+            raise UnknownSchemaId(f"the schema registry has no schema id {schema_id}")
+        try:
+            text = self.registry.schema_by_id(schema_id)
+        except SchemaNotFound as exc:
+            if len(self._missing_ids) < _MAX_MISSING_IDS:
+                self._missing_ids.add(schema_id)
+            raise UnknownSchemaId(f"the schema registry has no schema id {schema_id}") from exc
+        except RegistryError as exc:
+            raise RegistryUnavailable(f"resolving schema id {schema_id}: {exc}") from exc
+        try:
+            raw = json.loads(text)
+            fp = schema_fingerprint(raw)
+            known = self._by_fp.get(fp)
+            if known is None:
+                name = raw["name"].rsplit(".", 1)[-1] if isinstance(raw, dict) and raw.get("type") == "record" else None
+                if name not in self._readers:
+                    raise WrongMessageType(f"schema id {schema_id} is {raw.get('name') if isinstance(raw, dict) else raw!r}, "
+                                           f"not one of {', '.join(self.types)}")
+                known = _Known(name, parse_schema(dict(raw), named_schemas={}), False)
+        except (ValueError, KeyError, TypeError, SchemaParseException) as exc:
+            if isinstance(exc, CodecError):
+                raise
+            raise UnknownSchemaId(f"schema id {schema_id} is not an Avro schema we can read: {exc}") from exc
+        self._by_id[schema_id] = known
+        self._id_fp[schema_id] = fp
+        return known
 
     def _check(self, message_type: str, value: Mapping[str, Any]) -> None:
         problems = contract.violations(message_type, value)
@@ -175,6 +324,26 @@ class Codec:
             raise OversizedText(
                 f"text field is {len(text.encode('utf-8', 'surrogatepass'))} bytes, limit {self._max_text_bytes}"
             )
+
+
+def codec_for(settings: "Settings") -> Codec:
+    """The codec a stage uses: the wire format and registry its settings name. A registry is
+    attached whenever ``VOICEBUS_REGISTRY_URL`` is set (so a single-object writer still reads
+    Confluent-framed records); the confluent format requires one. Nothing here touches the
+    network."""
+    from pipeline.registry import SchemaRegistry
+    from pipeline.settings import SettingsError
+
+    if settings.wire_format not in WIRE_FORMATS:
+        raise SettingsError(f"VOICEBUS_WIRE_FORMAT={settings.wire_format!r}: one of {', '.join(WIRE_FORMATS)}")
+    if settings.wire_format == CONFLUENT and not settings.registry_url:
+        raise SettingsError("VOICEBUS_WIRE_FORMAT=confluent needs VOICEBUS_REGISTRY_URL (a Confluent-compatible "
+                            "schema registry, e.g. the one `voicebus registry start` prints)")
+    try:
+        registry = SchemaRegistry(settings.registry_url, settings.registry_timeout_s) if settings.registry_url else None
+    except ValueError as exc:
+        raise SettingsError(f"VOICEBUS_REGISTRY_URL: {exc}") from None
+    return Codec(max_text_bytes=settings.max_text_bytes, framing=settings.wire_format, registry=registry)
 
 
 def deadletter_headers(error: CodecError | Exception, source_topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:

@@ -69,6 +69,21 @@ class Settings:
     returns as soon as a record is appended) but each expiry is a round trip: 5 ms made every idle
     consumer cost the broker and the client CPU that the model needs (docs/benchmarks.md)."""
 
+    show_library_warnings: bool = False
+    """Show the known torch/kokoro warnings that the CLI hides (pipeline/cli.py)."""
+
+    # --- wire format and schema registry (docs/kafka.md) -----------------------------------
+    wire_format: str = "single-object"
+    """What writers produce: ``single-object`` (Avro single-object encoding, no registry) or
+    ``confluent`` (byte 0, a 4-byte schema id, the body: what Kafka Connect, ksqlDB and the
+    Confluent clients read; needs ``registry_url``). Readers accept both either way."""
+    registry_url: str = ""
+    """A Confluent-compatible schema registry API, e.g.
+    ``http://127.0.0.1:8081/apis/ccompat/v7`` (Apicurio; `voicebus registry start` prints it).
+    Empty: none; a Confluent-framed record then dead-letters as ``unknown-schema-id``."""
+    registry_timeout_s: float = 5.0
+    """How long one registry request may take (registering a schema, resolving an id)."""
+
     # --- local broker (voicebus kafka start|status|stop) -----------------------------------
     cache_dir: Path = field(default_factory=_default_cache_dir)
     """Kafka jars, local broker data and Kokoro weights (default ``$XDG_CACHE_HOME/voicebus``)."""
@@ -79,6 +94,12 @@ class Settings:
     to ``bootstrap``, which does not follow this port: set ``VOICEBUS_BOOTSTRAP`` to match."""
     kafka_controller_port: int = 9093
     """The local broker's KRaft controller port (`voicebus kafka start --controller-port`)."""
+
+    # --- local schema registry (voicebus registry fetch|start|status|stop) -----------------
+    registry_version: str = "3.3.3"
+    """Apicurio Registry version fetched from Maven Central (needs a Java 21+ runtime)."""
+    registry_port: int = 8081
+    """Loopback port of the local registry's API (its management port is picked free at start)."""
 
     # --- gate ----------------------------------------------------------------------------------
     gate_app_id: str = "voicebus-gate"
@@ -230,6 +251,10 @@ class Settings:
     @property
     def kafka_dir(self) -> Path:
         return self.cache_dir / "kafka"
+
+    @property
+    def registry_dir(self) -> Path:
+        return self.cache_dir / "registry"
 
     @property
     def weights_cache_dir(self) -> Path:

@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator
 from aiohttp import WSMsgType, web
 
 from pipeline.clock import now_us
-from pipeline.codecs import Codec
+from pipeline.codecs import codec_for
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from players import protocol
@@ -136,7 +136,7 @@ class KafkaLink:
 
     def __init__(self, settings: Settings, router: SessionRouter, metrics: EdgeMetrics) -> None:
         self.settings, self.router, self.metrics = settings, router, metrics
-        self.codec = Codec(max_text_bytes=settings.max_text_bytes)
+        self.codec = codec_for(settings)
         self.producer: Any = None
         self.consumer: Any = None
         self.policy: RecordPolicy | None = None

@@ -10,11 +10,16 @@ settings pointed at it.
   combined broker + controller nodes, a 3-voter quorum) on free loopback ports, started lazily
   like `kafka_broker`, only by the tests that ask for it. A test that kills or restarts a node
   must leave the cluster as it found it (`kafka_cluster.restart(n)`, `wait_in_sync()`).
+* `schema_registry` (session): a real Apicurio Registry (`pipeline.registry_server.LocalRegistry`,
+  in-memory storage) on a free loopback port, from the shared cache
+  (``<cache_dir>/registry/apicurio-<version>``, fetched once per machine). Like the broker it
+  starts only when a test asks for it (`registry_url`), and a failure to start FAILS the
+  test with the registry log's tail.
 * `make_settings(**overrides)` / `make_cluster_settings(**overrides)`: factories returning
   `Settings` pointed at the broker / the cluster, with topic names, app ids and a cache dir
   unique to each call, so tests sharing a broker never see each other's messages.
 
-Mark tests that use them ``@pytest.mark.kafka``.
+Mark tests that use them ``@pytest.mark.kafka`` (and ``@pytest.mark.registry`` for the registry).
 
 Tests marked ``soak`` (long loops that show a race is gone) are left out unless the ``-m``
 expression names them: ``pytest -m soak tests/...`` runs them.
@@ -30,6 +35,8 @@ import pytest
 
 from pipeline.broker import (QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster, LocalKafka, fetch_jars,
                              free_port)
+from pipeline.registry_server import QUICK_START_JVM_OPTIONS as REGISTRY_QUICK_START
+from pipeline.registry_server import LocalRegistry, RegistryServerError, fetch_registry
 from pipeline.settings import Settings
 
 CLUSTER_NODES = 3
@@ -69,6 +76,32 @@ def kafka_broker(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory):
+    shared = Settings.from_env()  # where the machine's registry cache is, and which version
+    try:
+        app = fetch_registry(shared.registry_dir, shared.registry_version)
+    except RegistryServerError as exc:
+        pytest.fail(f"could not fetch Apicurio Registry: {exc}", pytrace=False)
+    registry = LocalRegistry(tmp_path_factory.mktemp("registry"), app, port=free_port(),
+                             jvm_options=REGISTRY_QUICK_START, die_with_parent=True)
+    try:
+        registry.start(timeout=180)
+    except RegistryServerError as exc:
+        registry.stop()
+        pytest.fail(f"the test session's schema registry did not start: {exc}", pytrace=False)
+    try:
+        yield registry
+    finally:
+        registry.stop()
+
+
+@pytest.fixture
+def registry_url(schema_registry: LocalRegistry) -> str:
+    """The Confluent-compatible API of the session's registry (``VOICEBUS_REGISTRY_URL``)."""
+    return schema_registry.url
 
 
 @pytest.fixture(scope="session")

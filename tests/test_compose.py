@@ -116,6 +116,16 @@ def test_worker_reserves_an_nvidia_gpu(compose):
     assert any(d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices)
 
 
+def test_the_registry_is_apicurio_at_our_version_and_every_stage_can_resolve_ids(compose):
+    registry = compose["services"]["registry"]
+    assert registry["image"] == f"apicurio/apicurio-registry:{Settings().registry_version}"
+    for name in VOICEBUS_SERVICES:
+        settings = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
+        assert settings.registry_url == "http://registry:8080/apis/ccompat/v7"
+        assert settings.wire_format == "single-object"
+        assert "registry" in compose["services"][name]["depends_on"]
+
+
 def test_replication_fits_the_compose_kafka_and_matches_the_local_broker(compose):
     kafka_nodes = [s for s in compose["services"].values() if str(s.get("image", "")).startswith("apache/kafka:")]
     assert len(kafka_nodes) == 1

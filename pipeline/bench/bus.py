@@ -57,12 +57,12 @@ async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: in
 
     from pipeline.bus import ensure_topics, make_consumer, make_producer
     from pipeline.clock import now_us
-    from pipeline.codecs import Codec
+    from pipeline.codecs import codec_for
     from pipeline.topics import session_key
 
     topic = f"voicebus.bench.bus.{uuid.uuid4().hex[:8]}"
     await ensure_topics(settings, [topic], partitions=1)  # replicated as the pipeline's topics are
-    codec = Codec(max_text_bytes=settings.max_text_bytes)
+    codec = codec_for(settings)
     consumer = make_consumer(settings)  # no group: assigned directly, no rebalance in the way
     producer = make_producer(settings, **ACKS_OPTIONS[acks])
     latencies_ms: list[float] = []
@@ -77,7 +77,7 @@ async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: in
                 "session_id": "bench", "turn_id": "t1", "agent_id": "bench", "seq": i, "kind": TextEventKind.TOKEN,
                 "text": " word", "claim_id": None, "language": None, "voice": None, "produced_at_us": now_us(),
             }
-            payload = codec.encode("TextEvent", value)
+            payload = codec.encode("TextEvent", value, topic)
             started = time.perf_counter()
             await producer.send(topic, payload, key=session_key("bench"))
             record = await asyncio.wait_for(consumer.getone(tp), 30)

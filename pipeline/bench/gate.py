@@ -112,7 +112,7 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
                 for e in events:
                     e["produced_at_us"] = now_us()
                     sent.append(e["produced_at_us"])
-                    await producer.send_and_wait(text_topic(settings, "bench"), codec.encode("TextEvent", e),
+                    await producer.send_and_wait(text_topic(settings, "bench"), codec.encode("TextEvent", e, text_topic(settings, "bench")),
                                                  key=session_key("bench"))
                     await asyncio.sleep(gap_s)
                 await asyncio.wait_for(task, 60)

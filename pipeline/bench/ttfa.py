@@ -115,12 +115,20 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
                            gate_changelog_topic=f"bench-{tag}-{mode}-gate_sessions-changelog")
         for mode in ("incremental", "buffered")
     }
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     started = time.monotonic()
+    # a bench takes minutes: one bar over every measured step, the per-turn lines scroll above it
+    steps = runs * len(lengths) * 2 + conc_runs * len(concurrency) * 2 + max(2, runs)
+    progress = Progress(TextColumn("bench ttfa"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True)
+    bar = progress.add_task("steps", total=steps)
     browser = _Browser() if getattr(args, "browser", False) else None
     async with PipelineStack(base, engine, lanes, agent_ids=("bench",)) as stack, contextlib.AsyncExitStack() as exit_stack:
         if browser is not None:
             await exit_stack.enter_async_context(browser)
+        exit_stack.enter_context(progress)
         bench = _Bench(stack, args.token_ms, console, browser)
         await bench.warm_up()
         samples: list[dict] = []
@@ -129,12 +137,17 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
                 modes = ("incremental", "buffered") if (run + length) % 2 == 0 else ("buffered", "incremental")
                 for mode in modes:
                     samples += await bench.turns(mode, length, sessions=1, full=False)
+                    progress.advance(bar)
         conc: list[dict] = []
         for run in range(conc_runs):
             for n in concurrency:
                 for mode in ("incremental", "buffered") if run % 2 == 0 else ("buffered", "incremental"):
                     conc += await bench.turns(mode, 4, sessions=n, full=True)
-        cancels = [await bench.cancel_once(7) for _ in range(max(2, runs))]
+                    progress.advance(bar)
+        cancels = []
+        for _ in range(max(2, runs)):
+            cancels.append(await bench.cancel_once(7))
+            progress.advance(bar)
     meta = {
         "runs": runs, "lengths": lengths, "concurrency": concurrency, "token_ms": args.token_ms,
         "engine": "tiny random weights" if args.tiny else "Kokoro-82M", "device": getattr(engine, "device", "?"),

