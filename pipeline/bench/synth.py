@@ -9,8 +9,8 @@ Engine alone, no Kafka. Each repeat runs every variant on every sentence, varian
 - **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/synthesis.md).
 
 Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` is
-the engine's default (only the sounding frames decoded); the others change one runtime option
-of ``after``: torch intra-op threads, ``no_grad`` instead of ``inference_mode``.
+the engine's default (only the sounding frames decoded, 1 torch thread); the others change one
+runtime option: torch intra-op threads, ``no_grad`` instead of ``inference_mode``.
 """
 
 from __future__ import annotations
@@ -37,23 +37,27 @@ def register(bench_subparsers) -> None:
     p.add_argument("--lang", default="en")
     p.add_argument("--voice", default=None)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the main variants (0: torch default)")
-    p.add_argument("--variants", default="before,after,after-1thread,after-no_grad",
-                   help="comma-separated: before, after, after-<N>thread(s), after-no_grad")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: the engine's, 1)")
+    p.add_argument("--variants", default="before,after,after-2threads,after-no_grad",
+                   help="comma-separated: before|after, each optionally -<N>thread(s) and/or -no_grad")
     p.set_defaults(func=run)
 
 
 def _variant(name: str, threads: int) -> dict:
-    """Engine attributes and thread count of a variant name."""
-    if name == "before":
-        return {"decode_sound_only": False, "grad_mode": "inference", "threads": threads}
-    if name == "after":
-        return {"decode_sound_only": True, "grad_mode": "inference", "threads": threads}
-    if name == "after-no_grad":
-        return {"decode_sound_only": True, "grad_mode": "no_grad", "threads": threads}
-    if name.startswith("after-") and name.rstrip("s").endswith("thread"):
-        return {"decode_sound_only": True, "grad_mode": "inference", "threads": int(name[6:].rstrip("s")[: -len("thread")])}
-    raise SystemExit(f"unknown variant {name!r}")
+    """Engine attributes and thread count of a variant name: ``before`` or ``after``, then
+    optionally ``-<N>thread(s)`` and/or ``-no_grad`` (e.g. ``after-1thread-no_grad``)."""
+    base, *options = name.split("-")
+    if base not in {"before", "after"}:
+        raise SystemExit(f"unknown variant {name!r}")
+    variant = {"decode_sound_only": base == "after", "grad_mode": "inference", "threads": threads}
+    for option in options:
+        if option == "no_grad":
+            variant["grad_mode"] = "no_grad"
+        elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
+            variant["threads"] = int(option.rstrip("s")[: -len("thread")])
+        else:
+            raise SystemExit(f"unknown option {option!r} in variant {name!r}")
+    return variant
 
 
 def _measure(engine, text: str, language: str, voice: str) -> tuple[float, float]:
@@ -87,9 +91,9 @@ def run(args, settings) -> int:
 
     import torch
 
-    from pipeline.synthesis.engine import SynthesisEngine
+    from pipeline.synthesis.engine import TORCH_INTRA_OP_THREADS, SynthesisEngine
 
-    default_threads = args.threads or torch.get_num_threads()
+    default_threads = args.threads or TORCH_INTRA_OP_THREADS
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     variants = {name: _variant(name, default_threads) for name in names}
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)

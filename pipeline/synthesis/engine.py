@@ -57,6 +57,12 @@ _CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
 # second between sentences and inside a sentence cut in pieces. `trim_silence` keeps a margin.
 SILENCE_THRESHOLD = 33  # |sample| of PCM16 at -60 dBFS: quieter than any speech onset
 
+# torch intra-op threads of a process that loads the real model. On this project's 2-core
+# machine, shared with the broker, gate, edge and other workers, 2 threads made a forward pass
+# 3-4x *slower* than 1 (OpenMP threads waiting at every op's barrier for a core another process
+# holds): `voicebus bench synth`, docs/benchmarks.md. Parallelism comes from more workers.
+TORCH_INTRA_OP_THREADS = 1
+
 
 class EngineError(RuntimeError):
     """Base class of synthesis engine errors."""
@@ -296,6 +302,7 @@ class SynthesisEngine:
             raise NoVoices(f"no voice packs in {resolved.voices_dir}")
         fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
         torch.set_grad_enabled(False)
+        torch.set_num_threads(TORCH_INTRA_OP_THREADS)
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
