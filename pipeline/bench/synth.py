@@ -1,8 +1,16 @@
-"""`voicebus bench synth`: the engine's real-time factor and time to first audio.
+"""`voicebus bench synth`: the engine's time to first audio and real-time factor, A/B.
 
-Prints medians over repeats for a few sentence lengths, and the ratio of time to first audio
-with long sentences split into pieces (what the engine does) against synthesizing the whole
-sentence in one forward pass. Engine alone, no Kafka.
+Engine alone, no Kafka. Each repeat runs every variant on every sentence, variants interleaved
+(so a busy machine slows them alike), and the figures are medians:
+
+- **model TTFA**: from `SynthesisEngine.stream` called to its first chunk, for the sentence as a
+  turn's opening sentence (first piece cut at the first clause of >= 3 words, as the worker does).
+- **RTF**: synthesis time of the whole sentence over the duration of the audio published.
+- **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/synthesis.md).
+
+Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` is
+the engine's default (only the sounding frames decoded, 1 torch thread); the others change one
+runtime option: torch intra-op threads, ``no_grad`` instead of ``inference_mode``.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import time
 
 SENTENCES = {
     "short": "Sure, I can help with that.",
+    "refund": "Your refund was issued this morning.",
     "medium": "The train to the airport leaves every twenty minutes from the second platform.",
     "long": (
         "When the morning train finally pulled into the station after a long delay, the passengers, "
@@ -19,53 +28,104 @@ SENTENCES = {
     ),
 }
 
+OPENING_CLAUSE_MIN_WORDS = 3  # Settings.opening_clause_min_words' default: what a turn's first sentence gets
+
 
 def register(bench_subparsers) -> None:
-    p = bench_subparsers.add_parser("synth", help="synthesis engine: real-time factor and time to first audio")
+    p = bench_subparsers.add_parser("synth", help="synthesis engine: time to first audio and real-time factor, A/B")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--lang", default="en")
     p.add_argument("--voice", default=None)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: the engine's, 1)")
+    p.add_argument("--variants", default="before,after,after-2threads,after-no_grad",
+                   help="comma-separated: before|after, each optionally -<N>thread(s) and/or -no_grad")
     p.set_defaults(func=run)
 
 
-def _measure(engine, text: str, language: str, voice: str, whole: bool) -> tuple[float, float]:
-    """(time to first audio, real-time factor) of one sentence."""
+def _variant(name: str, threads: int) -> dict:
+    """Engine attributes and thread count of a variant name: ``before`` or ``after``, then
+    optionally ``-<N>thread(s)`` and/or ``-no_grad`` (e.g. ``after-1thread-no_grad``)."""
+    base, *options = name.split("-")
+    if base not in {"before", "after"}:
+        raise SystemExit(f"unknown variant {name!r}")
+    variant = {"decode_sound_only": base == "after", "grad_mode": "inference", "threads": threads}
+    for option in options:
+        if option == "no_grad":
+            variant["grad_mode"] = "no_grad"
+        elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
+            variant["threads"] = int(option.rstrip("s")[: -len("thread")])
+        else:
+            raise SystemExit(f"unknown option {option!r} in variant {name!r}")
+    return variant
+
+
+def _measure(engine, text: str, language: str, voice: str) -> tuple[float, float]:
+    """(time to first audio, real-time factor) of one sentence, as a turn's opening sentence."""
     t0 = time.perf_counter()
     first = None
     samples = 0
-    if whole:
-        for phonemes in engine.phonemize(text, language):
-            pcm = engine.synthesize(phonemes, voice)
-            first = first if first is not None else time.perf_counter() - t0
-            samples += len(pcm) // 2
-    else:
-        for chunk in engine.stream(text, language, voice):
-            first = first if first is not None else time.perf_counter() - t0
-            samples += len(chunk) // 2
+    for chunk in engine.stream(text, language, voice, first_clause_min_words=OPENING_CLAUSE_MIN_WORDS):
+        if first is None:
+            first = time.perf_counter() - t0
+        samples += len(chunk) // 2
     elapsed = time.perf_counter() - t0
-    return first or float("nan"), elapsed / (samples / engine.sample_rate)
+    return first or float("nan"), elapsed / max(1e-9, samples / engine.sample_rate)
+
+
+def _frames_of(engine, text: str, language: str, voice: str) -> tuple[int, int]:
+    """Frames decoded and predicted over all pieces of ``text`` (sound-only decoding)."""
+    from pipeline.synthesis.engine import split_for_early_audio
+
+    decoded = predicted = 0
+    for piece in split_for_early_audio(text, first_clause_min_words=OPENING_CLAUSE_MIN_WORDS):
+        for phonemes in engine.phonemize(piece, language):
+            engine.synthesize(phonemes, voice)
+            d, p = engine.last_decoded_frames or (0, 0)
+            decoded, predicted = decoded + d, predicted + p
+    return decoded, predicted
 
 
 def run(args, settings) -> int:
+    import os
+
     import torch
 
-    from pipeline.synthesis.engine import SynthesisEngine
+    from pipeline.synthesis.engine import TORCH_INTRA_OP_THREADS, SynthesisEngine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = args.threads or TORCH_INTRA_OP_THREADS
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = {name: _variant(name, default_threads) for name in names}
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
+    if args.tiny:
+        engine.silence_margins_ms = (settings.max_lead_silence_ms, settings.max_trail_silence_ms)
     voice = engine.resolve_voice(args.voice or settings.default_voice)
-    _measure(engine, "Warm up.", args.lang, voice, whole=False)  # G2P load, first-call costs
-    print(f"engine: {engine.source} on {engine.device}, voice {voice}, torch threads {torch.get_num_threads()}, repeats {args.repeats}")
-    print(f"{'sentence':<8} {'words':>5} {'ttfa split s':>12} {'ttfa whole s':>12} {'ratio':>6} {'rtf':>6}")
-    for name, text in SENTENCES.items():
-        split = [_measure(engine, text, args.lang, voice, whole=False) for _ in range(args.repeats)]
-        whole = [_measure(engine, text, args.lang, voice, whole=True) for _ in range(args.repeats)]
-        ttfa_split = statistics.median(t for t, _ in split)
-        ttfa_whole = statistics.median(t for t, _ in whole)
-        rtf = statistics.median(r for _, r in split)
-        print(f"{name:<8} {len(text.split()):>5} {ttfa_split:>12.3f} {ttfa_whole:>12.3f} {ttfa_split / ttfa_whole:>6.2f} {rtf:>6.2f}")
-    print("ratio = time to first audio split / whole (lower is better); rtf = synthesis time / audio time")
+    for variant in variants.values():  # warm up each variant: G2P load, first-call costs
+        torch.set_num_threads(variant["threads"])
+        engine.decode_sound_only, engine.grad_mode = variant["decode_sound_only"], variant["grad_mode"]
+        list(engine.stream("Warm up, please.", args.lang, voice))
+
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _ in range(args.repeats):
+        for sentence, text in SENTENCES.items():
+            for name, variant in variants.items():
+                torch.set_num_threads(variant["threads"])
+                engine.decode_sound_only, engine.grad_mode = variant["decode_sound_only"], variant["grad_mode"]
+                ttfa, rtf = _measure(engine, text, args.lang, voice)
+                results.setdefault((name, sentence), []).append((ttfa, rtf))
+
+    engine.decode_sound_only, engine.grad_mode = True, "inference"
+    frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
+    load = os.getloadavg()[0]
+    print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "
+          f"repeats {args.repeats}, variants interleaved")
+    print(f"{'variant':<16} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES) + f" {'ttfa p50':>9} {'rtf p50':>8}")
+    for name, variant in variants.items():
+        cells = [statistics.median(t for t, _ in results[(name, s)]) for s in SENTENCES]
+        all_ttfa = statistics.median(t for s in SENTENCES for t, _ in results[(name, s)])
+        all_rtf = statistics.median(r for s in SENTENCES for _, r in results[(name, s)])
+        print(f"{name:<16} {variant['threads']:>7} " + " ".join(f"{c:>12.3f}" for c in cells) + f" {all_ttfa:>9.3f} {all_rtf:>8.3f}")
+    print("ttfa: seconds from stream() to its first chunk, as a turn's opening sentence; rtf: synthesis time / audio published")
+    print("frames decoded / predicted with sound-only decoding: "
+          + ", ".join(f"{s} {d}/{p} ({1 - d / max(1, p):.0%} skipped)" for s, (d, p) in frames.items()))
     return 0

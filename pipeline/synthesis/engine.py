@@ -48,6 +48,12 @@ _CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
 # second between sentences and inside a sentence cut in pieces. `trim_silence` keeps a margin.
 SILENCE_THRESHOLD = 33  # |sample| of PCM16 at -60 dBFS: quieter than any speech onset
 
+# torch intra-op threads of a process that loads the real model. On this project's 2-core
+# machine, shared with the broker, gate, edge and other workers, 2 threads made a forward pass
+# 3-4x *slower* than 1 (OpenMP threads waiting at every op's barrier for a core another process
+# holds): `voicebus bench synth`, docs/benchmarks.md. Parallelism comes from more workers.
+TORCH_INTRA_OP_THREADS = 1
+
 
 class EngineError(RuntimeError):
     """Base class of synthesis engine errors."""
@@ -213,10 +219,17 @@ def tiny_config() -> dict:
 TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
 
 
-def trim_silence(pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD) -> bytes:
+def trim_silence(
+    pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD, undecoded_trail_samples: int = 0
+) -> bytes:
     """PCM16LE with the silence before the first and after the last sample louder than
     ``threshold`` cut to at most ``max_lead_samples`` and ``max_trail_samples``. Audio that is
-    silent throughout comes back unchanged: trimming must never turn a piece into nothing."""
+    silent throughout comes back unchanged: trimming must never turn a piece into nothing.
+
+    ``undecoded_trail_samples``: silence the model predicted after ``pcm`` that was not decoded
+    (`kokoro_frames.sound_span`); up to that many zero samples are appended so the trail kept
+    is what trimming the whole decode would have kept. The model's silence is below -70 dBFS:
+    digital zeros sound the same and cost nothing to compute."""
     import numpy as np
 
     samples = np.frombuffer(pcm, dtype="<i2")
@@ -224,8 +237,8 @@ def trim_silence(pcm: bytes, max_lead_samples: int, max_trail_samples: int, thre
     if loud.size == 0:
         return pcm
     start = max(0, int(loud[0]) - max(0, max_lead_samples))
-    end = min(len(samples), int(loud[-1]) + 1 + max(0, max_trail_samples))
-    return pcm[start * 2 : end * 2]
+    end = min(len(samples) + max(0, undecoded_trail_samples), int(loud[-1]) + 1 + max(0, max_trail_samples))
+    return pcm[start * 2 : end * 2] + bytes(2 * max(0, end - len(samples)))
 
 
 @dataclass
@@ -246,6 +259,13 @@ class SynthesisEngine:
     silence_margins_ms: tuple[int, int] | None = None
     """Silence kept before and after each piece's sound (`trim_silence`); None keeps the
     model's padding as it is (the tiny test model's output is noise, never trimmed)."""
+    decode_sound_only: bool = True
+    """With ``silence_margins_ms`` set: the decoder gets only the frames around the predicted
+    sound (`kokoro_frames.sound_span`), not the silence that trimming would throw away."""
+    grad_mode: str = "inference"
+    """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
+    last_decoded_frames: tuple[int, int] | None = field(default=None, repr=False)
+    """(frames decoded, frames predicted) of the latest `_decode_sound` (benchmarks, tests)."""
     _g2p: dict = field(default_factory=dict, repr=False)
     _warned_voices: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -264,11 +284,15 @@ class SynthesisEngine:
         resolved = resolve_weights(settings)
         model = KModel(repo_id=REPO_ID, config=str(resolved.config_path), model=str(resolved.model_path))
         model = model.to(device).eval()
+        from pipeline.synthesis.kokoro_frames import check_kokoro_internals
+
+        check_kokoro_internals(model)
         voices = load_voice_packs(resolved.voices_dir)
         if not voices:
             raise NoVoices(f"no voice packs in {resolved.voices_dir}")
         fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
         torch.set_grad_enabled(False)
+        torch.set_num_threads(TORCH_INTRA_OP_THREADS)
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
@@ -319,17 +343,37 @@ class SynthesisEngine:
     # --- synthesis ------------------------------------------------------------------------------
 
     def synthesize(self, phonemes: str, voice: str, speed: float = 1.0) -> bytes:
-        """One forward pass: a phoneme string to PCM16 bytes."""
+        """One forward pass: a phoneme string to PCM16 bytes, its silence cut to the margins
+        (when ``silence_margins_ms`` is set) without decoding the silence that is cut."""
         import torch
 
         pack = self.voice_packs[self.resolve_voice(voice)]
         phonemes = phonemes[:MAX_PHONEMES]
         ref_s = pack[len(phonemes) - 1].to(self.device)
-        with self._lock, torch.inference_mode():
+        grad_off = torch.no_grad() if self.grad_mode == "no_grad" else torch.inference_mode()
+        with self._lock, grad_off:
             if self.seed is not None:
                 torch.manual_seed(self.seed)
-            audio = self.model(phonemes, ref_s, speed)
-        return float_to_pcm16(audio)
+            if self.silence_margins_ms is None:
+                return float_to_pcm16(self.model(phonemes, ref_s, speed))
+            if not self.decode_sound_only:
+                return self._trimmed(float_to_pcm16(self.model(phonemes, ref_s, speed)))
+            return self._decode_sound(phonemes, ref_s, speed)
+
+    def _decode_sound(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> bytes:
+        """Kokoro's prediction for the whole piece, the decoder on its sounding frames only
+        (docs/synthesis.md, "No compute on silence"). Called with the lock held."""
+        from pipeline.synthesis import kokoro_frames
+
+        lead_ms, trail_ms = self.silence_margins_ms
+        frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed)
+        lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kokoro_frames.SAMPLES_PER_FRAME)
+        audio, start, stop = kokoro_frames.decode_sound(self.model, frames, lead=max(kokoro_frames.CONTEXT_FRAMES, lead_frames))
+        self.last_decoded_frames = (stop - start, frames.count)
+        pcm = float_to_pcm16(audio)
+        undecoded_trail = (frames.count - stop) * kokoro_frames.SAMPLES_PER_FRAME
+        per_ms = self.sample_rate // 1000
+        return trim_silence(pcm, per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded_trail)
 
     def stream(
         self,
@@ -353,7 +397,7 @@ class SynthesisEngine:
             for phonemes in self.phonemize(piece, language):
                 if should_stop():
                     return
-                pcm = self._trimmed(self.synthesize(phonemes, voice, speed))
+                pcm = self.synthesize(phonemes, voice, speed)
                 for chunk in chunk_pcm(pcm, chunk_samples):
                     if should_stop():
                         return

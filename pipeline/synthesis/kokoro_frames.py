@@ -1,0 +1,213 @@
+"""Kokoro's forward pass cut in two at the decoder, so the engine decodes only the frames that sound.
+
+This module owns the one place where voicebus calls kokoro's internals (kokoro==0.9.4 is
+pinned): `predict_frames` is `KModel.forward_with_tokens` up to, not including, the decoder
+(ALBERT, duration predictor, alignment, F0/energy predictor, text encoder), and
+`decode_frames` runs the decoder on a slice of those frames. `check_kokoro_internals` says
+early and clearly when a kokoro release no longer has the attributes used here.
+
+Why frames, not token durations: Kokoro's predicted durations put the first sound two to three
+frames *inside* the leading pad token, and most of the trailing silence on the last phoneme
+(e.g. "morning." gives 'ŋ' 21 frames of which 17 are silent, '.' 7, the end pad 1), so capping
+the pad's and the punctuation's durations would either clip the onset or leave most of the
+silence. The F0/energy predictor also normalizes over the whole frame sequence, so changing
+durations would change the prosody of every frame. Instead the durations and the frame-level
+F0 and energy (``N``) are predicted for the whole piece as kokoro does, and the decoder (about
+90% of a forward pass on CPU, cost proportional to its frames) gets only the frames from just
+before the predicted energy rises to just after it falls (`sound_span`).
+
+One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per frame.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+SAMPLES_PER_FRAME = 600
+
+# Predicted energy N (Kokoro's log-energy-like curve) above which a frame may sound. Measured
+# on the offline pack: silent frames are at -8.3 to -9.5 and decode to |sample| <= 3;
+# N = -5.3 decodes to a peak of 11 (-70 dBFS), -3.5 to 8, -2.2 to 76. -6 sits below every
+# frame that reaches the engine's silence threshold (33, -60 dBFS), with context frames on top.
+SOUND_ENERGY_THRESHOLD = -6.0
+
+# Frames decoded beyond the sounding ones on each side: the decoder's convolutions see past a
+# frame's edge, and onsets/decays ring a little beyond the predicted energy.
+CONTEXT_FRAMES = 2
+
+_REQUIRED = (
+    "vocab", "bert", "bert_encoder", "predictor", "text_encoder", "decoder",
+    "predictor.text_encoder", "predictor.lstm", "predictor.duration_proj", "predictor.F0Ntrain",
+)
+
+
+class KokoroInternalsChanged(RuntimeError):
+    """The installed kokoro lacks an attribute this module calls (kokoro==0.9.4 is pinned)."""
+
+
+def check_kokoro_internals(model: object) -> None:
+    """Raise `KokoroInternalsChanged` naming every attribute of ``model`` that is missing."""
+    missing = []
+    for path in _REQUIRED:
+        obj = model
+        for name in path.split("."):
+            obj = getattr(obj, name, None)
+            if obj is None:
+                missing.append(path)
+                break
+    if missing:
+        raise KokoroInternalsChanged(
+            f"kokoro.KModel has no {', '.join(missing)}: voicebus needs kokoro==0.9.4 (pipeline/synthesis/kokoro_frames.py)"
+        )
+
+
+@dataclass
+class Frames:
+    """Everything the decoder needs for one piece, at frame rate."""
+
+    asr: "torch.Tensor"  # [1, 512, frames]: text encoding aligned to frames
+    f0: "torch.Tensor"  # [1, 2 * frames]: predicted pitch
+    n: "torch.Tensor"  # [1, 2 * frames]: predicted energy
+    style: "torch.Tensor"  # [1, 128]: the voice's decoder half of ref_s
+    durations: "torch.Tensor"  # [tokens]: frames per token, pads included
+
+    @property
+    def count(self) -> int:
+        return int(self.asr.shape[-1])
+
+    def frame_energy(self) -> list[float]:
+        """The larger of each frame's two predicted energy values."""
+        return self.n.reshape(-1, 2).amax(dim=1).tolist()
+
+
+def token_ids(model, phonemes: str) -> "torch.Tensor":
+    """KModel.forward's mapping: unknown symbols dropped, a 0 pad token on each side."""
+    import torch
+
+    ids = [i for i in (model.vocab.get(p) for p in phonemes) if i is not None]
+    return torch.LongTensor([[0, *ids, 0]])
+
+
+def predict_frames(model, phonemes: str, ref_s: "torch.Tensor", speed: float = 1.0) -> Frames:
+    """`KModel.forward_with_tokens` (kokoro 0.9.4) up to the decoder, for one phoneme string.
+    Run it under no_grad/inference_mode; ``ref_s`` is the voice row, shape [1, 256]."""
+    import torch
+
+    device = model.device
+    input_ids = token_ids(model, phonemes).to(device)
+    ref_s = ref_s.to(device)
+    tokens = input_ids.shape[-1]
+    input_lengths = torch.full((1,), tokens, device=device, dtype=torch.long)
+    text_mask = torch.zeros((1, tokens), device=device, dtype=torch.bool)  # one unpadded sequence
+    bert_dur = model.bert(input_ids, attention_mask=(~text_mask).int())
+    d_en = model.bert_encoder(bert_dur).transpose(-1, -2)
+    s = ref_s[:, 128:]
+    d = model.predictor.text_encoder(d_en, s, input_lengths, text_mask)
+    x, _ = model.predictor.lstm(d)
+    duration = torch.sigmoid(model.predictor.duration_proj(x)).sum(axis=-1) / speed
+    durations = torch.round(duration).clamp(min=1).long().reshape(-1)
+    indices = torch.repeat_interleave(torch.arange(tokens, device=device), durations)
+    alignment = torch.zeros((tokens, indices.shape[0]), device=device)
+    alignment[indices, torch.arange(indices.shape[0], device=device)] = 1
+    alignment = alignment.unsqueeze(0)
+    f0, n = model.predictor.F0Ntrain(d.transpose(-1, -2) @ alignment, s)
+    asr = model.text_encoder(input_ids, input_lengths, text_mask) @ alignment
+    return Frames(asr=asr, f0=f0, n=n, style=ref_s[:, :128], durations=durations)
+
+
+def decode_frames(
+    model, frames: Frames, start: int = 0, stop: int | None = None, weights: "torch.Tensor | None" = None
+) -> "torch.Tensor":
+    """Float audio of frames ``start:stop`` (600 samples a frame), decoded as one sequence.
+    ``weights`` (one per decoded frame): how many frames each stands for in the decoder's
+    instance normalization statistics (`weighted_instance_norms`)."""
+    stop = frames.count if stop is None else stop
+    args = (frames.asr[:, :, start:stop], frames.f0[:, 2 * start : 2 * stop], frames.n[:, 2 * start : 2 * stop], frames.style)
+    if weights is None:
+        return model.decoder(*args).reshape(-1)
+    with weighted_instance_norms(model.decoder, weights):
+        return model.decoder(*args).reshape(-1)
+
+
+def stand_in_weights(start: int, stop: int, count: int, lead: int, trail: int) -> "torch.Tensor":
+    """Per decoded frame of ``start:stop`` (of ``count``), the frames it stands for: the
+    ``lead`` first and ``trail`` last decoded frames (silence) share the weight of the
+    silent frames cut before and after them, so the normalization statistics stay those of
+    the whole piece as nearly as the decoder allows."""
+    import torch
+
+    weights = torch.ones(stop - start)
+    lead, trail = min(lead, stop - start), min(trail, stop - start)
+    if start and lead:
+        weights[:lead] += start / lead
+    if count - stop and trail:
+        weights[len(weights) - trail :] += (count - stop) / trail
+    return weights
+
+
+@contextmanager
+def weighted_instance_norms(decoder, frame_weights: "torch.Tensor"):
+    """Inside the block, every `InstanceNorm1d` of ``decoder`` takes its per-channel mean and
+    variance with ``frame_weights`` (one per frame, spread over the layer's time steps).
+
+    Kokoro's decoder normalizes each channel over the whole sequence (AdaIN at frame rate and
+    in the generator): decoding fewer frames changes every frame's statistics, measured as a
+    log-mel distance 5-20x that between two decodes of the same frames with different noise.
+    Silent frames are near copies of each other (the pad token's features repeated, F0 and
+    energy flat), so weighting the kept silent frames by the silent frames they replace gives
+    statistics close to the whole piece's. Kokoro's own modules are untouched: their
+    ``forward`` is shadowed on the instance for the block, then restored."""
+    import torch
+
+    norms = [m for m in decoder.modules() if isinstance(m, torch.nn.InstanceNorm1d)]
+
+    def weighted(norm):
+        def forward(x):
+            length = x.shape[-1]
+            index = (torch.arange(length, device=x.device) * len(frame_weights) // length).clamp(max=len(frame_weights) - 1)
+            w = frame_weights.to(x.device, x.dtype)[index]
+            w = w / w.sum()
+            mean = (x * w).sum(-1, keepdim=True)
+            var = ((x - mean).square() * w).sum(-1, keepdim=True)
+            out = (x - mean) * torch.rsqrt(var + norm.eps)
+            if norm.affine:
+                out = out * norm.weight[:, None] + norm.bias[:, None]
+            return out
+
+        return forward
+
+    for norm in norms:
+        norm.forward = weighted(norm)
+    try:
+        yield
+    finally:
+        for norm in norms:
+            del norm.forward
+
+
+def sound_span(
+    energy: list[float], threshold: float = SOUND_ENERGY_THRESHOLD, lead: int = CONTEXT_FRAMES, trail: int = CONTEXT_FRAMES
+) -> tuple[int, int]:
+    """Frames ``(start, stop)`` to decode: from ``lead`` frames before the first frame whose
+    energy exceeds ``threshold`` to ``trail`` frames after the last one, within the piece.
+    A piece with no such frame is decoded whole (trimming must never turn it into nothing)."""
+    loud = [i for i, e in enumerate(energy) if e > threshold]
+    if not loud:
+        return 0, len(energy)
+    return max(0, loud[0] - lead), min(len(energy), loud[-1] + 1 + trail)
+
+
+def decode_sound(model, frames: Frames, lead: int = CONTEXT_FRAMES, trail: int = CONTEXT_FRAMES) -> tuple["torch.Tensor", int, int]:
+    """The audio of ``frames`` from ``lead`` frames before the predicted sound to ``trail``
+    after it (`sound_span`), the silent frames cut standing in the normalization statistics
+    through the kept silent ones (`stand_in_weights`). Returns (audio, start, stop)."""
+    start, stop = sound_span(frames.frame_energy(), lead=lead, trail=trail)
+    if (start, stop) == (0, frames.count):
+        return decode_frames(model, frames), start, stop
+    weights = stand_in_weights(start, stop, frames.count, lead, trail)
+    return decode_frames(model, frames, start, stop, weights), start, stop
