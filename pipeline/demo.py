@@ -1,10 +1,15 @@
 """`voicebus demo`: the whole pipeline on this machine, end to end.
 
-It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there), a gate
-worker, a synthesis worker with the real Kokoro weights (offline pack unless configured
-otherwise) and the edge; replays the shipped conversations; prints the player URL with a
-session token for each session; writes each turn's audio to WAV; and prints a per-stage
-latency table of each turn's first audio.
+It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there), gate
+workers, synthesis workers with the real Kokoro weights (offline pack unless configured
+otherwise) and the edge. Then, in one of two modes:
+
+* ``--console`` (the default when stdin is a terminal): an incremental and a buffered lane
+  (`pipeline.runtime.buffered_lane`) and the demo console on the edge (`players.console`);
+  prints ONE console URL on a line of its own and keeps the pipeline up until Ctrl-C.
+* ``--batch`` (the default otherwise: CI, scripts, tests): replays the shipped conversations;
+  prints the player URL with a session token for each session; writes each turn's audio to WAV;
+  and prints a per-stage latency table of each turn's first audio.
 """
 
 from __future__ import annotations
@@ -30,9 +35,16 @@ def register(subparsers) -> None:
     p.add_argument("--speed", type=float, default=1.0, help="replay speed factor (default 1.0: recorded timing)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight model (noise, for a quick smoke run)")
     p.add_argument("--linger", type=float, default=0.0, metavar="S",
-                   help="keep the pipeline up S seconds after the last turn (to open the player URL)")
+                   help="--batch: keep the pipeline up S seconds after the last turn; console: stop after S seconds "
+                        "(default: until Ctrl-C)")
     p.add_argument("--turn-timeout", type=float, default=180.0, metavar="S")
-    p.set_defaults(func=run_demo)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--console", dest="mode", action="store_const", const="console",
+                      help="serve the web console until Ctrl-C (default when stdin is a terminal)")
+    mode.add_argument("--batch", dest="mode", action="store_const", const="batch",
+                      help="replay the conversations, write WAVs and the latency table, exit "
+                           "(default when stdin is not a terminal)")
+    p.set_defaults(func=run_demo, mode=None)
 
 
 def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
@@ -44,7 +56,17 @@ def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
     return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
 
 
+def demo_mode(asked: str | None, stdin) -> str:
+    """``console`` or ``batch``: what was asked, else the console for a person at a terminal and
+    the batch run for everything else (CI, scripts, tests), which would otherwise wait forever."""
+    if asked:
+        return asked
+    return "console" if stdin is not None and stdin.isatty() else "batch"
+
+
 def run_demo(args: argparse.Namespace, settings: Settings) -> int:
+    import sys
+
     from rich.console import Console
 
     from players.edge import InsecureEdgeConfig, check_exposure
@@ -55,6 +77,10 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     except InsecureEdgeConfig as exc:
         console.print(f"[red]voicebus demo: {exc}")
         return 2
+    if demo_mode(args.mode, sys.stdin) == "console":
+        from pipeline.demo_console import run_console_demo
+
+        return run_console_demo(args, settings)
     return asyncio.run(_demo(args, settings, console))
 
 

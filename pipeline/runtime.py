@@ -5,7 +5,10 @@ local one unless `settings.bootstrap` already answers), the topics, one or more 
 worker subprocess + a synthesis worker in this process, sharing one loaded engine), and the edge
 (aiohttp, in this process). A lane is a `Settings` variant: the TTFA benchmark runs an
 incremental and a buffered lane side by side, each with its own text topics, gate group and
-synthesis topic, both publishing to the one audio topic the edge serves.
+synthesis topic, both publishing to the one audio topic the edge serves (`buffered_lane` derives
+the buffered one from a settings object; the demo console runs both lanes too). `edge_setup`, when
+given, is called with the edge app before it starts serving, so a caller can add routes to it
+(the demo console: `players.console`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -30,6 +33,21 @@ class StackError(RuntimeError):
     """A component of the pipeline failed to start."""
 
 
+def buffered_lane(settings: Settings) -> Settings:
+    """`settings` as a buffered hand-off lane beside it: gate_mode buffered, its own text topics
+    (a prefix the incremental gate's pattern does not match), synthesis topic, gate app id and
+    changelog; control, audio and playback topics shared, so one edge serves both lanes and a
+    barge-in reaches both."""
+    app_id = settings.gate_app_id + "-buffered"
+    return settings.replace(
+        gate_mode="buffered",
+        text_topic_prefix=settings.text_topic_prefix.rstrip(".") + "-buffered.",
+        synthesis_topic=settings.synthesis_topic + "-buffered",
+        gate_app_id=app_id,
+        gate_changelog_topic=f"{app_id}-gate_sessions-changelog",
+    )
+
+
 @dataclass
 class Lane:
     name: str
@@ -41,13 +59,15 @@ class Lane:
 
 class PipelineStack:
     def __init__(self, settings: Settings, engine: Any, lanes: dict[str, Settings] | None = None,
-                 *, edge: bool = True, gate_loglevel: str = "WARNING", agent_ids: tuple[str, ...] = ()) -> None:
+                 *, edge: bool = True, gate_loglevel: str = "WARNING", agent_ids: tuple[str, ...] = (),
+                 edge_setup: Callable[[web.Application, "PipelineStack"], None] | None = None) -> None:
         self._base = settings
         self._engine = engine
         self._lane_settings = lanes or {"main": settings}
         self._with_edge = edge
         self._gate_loglevel = gate_loglevel
         self._agent_ids = agent_ids
+        self._edge_setup = edge_setup
         self._exit = contextlib.ExitStack()
         self._edge_runner: web.AppRunner | None = None
         self.settings: Settings = settings
@@ -102,9 +122,13 @@ class PipelineStack:
             from players.edge import make_app
 
             self.edge_app = make_app(self.settings)
+            if self._edge_setup is not None:
+                self._edge_setup(self.edge_app, self)
             self._edge_runner = web.AppRunner(self.edge_app)
             await self._edge_runner.setup()
             await web.TCPSite(self._edge_runner, self.settings.edge_host, self.settings.edge_port).start()
+            if self.settings.edge_port == 0:  # "any free port": from now on the settings say which
+                self.settings = self.settings.replace(edge_port=self._edge_runner.addresses[0][1])
 
     async def stop(self) -> None:
         if self._edge_runner is not None:

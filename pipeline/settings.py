@@ -201,6 +201,14 @@ class Settings:
     """The longest Server-Sent Events line (and event) the OpenAI adapter buffers: 1048576 bytes.
     A chat-completion chunk is a few hundred bytes; a longer line breaks the stream (the turn ends)."""
 
+    # --- demo console (players/console.py, docs/edge.md) ----------------------------------------
+    console_token_ms: float = 30.0
+    """The console streams typed text as LLM-like tokens, one every this many milliseconds."""
+    console_max_text_chars: int = 2000
+    """The longest text the console accepts to speak (longer is refused with 413)."""
+    console_max_sessions: int = 64
+    """Console sessions kept at once (one per opened page); the oldest idle one is forgotten beyond."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Build settings from ``VOICEBUS_<FIELD>`` variables, then apply ``overrides``."""

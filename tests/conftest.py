@@ -129,6 +129,23 @@ def make_cluster_settings(kafka_cluster: LocalCluster,
     return _settings_factory(kafka_cluster.bootstrap, first.port, first.controller_port, tmp_path_factory)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-screenshots", action="store_true",
+                     help="browser tests rewrite the screenshots the docs show (docs/img/); "
+                          "without it they write them under the test's tmp dir, so a test run leaves the tree clean")
+
+
+@pytest.fixture
+def screenshot_path(request: pytest.FixtureRequest, tmp_path) -> Callable[[str], Path]:
+    """Where a browser test saves the screenshot ``name`` (docs/img/<name> with --update-screenshots)."""
+    docs_img = Path(__file__).resolve().parents[1] / "docs" / "img"
+
+    def path(name: str) -> Path:
+        return docs_img / name if request.config.getoption("--update-screenshots") else tmp_path / name
+
+    return path
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if "soak" in (config.getoption("markexpr") or ""):
         return

@@ -17,6 +17,7 @@ class VoicebusPlayer extends AudioWorkletProcessor {
     this.endedTurns = new Set(); // the server said turn_end: play out whatever is left
     this.stoppedTurns = new Set();
     this.audibleTurns = new Set();
+    this.audibleSentences = new Set(); // "turn:sentence" whose first non-silent sample was rendered
     this.currentTurn = null;
     this.currentSentence = -1;
     this.stats = { quantaSinceStop: 0, loudQuantaSinceStop: 0, stops: 0, underruns: 0, peak: 0 };
@@ -68,13 +69,24 @@ class VoicebusPlayer extends AudioWorkletProcessor {
         this.port.postMessage({ type: "playing", turn: item.turn, sentence: item.sentence, frame: currentFrame + i });
       }
       const n = Math.min(out.length - i, item.samples.length - item.offset);
+      if (item.watch === undefined) {
+        // Checked once per chunk, not per sample: does this chunk's sentence still wait for its first sound?
+        item.key = `${item.turn}:${item.sentence}`;
+        item.watch = !this.audibleSentences.has(item.key);
+      }
       for (let k = 0; k < n; k++) {
         const v = item.samples[item.offset + k];
         out[i + k] = v;
-        if (!this.audibleTurns.has(item.turn) && Math.abs(v) > AUDIBLE_THRESHOLD) {
-          this.audibleTurns.add(item.turn);
+        if (item.watch && Math.abs(v) > AUDIBLE_THRESHOLD) {
+          item.watch = false;
           const frame = currentFrame + i + k;
-          this.port.postMessage({ type: "audible", turn: item.turn, sentence: item.sentence, frame, time: frame / sampleRate });
+          if (this.audibleSentences.size > 4096) this.audibleSentences.clear();
+          this.audibleSentences.add(item.key);
+          this.port.postMessage({ type: "sentence_audible", turn: item.turn, sentence: item.sentence, frame, time: frame / sampleRate });
+          if (!this.audibleTurns.has(item.turn)) {
+            this.audibleTurns.add(item.turn);
+            this.port.postMessage({ type: "audible", turn: item.turn, sentence: item.sentence, frame, time: frame / sampleRate });
+          }
         }
       }
       item.offset += n;

@@ -1,0 +1,585 @@
+// voicebus demo console: publishes an answer through the console API (players/console.py), hears it
+// back over the player protocol (docs/protocol.md) through the voicebus-player AudioWorklet, and
+// draws each sentence's way through the pipeline from the edge's timeline messages. Plain file, no
+// build step, no dependencies. The console key comes from the URL fragment (#k=...), which never
+// reaches a server log; it goes to the edge only in a request header.
+
+const PROTOCOL_VERSION = 1;
+const HEADER_BYTES = 20;
+const FLAG_LAST_IN_TURN = 0x02;
+const JITTER_MS = 60;
+const PLAY_TIMEOUT_MS = 180000;
+const KEY_HEADER = "X-Voicebus-Console-Key";
+// [timeline field that ends the segment, css colour, name]; each segment starts where the previous ended.
+const SEGMENTS = [
+  ["text_complete_at_us", "var(--tok)", "tokens"],
+  ["released_at_us", "var(--gate)", "released"],
+  ["synthesis_started_at_us", "var(--queue)", "synthesis start"],
+  ["audio_ready_at_us", "var(--synth)", "first chunk"],
+  ["sent_at_us", "var(--bus)", "sent"],
+  ["audibleAtUs", "var(--play)", "audible"],
+];
+
+const $ = (id) => document.getElementById(id);
+const key = new URLSearchParams(location.hash.slice(1)).get("k") || "";
+
+// Everything the page knows, exposed for debugging and for the browser test.
+const con = (window.voicebusConsole = {
+  state: "loading",
+  session: null,
+  token: null,
+  conversations: [],
+  clock: { offsetUs: 0, rttUs: Infinity, samples: 0 },
+  turns: new Map(), // edge turn number -> turn (see newTurn)
+  turnIds: new Map(), // turn id -> edge turn number
+  expected: new Map(), // turn id -> {mode, play} for turns this page published
+  plays: [], // {mode, play, turnIds, ttfaMs, done}
+  results: { buffered: null, incremental: null },
+  current: null, // {turn, sentence} being played
+  busy: false,
+  errors: [],
+  stats: {},
+  ctx: null,
+  node: null,
+  ws: null,
+});
+
+function setStatus(text, error = false) {
+  $("status").textContent = text;
+  $("status").className = error ? "error" : "";
+}
+
+function fail(code, message) {
+  con.errors.push({ code, message });
+  setStatus(`${code}: ${message}`, true);
+}
+
+async function api(path, body = {}) {
+  const response = await fetch(`/console/api/${path}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", [KEY_HEADER]: key },
+    body: JSON.stringify({ session: con.session, ...body }),
+  });
+  const data = await response.json();
+  if (!response.ok) throw new Error(data.error || `${path}: HTTP ${response.status}`);
+  return data;
+}
+
+// --- clock: NTP-like, keep the exchange with the smallest round trip ----------------------------
+const clientNowUs = () => (performance.timeOrigin + performance.now()) * 1000;
+const serverNowUs = () => clientNowUs() + con.clock.offsetUs;
+
+function send(type, fields = {}) {
+  if (con.ws && con.ws.readyState === WebSocket.OPEN) con.ws.send(JSON.stringify({ type, v: PROTOCOL_VERSION, ...fields }));
+}
+
+function onPong(msg) {
+  const t1 = performance.now();
+  const rttUs = (t1 - msg.t0) * 1000;
+  con.clock.samples += 1;
+  if (rttUs <= con.clock.rttUs) {
+    con.clock.rttUs = rttUs;
+    con.clock.offsetUs = msg.server_time_us - (performance.timeOrigin + (msg.t0 + t1) / 2) * 1000;
+  }
+}
+
+// --- audio ----------------------------------------------------------------------------------------
+async function startAudio() {
+  const ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" });
+  await ctx.audioWorklet.addModule("/web/worklet.js");
+  const node = new AudioWorkletNode(ctx, "voicebus-player", {
+    numberOfInputs: 0, outputChannelCount: [1], processorOptions: { jitterMs: JITTER_MS },
+  });
+  node.connect(ctx.destination);
+  node.port.onmessage = (e) => onWorklet(e.data);
+  await ctx.resume();
+  con.ctx = ctx;
+  con.node = node;
+}
+
+function contextTimeToServerUs(contextTime) {
+  const ts = con.ctx.getOutputTimestamp();
+  const perfMs = ts.performanceTime + (contextTime - ts.contextTime) * 1000;
+  return Math.round((performance.timeOrigin + perfMs) * 1000 + con.clock.offsetUs);
+}
+
+function report(kind, turn, sentence, atUs) {
+  send("report", { kind, turn_id: turn.turnId, sentence_seq: sentence, audible_at_us: atUs });
+}
+
+function onWorklet(msg) {
+  const turn = con.turns.get(msg.turn);
+  if (msg.type === "wave") {
+    con.stats = msg.stats;
+    drawWave(msg.wave);
+    return;
+  }
+  if (!turn) return;
+  if (msg.type === "playing") {
+    con.current = { turn: msg.turn, sentence: msg.sentence };
+    render();
+  } else if (msg.type === "sentence_audible") {
+    sentenceOf(turn, msg.sentence).audibleAtUs = contextTimeToServerUs(msg.time);
+    render();
+  } else if (msg.type === "audible") {
+    turn.audibleAtUs = contextTimeToServerUs(msg.time);
+    report("AUDIBLE_START", turn, msg.sentence, turn.audibleAtUs);
+    finishTtfa(turn);
+    render();
+  } else if (msg.type === "ended") {
+    report("PLAYBACK_END", turn, 0, contextTimeToServerUs(msg.frame / con.ctx.sampleRate));
+    turnDone(turn);
+  } else if (msg.type === "stopped") {
+    report("STOPPED", turn, 0, contextTimeToServerUs(msg.frame / con.ctx.sampleRate));
+    turnDone(turn);
+  }
+}
+
+function onAudio(buffer) {
+  const view = new DataView(buffer);
+  if (view.getUint8(0) !== 1 || view.getUint8(1) !== PROTOCOL_VERSION) return;
+  const flags = view.getUint8(2);
+  const number = view.getUint32(4, true), sentence = view.getUint32(8, true);
+  const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
+  const samples = new Float32Array(pcm.length);
+  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
+  const turn = con.turns.get(number);
+  if (turn) {
+    const s = sentenceOf(turn, sentence);
+    s.samples += samples.length;
+    turn.samples += samples.length;
+  }
+  con.node.port.postMessage({ type: "chunk", turn: number, sentence, samples }, [samples.buffer]);
+  if (flags & FLAG_LAST_IN_TURN) con.node.port.postMessage({ type: "end", turn: number });
+}
+
+// --- turns and sentences ----------------------------------------------------------------------------
+function newTurn(number, turnId) {
+  const expected = con.expected.get(turnId) || { mode: "?", play: null };
+  return {
+    number, turnId, mode: expected.mode, play: expected.play, sentences: new Map(), samples: 0,
+    audibleAtUs: null, firstTokenAtUs: null, ttfaMs: null, ended: false, stopped: false, done: false,
+    bargedAtUs: null, lateSentences: 0,
+  };
+}
+
+function sentenceOf(turn, seq) {
+  if (!turn.sentences.has(seq)) turn.sentences.set(seq, { seq, timeline: null, samples: 0, audibleAtUs: null });
+  return turn.sentences.get(seq);
+}
+
+function finishTtfa(turn) {
+  if (turn.ttfaMs !== null || !turn.audibleAtUs || !turn.firstTokenAtUs) return;
+  turn.ttfaMs = (turn.audibleAtUs - turn.firstTokenAtUs) / 1000;
+  const play = con.plays.find((p) => p.play === turn.play && p.mode === turn.mode);
+  if (play && play.ttfaMs === null) {
+    play.ttfaMs = turn.ttfaMs;
+    con.results[play.mode] = turn.ttfaMs;
+    renderResults();
+  }
+}
+
+function turnDone(turn) {
+  if (turn.done) return;
+  turn.done = true;
+  con.current = null;
+  render();
+  checkPlays();
+}
+
+function checkPlays() {
+  for (const play of con.plays) {
+    if (play.done) continue;
+    const turns = play.turnIds.map((id) => con.turns.get(con.turnIds.get(id)));
+    const finished = play.turnIds.every((id, i) => {
+      if (turns[i] && turns[i].done) return true;
+      // A turn the recording itself cancels (a recorded barge-in) may never reach this page.
+      return play.cancelledIds.has(id) && turns.slice(i + 1).some((t) => t && t.done);
+    });
+    if (finished || play.barged) {
+      play.done = true;
+      play.resolve();
+    }
+  }
+}
+
+// --- protocol --------------------------------------------------------------------------------------
+function onControl(msg) {
+  switch (msg.type) {
+    case "ready":
+      con.state = "ready";
+      con.clock.offsetUs = msg.server_time_us - clientNowUs();
+      for (let i = 0; i < 5; i++) setTimeout(() => send("ping", { t0: performance.now() }), 100 * i);
+      con.onReady && con.onReady();
+      break;
+    case "pong":
+      onPong(msg);
+      break;
+    case "turn_start":
+      con.turns.set(msg.turn, newTurn(msg.turn, msg.turn_id));
+      con.turnIds.set(msg.turn_id, msg.turn);
+      render();
+      break;
+    case "timeline": {
+      const turn = con.turns.get(msg.turn);
+      if (!turn) break;
+      const s = sentenceOf(turn, msg.sentence_seq);
+      s.timeline = msg;
+      if (!turn.firstTokenAtUs && msg.first_token_at_us) turn.firstTokenAtUs = msg.first_token_at_us;
+      if (turn.bargedAtUs && msg.synthesis_started_at_us > turn.bargedAtUs + 20000) turn.lateSentences += 1;
+      finishTtfa(turn);
+      render();
+      break;
+    }
+    case "turn_end": {
+      const turn = con.turns.get(msg.turn);
+      con.node.port.postMessage({ type: "end", turn: msg.turn });
+      if (turn) {
+        turn.ended = true;
+        // Normally the worklet says "ended" once the last sample played; never wait forever for it.
+        setTimeout(() => turnDone(turn), 2000 + (1000 * turn.samples) / 24000);
+      }
+      render();
+      break;
+    }
+    case "stop": {
+      const turn = con.turns.get(msg.turn);
+      con.node.port.postMessage({ type: "stop", turn: msg.turn });
+      if (turn) {
+        turn.stopped = true;
+        turnDone(turn);
+      }
+      break;
+    }
+    case "skip":
+      setStatus(`skipped sentence ${msg.sentence_seq} of ${msg.turn_id}: this page fell behind`);
+      break;
+    case "error":
+      fail(msg.code, msg.message);
+      break;
+  }
+}
+
+function connect() {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`);
+    ws.binaryType = "arraybuffer";
+    con.ws = ws;
+    con.onReady = () => { con.onReady = null; resolve(); };
+    ws.onopen = () => send("hello", { session: con.session, token: con.token });
+    ws.onmessage = (e) => (typeof e.data === "string" ? onControl(JSON.parse(e.data)) : onAudio(e.data));
+    ws.onclose = (e) => {
+      con.state = "closed";
+      if (con.onReady) reject(new Error(`the edge closed the connection: ${e.code} ${e.reason}`));
+      else if (e.code !== 1000) fail("closed", `connection to the edge closed (${e.code} ${e.reason}); reload the page`);
+      updateButtons();
+    };
+  });
+}
+
+async function ensureConnected() {
+  if (!con.ctx) await startAudio(); // only after a click: browsers start audio on a user gesture
+  if (con.state !== "ready") {
+    setStatus("connecting…");
+    await connect();
+  }
+}
+
+// --- actions -----------------------------------------------------------------------------------------
+function selectedMode() {
+  return document.querySelector("input[name=mode]:checked").value;
+}
+
+function answerRequest() {
+  const source = $("source").value;
+  if (source === "@typed") return { text: $("text").value, language: $("language").value };
+  return { conversation: source };
+}
+
+async function playOnce(mode) {
+  const answer = await api("play", { mode, ...answerRequest() });
+  const play = {
+    mode, play: answer.play, turnIds: answer.turns.map((t) => t.turn_id), ttfaMs: null, done: false, barged: false,
+    cancelledIds: new Set(answer.turns.filter((t) => t.cancelled_at_ms !== null).map((t) => t.turn_id)),
+  };
+  for (const id of play.turnIds) con.expected.set(id, { mode, play: answer.play });
+  for (const turn of con.turns.values()) {
+    if (con.expected.has(turn.turnId) && turn.mode === "?") Object.assign(turn, con.expected.get(turn.turnId));
+  }
+  const finished = new Promise((resolve) => (play.resolve = resolve));
+  con.plays.push(play);
+  showSpoken(answer.turns);
+  setStatus(`playing ${answer.turns.length > 1 ? `${answer.turns.length} turns` : "the answer"}, ${mode} hand-off`);
+  const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error(`no end of the ${mode} answer within ${PLAY_TIMEOUT_MS / 1000} s`)), PLAY_TIMEOUT_MS));
+  await Promise.race([finished, timeout]);
+  return play;
+}
+
+async function run(action) {
+  if (con.busy) return;
+  con.busy = true;
+  updateButtons();
+  try {
+    await ensureConnected();
+    await action();
+  } catch (err) {
+    fail("console", String(err.message || err));
+  } finally {
+    con.busy = false;
+    updateButtons();
+  }
+}
+
+async function play() {
+  const mode = selectedMode();
+  con.results[mode] = null;
+  renderResults();
+  const p = await playOnce(mode);
+  setStatus(p.barged ? "barged in: the rest of the answer was dropped" : `done (${mode})`);
+}
+
+async function compare() {
+  con.results = { buffered: null, incremental: null };
+  renderResults();
+  const b = await playOnce("buffered");
+  if (b.barged) return setStatus("barged in: compare stopped");
+  const i = await playOnce("incremental");
+  setStatus(i.barged ? "barged in: compare stopped" : "compared: same answer, same model, only the hand-off differs");
+}
+
+async function bargeIn() {
+  const play = con.plays.find((p) => !p.done);
+  const cur = con.current && con.turns.get(con.current.turn);
+  const turn = cur || (play && [...play.turnIds].reverse().map((id) => con.turns.get(con.turnIds.get(id))).find((t) => t && !t.done));
+  const nowUs = Math.round(serverNowUs());
+  con.node.port.postMessage({ type: "stop", turn: turn ? turn.number : null }); // silence now, locally
+  if (turn) {
+    turn.bargedAtUs = nowUs;
+    send("cancel", { turn_id: turn.turnId, reason: "barge-in" });
+  } else {
+    send("cancel", { reason: "barge-in" });
+  }
+  if (play) {
+    play.barged = true;
+    play.bargedAtUs = nowUs;
+  }
+  try {
+    await api("stop"); // the agent stops talking, as an interrupted agent does
+  } catch (err) {
+    fail("stop", String(err.message || err));
+  }
+  markDropped(nowUs);
+  checkPlays();
+  render();
+}
+
+// --- views -------------------------------------------------------------------------------------------
+let spokenTimer = null;
+let spokenTokens = [];
+let spokenStart = 0;
+
+function showSpoken(turns) {
+  clearInterval(spokenTimer);
+  spokenTokens = turns.flatMap((t) => t.tokens.map(([ms, text]) => ({ ms, text, turn: t.turn_id })));
+  spokenStart = performance.now();
+  const box = $("spoken");
+  box.innerHTML = "";
+  for (const token of spokenTokens) {
+    token.el = document.createElement("span");
+    token.el.textContent = token.text;
+    token.el.className = "pending";
+    box.appendChild(token.el);
+  }
+  const tick = () => {
+    const elapsed = performance.now() - spokenStart;
+    let left = 0;
+    for (const token of spokenTokens) {
+      if (token.el.className === "pending" && token.ms <= elapsed) token.el.className = "";
+      if (token.el.className === "pending") left += 1;
+    }
+    if (!left) clearInterval(spokenTimer);
+  };
+  spokenTimer = setInterval(tick, 50);
+}
+
+function markDropped() {
+  // What the agent had not said yet when the page barged in is never said: the agent stopped.
+  clearInterval(spokenTimer);
+  for (const token of spokenTokens) if (token.el.className === "pending") token.el.className = "dropped";
+}
+
+const waveHistory = [];
+function drawWave(pairs) {
+  const canvas = $("wave");
+  for (let i = 0; i < pairs.length; i += 2) waveHistory.push([pairs[i], pairs[i + 1]]);
+  while (waveHistory.length > canvas.width) waveHistory.shift();
+  const g = canvas.getContext("2d");
+  g.fillStyle = "#111";
+  g.fillRect(0, 0, canvas.width, canvas.height);
+  g.strokeStyle = "#4c8";
+  g.beginPath();
+  const mid = canvas.height / 2;
+  waveHistory.forEach(([lo, hi], x) => {
+    g.moveTo(x + 0.5, mid - hi * mid);
+    g.lineTo(x + 0.5, mid - lo * mid + 1);
+  });
+  g.stroke();
+}
+
+function renderResults() {
+  const values = [con.results.buffered, con.results.incremental];
+  const max = Math.max(...values.filter((v) => v !== null), 1);
+  for (const mode of ["buffered", "incremental"]) {
+    const v = con.results[mode];
+    $(`ttfa-${mode}`).textContent = v === null ? "–" : `${Math.round(v)} ms`;
+    $(`bar-${mode}`).style.width = v === null ? "0" : `${(100 * v) / max}%`;
+  }
+  const [b, i] = values;
+  $("ratio").textContent = b !== null && i !== null ? `buffered waits ${(b / i).toFixed(2)}× as long (${Math.round(b - i)} ms more)` : "";
+}
+
+let renderQueued = false;
+function render() {
+  if (renderQueued) return;
+  renderQueued = true;
+  requestAnimationFrame(() => {
+    renderQueued = false;
+    renderTurns();
+  });
+}
+
+function renderTurns() {
+  const box = $("turns");
+  box.innerHTML = "";
+  const numbers = [...con.turns.keys()].sort((a, b) => b - a); // newest first
+  for (const number of numbers) box.appendChild(turnView(con.turns.get(number)));
+}
+
+function ms(value, base) {
+  return value && base ? ((value - base) / 1000).toFixed(0) : "";
+}
+
+function turnView(turn) {
+  const section = document.createElement("div");
+  section.className = `turn ${turn.mode}`;
+  section.dataset.turnId = turn.turnId;
+  section.dataset.mode = turn.mode;
+  const h = document.createElement("h3");
+  const tag = document.createElement("span");
+  tag.className = "mode";
+  tag.textContent = turn.mode;
+  h.append(tag, ` ${turn.turnId}`, turn.ttfaMs !== null ? ` · first audible sound ${Math.round(turn.ttfaMs)} ms after the first token` : "");
+  section.appendChild(h);
+  if (turn.mode === "buffered") {
+    const n = document.createElement("div");
+    n.className = "note ok";
+    n.textContent = "buffered: the gate hands the whole answer to synthesis at the end of the turn (one request)";
+    section.appendChild(n);
+  }
+  if (turn.bargedAtUs) {
+    const synthesized = [...turn.sentences.values()].filter((s) => s.timeline && s.samples > 0).length;
+    const n = document.createElement("div");
+    n.className = turn.lateSentences ? "note" : "note ok";
+    n.textContent = turn.lateSentences
+      ? `barged in, but ${turn.lateSentences} sentence(s) were synthesized after it`
+      : `barged in at ${ms(turn.bargedAtUs, turn.firstTokenAtUs)} ms: ${synthesized} sentence(s) synthesized; the rest of the answer never was (no row after the barge-in)`;
+    section.appendChild(n);
+  }
+  const table = document.createElement("table");
+  table.className = "waterfall";
+  table.innerHTML = "<thead><tr><th>sentence</th><th>tokens done</th><th>released</th><th>synth start</th><th>first chunk</th><th>sent</th><th>audible</th><th>audio s</th><th></th></tr></thead>";
+  const body = document.createElement("tbody");
+  const base = turn.firstTokenAtUs;
+  const sentences = [...turn.sentences.values()].filter((s) => s.timeline).sort((a, b) => a.seq - b.seq);
+  let end = 1;
+  for (const s of sentences) {
+    const stamps = [...SEGMENTS.map(([f]) => (f === "audibleAtUs" ? s.audibleAtUs : s.timeline[f]))].filter(Boolean);
+    if (stamps.length && base) end = Math.max(end, Math.max(...stamps) - base);
+  }
+  for (const s of sentences) {
+    const t = s.timeline;
+    const row = document.createElement("tr");
+    const empty = s.samples === 0 && turn.ended;
+    row.className = empty ? "end" : "sentence";
+    if (turn.bargedAtUs && t.synthesis_started_at_us > turn.bargedAtUs + 20000) row.className += " late";
+    if (con.current && con.current.turn === turn.number && con.current.sentence === s.seq) row.className += " playing";
+    row.dataset.sentence = s.seq;
+    const cells = [empty ? `${s.seq} (end of turn)` : `${s.seq}`];
+    for (const [field] of SEGMENTS) cells.push(ms(field === "audibleAtUs" ? s.audibleAtUs : t[field], base));
+    cells.push(s.samples ? (s.samples / 24000).toFixed(1) : "");
+    for (const text of cells) {
+      const td = document.createElement("td");
+      td.textContent = text;
+      row.appendChild(td);
+    }
+    const track = document.createElement("td");
+    track.className = "track";
+    let from = t.first_token_at_us || base;
+    for (const [field, colour] of SEGMENTS) {
+      const to = field === "audibleAtUs" ? s.audibleAtUs : t[field];
+      if (!to || !from || !base) continue;
+      const bar = document.createElement("div");
+      bar.style.left = `${(100 * (from - base)) / end}%`;
+      bar.style.width = `${Math.max(0.3, (100 * (to - from)) / end)}%`;
+      bar.style.background = colour;
+      track.appendChild(bar);
+      from = to;
+    }
+    if (s.audibleAtUs && base) {
+      const mark = document.createElement("div");
+      mark.className = "audible";
+      mark.style.left = `${(100 * (s.audibleAtUs - base)) / end}%`;
+      track.appendChild(mark);
+    }
+    row.appendChild(track);
+    body.appendChild(row);
+  }
+  table.appendChild(body);
+  section.appendChild(table);
+  return section;
+}
+
+function updateButtons() {
+  const ready = !!con.session;
+  $("play").disabled = !ready || con.busy;
+  $("compare").disabled = !ready || con.busy;
+  $("bargein").disabled = !con.busy;
+}
+
+async function init() {
+  if (!key) {
+    setStatus("no console key in this URL: open the URL `voicebus demo` printed (it ends with #k=...)", true);
+    return;
+  }
+  try {
+    const session = await api("session");
+    Object.assign(con, { session: session.session, token: session.token, conversations: session.conversations });
+    for (const c of session.conversations) {
+      const option = document.createElement("option");
+      option.value = c.name;
+      option.textContent = `${c.name}: ${c.title}`;
+      $("source").appendChild(option);
+    }
+    const typed = document.createElement("option");
+    typed.value = "@typed";
+    typed.textContent = "type a text…";
+    $("source").appendChild(typed);
+    for (const language of session.languages) {
+      const option = document.createElement("option");
+      option.value = option.textContent = language;
+      $("language").appendChild(option);
+    }
+    $("language").value = session.languages.includes("en") ? "en" : session.languages[0];
+    con.state = "idle";
+    setStatus(`session ${con.session}: pick an answer and press Play or Compare (audio starts on your click)`);
+  } catch (err) {
+    fail("console", String(err.message || err));
+  }
+  updateButtons();
+}
+
+$("source").onchange = () => $("typed-row").classList.toggle("on", $("source").value === "@typed");
+$("play").onclick = () => run(play);
+$("compare").onclick = () => run(compare);
+$("bargein").onclick = bargeIn;
+init();
