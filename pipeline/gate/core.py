@@ -355,10 +355,11 @@ class GateSession:
             self._turns[turn_id] = turn
             return [self._request(turn, "", now_us, now_us, last=True)]
         if turn.live:
+            out = self._withdraw(turn, now_us) if turn.spec is not None else []
             turn.ended = True
             turn.finished = True
             turn.retire()
-            return [self._request(turn, "", now_us, now_us, last=True)]
+            return out + [self._request(turn, "", now_us, now_us, last=True)]
         return []
 
     def shed(self, now_us: int) -> tuple[list[dict], str]:
@@ -494,7 +495,12 @@ class GateSession:
         seg = turn.segmenter
         if seg.open_at == spec["start"] and seg.scanned < spec["stop"]:
             return []  # the scan still waits at the stop
-        turn.spec = None
+        return self._withdraw(turn, now_us)
+
+    def _withdraw(self, turn: _Turn, now_us: int) -> list[dict]:
+        """Withdraw the turn's tentative sentence (tentative, empty text, its sentence_seq, which
+        the next release reuses)."""
+        spec, turn.spec = turn.spec, None
         withdrawal = self._request(turn, "", now_us, now_us)
         withdrawal.update(sentence_seq=spec["seq"], tentative=True)
         turn.next_seq = spec["seq"]

@@ -443,3 +443,14 @@ def test_any_split_with_speculation_speaks_exactly_what_the_plain_gate_speaks(cu
         out.extend(session.apply(e, i))
         state = session.to_state()
     assert settle(out) == plain
+
+
+def test_a_turn_the_gate_fails_on_withdraws_its_tentative_sentence_before_ending():
+    t = Turn()
+    session = GateSession("s1", SPEC)
+    out = session.apply(t._event("TOKEN", "Hello world."), 0)
+    assert brief(out) == [(0, "Hello world.", True)]
+    closing = session.end_failed_turn(t._event("TOKEN", " more"), 1, RuntimeError("a bug"))
+    # the worker must not wait for a settlement that will never come
+    assert brief(closing) == [(0, "", True), (0, "", False)] and closing[-1]["is_last_in_turn"]
+    assert settle(out + closing) == [(0, "", True)]
