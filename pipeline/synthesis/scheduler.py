@@ -84,6 +84,7 @@ class SynthesisJob:
     # whether its synthesis has ended (a parked job only has held chunks left to publish).
     held: list[dict] = field(default_factory=list)
     synthesized: bool = False
+    parked_outcome: Outcome | None = None  # the outcome to settle with once its held chunks are out
 
     def __post_init__(self) -> None:
         self.key = RequestKey.of(self.request)

@@ -360,7 +360,7 @@ class SynthesisWorker:
         chunks stay held). A parked job that was confirmed comes back here to publish them."""
         if job.synthesized:
             await self._publish_all(job, [])
-            return Outcome.SPOKEN
+            return job.parked_outcome or Outcome.SPOKEN
         loop = asyncio.get_running_loop()
         assembler = ChunkAssembler(job, chunk_ms=self.settings.chunk_ms, sample_rate=self.engine.sample_rate,
                                    worker_id=self.worker_id)
@@ -396,6 +396,11 @@ class SynthesisWorker:
                     exc_info=None if isinstance(exc, SPEAK_FAILURES) else exc)
             # the audio already made goes out, then a last chunk that says why the rest is missing
             await self._publish_all(job, assembler.finish(end_reason=reason))
+            if job.unconfirmed and not job.stop_requested:
+                # its closing chunk is held with the rest: it goes out (and the job is settled
+                # FAILED) once confirmed, so the sentence still ends for the player
+                job.parked_outcome = Outcome.FAILED
+                return None
             return Outcome.FAILED
         finally:
             if stream is not None:
