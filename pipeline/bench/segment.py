@@ -7,7 +7,10 @@ right when the raw spans of the released sentences, stripped, equal its sentence
 spans, because list markers and emphasis are cut from the speakable text but are part of the case).
 Then: release lag p50/p95 over the sentences released before the end of the turn, µs per fed
 piece (median of ``--repeat`` runs), and a sweep of ``first_clause_min_words`` over the shipped
-conversation corpus (how soon the first utterance is released, and how long it is).
+conversation corpus (how soon the first utterance is released, and how long it is). Last, the
+speculative release (docs/gate.md): every text through the gate core with ``speculative_release``
+on, word-token feed: how many sentences went out tentative and were confirmed (each released one
+token interval sooner), and how many tentative ones were retracted (withdrawn or replaced).
 """
 
 from __future__ import annotations
@@ -147,6 +150,56 @@ def _clause_sweep(turns: list[tuple[str, str]]) -> list[list[str]]:
     return rows
 
 
+def _speculation(texts: list[tuple[str, str, str]]) -> list[list[str]]:
+    """Per group: sentences spoken, tentative releases, confirmed, retracted (withdrawn or
+    replaced), through `GateSession` with speculative release on (word-token feed)."""
+    from pipeline.gate.cli import word_tokens
+    from pipeline.gate.core import GateConfig, GateSession
+
+    config = GateConfig(speculative_release=True, first_clause_min_words=0)
+    groups: dict[str, dict[str, int]] = {}
+    for group, lang, text in texts:
+        g = groups.setdefault(group, {"texts": 0, "spoken": 0, "tentative": 0, "confirmed": 0, "retracted": 0})
+        g["texts"] += 1
+        session = GateSession("s", config)
+        events = [{"session_id": "s", "turn_id": "t", "agent_id": "a", "seq": i, "kind": TextEventKind.TOKEN,
+                   "text": piece, "claim_id": None, "language": lang, "voice": None, "produced_at_us": i}
+                  for i, piece in enumerate(word_tokens(text))]
+        events.append({**events[-1], "seq": len(events), "kind": TextEventKind.END_OF_TURN, "text": ""} if events else
+                      {"session_id": "s", "turn_id": "t", "agent_id": "a", "seq": 0, "kind": TextEventKind.END_OF_TURN,
+                       "text": "", "claim_id": None, "language": lang, "voice": None, "produced_at_us": 0})
+        held: set[int] = set()
+        for i, event in enumerate(events):
+            for r in session.apply(event, i):
+                seq = r["sentence_seq"]
+                if r["tentative"]:
+                    if r["text"]:
+                        g["tentative"] += 1
+                        held.add(seq)
+                    else:
+                        g["retracted"] += 1
+                        held.discard(seq)
+                    continue
+                if seq in held:
+                    held.discard(seq)
+                    g["confirmed" if not r["text"] else "retracted"] += 1
+                    g["spoken"] += 1  # its text, or the replacement's
+                elif r["text"]:
+                    g["spoken"] += 1
+    rows = []
+    total = {"texts": 0, "spoken": 0, "tentative": 0, "confirmed": 0, "retracted": 0}
+    for name, g in list(groups.items()) + [("all", total)]:
+        if name != "all":
+            for k in total:
+                total[k] += g[k]
+        spoken, tentative = max(1, g["spoken"]), max(1, g["tentative"])
+        rows.append([name, str(g["texts"]), str(g["spoken"]), str(g["tentative"]),
+                     f"{g['confirmed']} ({100 * g['confirmed'] / spoken:.0f}%)",
+                     f"{g['retracted']} ({100 * g['retracted'] / tentative:.1f}%)",
+                     f"{30 * g['confirmed'] / spoken:.0f} / {100 * g['confirmed'] / spoken:.0f}"])
+    return rows
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
@@ -187,6 +240,15 @@ def run_segment_bench(args: argparse.Namespace, settings) -> int:
                 _clause_sweep(turns),
             )
         )
+    print()
+    texts = [(f"corpus/{lang}", lang, text) for lang, text in _corpus_turns()] + [
+        (f"{lang}/{name}", lang, case["text"]) for lang, sets in cases.items() for name, cs in sets.items() for case in cs
+    ]
+    print("speculative release (gate core, word tokens): sentences spoken, released tentative, confirmed (% of "
+          "spoken: each released one token sooner), retracted (% of tentative: synthesized for nothing), "
+          "mean saving per spoken sentence in ms at 33 / 10 tokens/s")
+    print(_table(["texts", "n", "sentences", "tentative", "confirmed", "retracted", "ms saved 33/10 tok/s"],
+                 _speculation(texts)))
     return 0
 
 

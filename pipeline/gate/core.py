@@ -89,6 +89,7 @@ class GateConfig:
     max_buffer_chars: int = 2048
     max_state_bytes: int = 256 * 1024
     idle_expiry_us: int = 3600 * 1_000_000
+    speculative_release: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GateConfig":
@@ -110,6 +111,7 @@ class GateConfig:
             max_buffer_chars=int(settings.gate_max_buffer_chars),
             max_state_bytes=int(settings.gate_max_session_state_bytes),
             idle_expiry_us=int(settings.gate_session_idle_s * 1_000_000),
+            speculative_release=bool(settings.speculative_release),
         )
 
 
@@ -172,6 +174,8 @@ class _Turn:
         self.cancelled: bool = state.get("cancelled", False)
         self.arrivals: list[list[int]] = state.get("arrivals", [])  # [fed offset after token, at_us]
         self.buffered: list[list] = state.get("buffered", [])  # gate_mode buffered: [text, complete_us]
+        # The tentative sentence out and not yet settled: {"seq", "text", "start", "stop"} or None.
+        self.spec: dict | None = state.get("spec")
         self._config = config
         self.segmenter = None
         self.evidence: EvidenceGate | None = None
@@ -197,6 +201,7 @@ class _Turn:
         self.evidence = None
         self.arrivals = []
         self.buffered = []
+        self.spec = None
 
     def to_state(self) -> dict:
         state: dict[str, Any] = {
@@ -210,6 +215,7 @@ class _Turn:
             state["evidence"] = self.evidence.to_state()
             state["arrivals"] = self.arrivals
             state["buffered"] = self.buffered
+            state["spec"] = self.spec
         return state
 
 
@@ -281,9 +287,11 @@ class GateSession:
             return []
         if kind == TextEventKind.END_OF_TURN:
             turn.ended = True
-            for sentence in turn.segmenter.flush():
+            sentences = turn.segmenter.flush()
+            out = self._withdraw_if_undone(turn, sentences, now_us)
+            for sentence in sentences:
                 self._offer(turn, sentence, now_us)
-            return self._drain(turn, now_us)
+            return out + self._drain(turn, now_us)
         raise GateInputError(f"unknown TextEvent kind {kind!r}")
 
     def apply_control(self, event: dict, now_us: int) -> list[dict]:
@@ -347,10 +355,11 @@ class GateSession:
             self._turns[turn_id] = turn
             return [self._request(turn, "", now_us, now_us, last=True)]
         if turn.live:
+            out = self._withdraw(turn, now_us) if turn.spec is not None else []
             turn.ended = True
             turn.finished = True
             turn.retire()
-            return [self._request(turn, "", now_us, now_us, last=True)]
+            return out + [self._request(turn, "", now_us, now_us, last=True)]
         return []
 
     def shed(self, now_us: int) -> tuple[list[dict], str]:
@@ -445,12 +454,58 @@ class GateSession:
             return []
         sentences = turn.segmenter.feed(text)
         turn.arrivals.append([turn.segmenter.fed, now_us])
+        out = self._withdraw_if_undone(turn, sentences, now_us)
         for sentence in sentences:
             self._offer(turn, sentence, now_us)
         settled = turn.segmenter.settled  # arrivals only matter for ends still to come
         if turn.arrivals and turn.arrivals[0][0] <= settled:
             turn.arrivals = [a for a in turn.arrivals if a[0] > settled]
-        return self._drain(turn, now_us) if sentences else []
+        if sentences:
+            out.extend(self._drain(turn, now_us))
+        out.extend(self._speculate(turn, now_us))
+        return out
+
+    # --- speculative release (docs/gate.md, "Speculative release") ------------------------------
+    def _speculate(self, turn: _Turn, now_us: int) -> list[dict]:
+        """Release the sentence ending at an almost certain stop now, tentative. Only where its
+        release could not be held or reordered: incremental mode, no claim pending or held in the
+        turn, and text within one request."""
+        config = self.config
+        if (not config.speculative_release or config.gate_mode != GATE_MODE_INCREMENTAL or turn.spec is not None
+                or not turn.live or turn.evidence.held or turn.evidence.pending_claims()):
+            return []
+        sentence = turn.segmenter.speculation()
+        if sentence is None:
+            return []
+        text = sentence.text.strip()
+        if not text or len(text.encode("utf-8")) > config.max_text_bytes:
+            return []
+        request = self._request(turn, text, now_us, now_us)
+        request["tentative"] = True
+        turn.spec = {"seq": request["sentence_seq"], "text": text, "start": sentence.start, "stop": sentence.end}
+        return [request]
+
+    def _withdraw_if_undone(self, turn: _Turn, sentences: list, now_us: int) -> list[dict]:
+        """The tentative sentence's stop turned out to be no end (the segmenter scanned past it
+        without releasing a sentence that starts where it starts): withdraw it at once (tentative,
+        empty text), so the worker drops it now; its sentence_seq is given to the next release."""
+        spec = turn.spec
+        if spec is None or any(s.start == spec["start"] for s in sentences):
+            return []  # still undecided, or released now: `_request` confirms or replaces it
+        seg = turn.segmenter
+        if seg.open_at == spec["start"] and seg.scanned < spec["stop"]:
+            return []  # the scan still waits at the stop
+        return self._withdraw(turn, now_us)
+
+    def _withdraw(self, turn: _Turn, now_us: int) -> list[dict]:
+        """Withdraw the turn's tentative sentence (tentative, empty text, its sentence_seq, which
+        the next release reuses)."""
+        spec, turn.spec = turn.spec, None
+        withdrawal = self._request(turn, "", now_us, now_us)
+        withdrawal.update(sentence_seq=spec["seq"], tentative=True)
+        turn.next_seq = spec["seq"]
+        log.debug("session %s turn %s: tentative %r withdrawn", self.session_id, turn.turn_id, spec["text"])
+        return [withdrawal]
 
     def _offer(self, turn: _Turn, sentence: Any, now_us: int) -> None:
         end = int(sentence.end)
@@ -498,6 +553,17 @@ class GateSession:
         return out
 
     def _request(self, turn: _Turn, text: str, complete_us: int, now_us: int, last: bool = False) -> dict:
+        spec = turn.spec
+        if spec is not None and text:
+            # The first release after a tentative one is the sentence it guessed (it starts at the
+            # same place; nothing can be released before it): the same sentence_seq settles it.
+            # The same text: confirmed (empty text, the worker publishes what it made); other
+            # text (the stop was a closer or a longer cluster away): replaced.
+            turn.spec = None
+            request = self._request(turn, "" if text == spec["text"] else text, complete_us, now_us, last)
+            turn.next_seq -= 1
+            request["sentence_seq"] = spec["seq"]
+            return request
         seq = turn.next_seq
         turn.next_seq += 1
         return {
@@ -505,7 +571,7 @@ class GateSession:
             "sentence_seq": seq, "text": text, "language": turn.language, "voice": turn.voice,
             "speed": self.config.default_speed, "is_last_in_turn": last,
             "first_token_at_us": turn.first_token_at_us if turn.first_token_at_us >= 0 else turn.started_at_us,
-            "text_complete_at_us": complete_us, "released_at_us": now_us,
+            "text_complete_at_us": complete_us, "released_at_us": now_us, "tentative": False,
         }
 
     def _resolve_claim(self, claim_id: str, status: str, now_us: int) -> list[dict]:

@@ -139,6 +139,47 @@ class StreamingSegmenter:
         self._reset_turn()
         return out
 
+    @property
+    def open_at(self) -> int | None:
+        """Absolute offset of the open utterance's first raw character (None between utterances)."""
+        return None if self._sent is None else self._base + self._sent
+
+    @property
+    def scanned(self) -> int:
+        """Absolute offset of the scan position: every character before it is decided."""
+        return self._base + self._pos
+
+    def speculation(self) -> Sentence | None:
+        """The utterance that would end at the stop now under the scan position, if that end is
+        almost certain; None otherwise. A query: nothing changes, and the decision itself still
+        waits for its lookahead (`feed` releases or continues as always).
+
+        Almost certain (docs/gate.md, "Speculative release"): the scan waits on a single ``.``,
+        ``?`` or ``!`` that is the last non-space character fed, inside a plain sentence or list
+        item (no heading, code, fence), after a word that is no known title or abbreviation, no
+        initial or dotted acronym and does not end in a digit (a decimal, an ordinal) or hold a
+        dot (a domain name). Only the next non-space character can then undo it (a lowercase
+        letter, a continuing sign, a glued character)."""
+        if self._sent is None or self._fence is not None or self._code_span or self._kind == "heading":
+            return None
+        buf, i = self._buf, self._pos
+        if i >= len(buf) or buf[i] not in ".?!" or buf[i + 1:].strip():
+            return None
+        if i == 0 or not buf[i - 1].isalnum() or not self._has_content_before(i):
+            return None
+        k = i
+        while k > self._content and not buf[k - 1].isspace():
+            k -= 1
+        token = buf[k:i].lstrip(OPENERS)
+        if not token or token[-1].isdigit() or "." in token:
+            return None
+        if buf[i] == "." and self._token_class(i) != "plain":
+            return None
+        text = speakable_text(buf[self._content : i + 1], heading=False)
+        if not text:
+            return None
+        return Sentence(text, self._base + self._sent, self._base + i + 1, self._kind, self._fed)
+
     def to_state(self) -> dict[str, Any]:
         """Everything needed to go on after a restart, as JSON-serialisable data."""
         return {

@@ -8,6 +8,13 @@ No Kafka and no engine here; `pipeline.synthesis.worker` wraps this in the bus s
   sentence, cancel through `CancelRegistry` (queued requests of a cancelled turn are skipped
   without synthesis, running ones are flagged to stop), and dedupe of a request already
   completed (same session, turn, sentence_seq) so a re-delivered request is not spoken twice.
+  Speculative release (docs/worker.md): a tentative request is synthesized at once but its chunks
+  are held (`SynthesisJob.held`) until a request with its key settles it at intake: empty text
+  and tentative false confirms it (the held chunks go out, the rest streams), anything else
+  retracts it (nothing of it is ever published; a replacement takes its place in the session's
+  order). A tentative job whose synthesis ends before it is settled is *parked*: it no longer
+  takes a slot (so the fetch that brings its settlement is never blocked), but its session stays
+  blocked until the settlement comes.
   Every accepted request is *settled* exactly once through the `on_settled` callback, with an
   `Outcome`; the shell commits offsets from there.
 - `OffsetTracker` turns settlements that happen out of offset order (sessions share partitions)
@@ -39,13 +46,16 @@ class Outcome(enum.Enum):
     STOPPED = "stopped"  # its turn was cancelled while it was being synthesized
     DUPLICATE = "duplicate"  # already completed (or queued) here: not spoken again
     DROPPED = "dropped"  # its partition was revoked: another worker will redo it; do not commit
+    RETRACTED = "retracted"  # a tentative request withdrawn or replaced: nothing of it was published
+    SETTLEMENT = "settlement"  # a confirmation or withdrawal of a tentative request, applied at intake
     FAILED = "failed"  # the engine cannot speak it (same answer on every retry): its sentence is
     # closed with an end_reason and skipped, so one bad sentence blocks nothing. Never a failed
     # publish: the shell retries those, uncommitted, until the broker takes them
 
 
 # Outcomes after which the request's offset may be committed.
-COMMITTABLE = frozenset({Outcome.SPOKEN, Outcome.CANCELLED, Outcome.STOPPED, Outcome.DUPLICATE, Outcome.FAILED})
+COMMITTABLE = frozenset({Outcome.SPOKEN, Outcome.CANCELLED, Outcome.STOPPED, Outcome.DUPLICATE, Outcome.FAILED,
+                         Outcome.RETRACTED, Outcome.SETTLEMENT})
 
 
 @dataclass(frozen=True)
@@ -70,9 +80,19 @@ class SynthesisJob:
     started_at_us: int = 0
     stop_requested: bool = False  # set on the loop thread, read by the synthesis thread
     stop_reason: Outcome | None = None
+    # Speculative release: chunks made while the request is tentative and unconfirmed, and
+    # whether its synthesis has ended (a parked job only has held chunks left to publish).
+    held: list[dict] = field(default_factory=list)
+    synthesized: bool = False
+    parked_outcome: Outcome | None = None  # the outcome to settle with once its held chunks are out
 
     def __post_init__(self) -> None:
         self.key = RequestKey.of(self.request)
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Tentative and not confirmed yet: its chunks must be held, not published."""
+        return bool(self.request.get("tentative"))
 
     @property
     def session_id(self) -> str:
@@ -111,6 +131,8 @@ class SynthesisScheduler:
         self._on_settled = on_settled or (lambda job, outcome: None)
         self._queues: OrderedDict[str, deque[SynthesisJob]] = OrderedDict()  # round-robin order
         self._running: dict[str, SynthesisJob] = {}  # session -> its job being synthesized
+        self._parked: dict[str, SynthesisJob] = {}  # session -> its synthesized, unconfirmed tentative job
+        self._tentative: dict[RequestKey, SynthesisJob] = {}  # unsettled tentative jobs (queued, running, parked)
         self._active_keys: set[RequestKey] = set()  # queued or running
         self._completed: OrderedDict[RequestKey, None] = OrderedDict()
         self._remember_completed = remember_completed
@@ -136,9 +158,25 @@ class SynthesisScheduler:
     # --- intake ------------------------------------------------------------------------------
     def submit(self, request: dict, *, received_at_us: int | None = None, origin: Hashable | None = None) -> SynthesisJob:
         """Accept a request. Returns its job; a duplicate or an already-cancelled request is
-        settled at once (and does not take a slot)."""
+        settled at once (and does not take a slot), and so is the settlement of a tentative one."""
         job = SynthesisJob(request, received_at_us if received_at_us is not None else now_us(), origin)
         self.cancels.observe(job.session_id, request["turn_id"])  # a later session cancel covers it
+        held = self._tentative.get(job.key)
+        if held is not None:
+            if not request.get("tentative") and not request["text"].strip():
+                # confirmed: the held job's request becomes final (it carries the turn's end)
+                del self._tentative[job.key]
+                held.request = {**held.request, "tentative": False,
+                                "is_last_in_turn": bool(request.get("is_last_in_turn"))}
+                self._on_settled(job, Outcome.SETTLEMENT)
+                return job
+            self._retract(held)  # withdrawn, or replaced by this request
+            if not request["text"].strip():
+                self._on_settled(job, Outcome.SETTLEMENT)
+                return job
+        elif request.get("tentative") and not request["text"].strip():
+            self._on_settled(job, Outcome.SETTLEMENT)  # withdrawal of one never held here
+            return job
         if job.key in self._active_keys or job.key in self._completed:
             self._on_settled(job, Outcome.DUPLICATE)
             return job
@@ -150,14 +188,21 @@ class SynthesisScheduler:
             raise SchedulerFull(f"{self.in_flight} requests in flight (max {self.max_in_flight})")
         self._queues.setdefault(job.session_id, deque()).append(job)
         self._active_keys.add(job.key)
+        if job.unconfirmed:
+            self._tentative[job.key] = job
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         return job
 
     def next_job(self) -> SynthesisJob | None:
         """The next job to synthesize: the head of the next session (round-robin) that has no job
         running. Queued jobs of cancelled turns met on the way are settled as CANCELLED."""
+        for session_id, job in list(self._parked.items()):
+            if not job.unconfirmed:  # confirmed: its held chunks go out now
+                del self._parked[session_id]
+                self._running[session_id] = job
+                return job
         for session_id in list(self._queues):
-            if session_id in self._running:
+            if session_id in self._running or session_id in self._parked:
                 continue
             queue = self._queues[session_id]
             while queue:
@@ -185,6 +230,38 @@ class SynthesisScheduler:
         self._settle(job, final)
         return final
 
+    def park(self, job: SynthesisJob) -> None:
+        """A running tentative job was synthesized before its settlement came: it waits, holding
+        its chunks but no slot; its session's next job waits behind it."""
+        if self._running.get(job.session_id) is not job:
+            raise ValueError(f"{job.key} is not running")
+        del self._running[job.session_id]
+        job.synthesized = True
+        self._parked[job.session_id] = job
+
+    @property
+    def parked(self) -> list[SynthesisJob]:
+        return list(self._parked.values())
+
+    def _retract(self, job: SynthesisJob) -> None:
+        """Drop an unsettled tentative job: nothing of it is published. Its key is free at once
+        (a replacement with the same key follows), and it is not remembered as completed."""
+        self._tentative.pop(job.key, None)
+        self._active_keys.discard(job.key)
+        job.held.clear()
+        if self._parked.get(job.session_id) is job:
+            del self._parked[job.session_id]
+            self._on_settled(job, Outcome.RETRACTED)
+        elif self._running.get(job.session_id) is job:
+            job.request_stop(Outcome.RETRACTED)  # settled when the synthesis loop finishes it
+        else:
+            queue = self._queues.get(job.session_id)
+            if queue is not None and job in queue:
+                queue.remove(job)
+                if not queue:
+                    del self._queues[job.session_id]
+            self._on_settled(job, Outcome.RETRACTED)
+
     # --- control -----------------------------------------------------------------------------
     def apply_control(self, event: dict) -> tuple[list[SynthesisJob], list[SynthesisJob]]:
         """Apply a ControlEvent. Returns (queued jobs purged, running jobs asked to stop); the
@@ -203,6 +280,13 @@ class SynthesisScheduler:
                 del self._queues[session_id]
             for job in purged:
                 self._settle(job, Outcome.CANCELLED)
+        parked = self._parked.get(session_id)
+        if parked is not None and self._is_cancelled(parked):
+            del self._parked[session_id]
+            self._tentative.pop(parked.key, None)
+            parked.held.clear()
+            self._settle(parked, Outcome.CANCELLED)
+            purged.append(parked)
         stopped: list[SynthesisJob] = []
         running = self._running.get(session_id)
         if running is not None and self._is_cancelled(running):
@@ -222,8 +306,13 @@ class SynthesisScheduler:
                 self._queues[session_id] = keep
             else:
                 del self._queues[session_id]
+        for session_id, job in list(self._parked.items()):
+            if predicate(job):
+                del self._parked[session_id]
+                dropped.append(job)
         for job in dropped:
             self._active_keys.discard(job.key)
+            self._tentative.pop(job.key, None)
             self._on_settled(job, Outcome.DROPPED)
         return dropped
 
@@ -235,6 +324,11 @@ class SynthesisScheduler:
         return self.cancels.is_cancelled(job.session_id, job.request["turn_id"])
 
     def _settle(self, job: SynthesisJob, outcome: Outcome) -> None:
+        if outcome is Outcome.RETRACTED:
+            # `_retract` freed its key already (a replacement may hold it now): forget nothing
+            self._on_settled(job, outcome)
+            return
+        self._tentative.pop(job.key, None)
         self._active_keys.discard(job.key)
         if outcome is not Outcome.DROPPED:
             self._remember(job.key)

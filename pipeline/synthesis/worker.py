@@ -339,6 +339,10 @@ class SynthesisWorker:
                 continue
             try:
                 outcome = await self._speak(job)
+                if outcome is None:  # a tentative job synthesized before its settlement came
+                    self.scheduler.park(job)
+                    self._wake.set()  # it no longer takes a slot: the fetch may go on
+                    continue
             except BaseException:
                 # cancelled (the worker stops) or a bug: the request is not committed; the
                 # supervisor restarts this task and the partition's next owner redoes it
@@ -348,10 +352,15 @@ class SynthesisWorker:
             self.scheduler.finish(job, outcome)
             self._wake.set()  # a slot is free
 
-    async def _speak(self, job: SynthesisJob) -> Outcome:
+    async def _speak(self, job: SynthesisJob) -> Outcome | None:
         """Synthesize one request and publish its chunks. SPOKEN once every chunk is acknowledged
         (or the job was asked to stop: the scheduler then settles it with the stop's reason);
-        FAILED when the engine cannot speak it, after its closing chunk is acknowledged."""
+        FAILED when the engine cannot speak it, after its closing chunk is acknowledged. None:
+        a tentative request was synthesized but is not confirmed yet (the caller parks it; its
+        chunks stay held). A parked job that was confirmed comes back here to publish them."""
+        if job.synthesized:
+            await self._publish_all(job, [])
+            return job.parked_outcome or Outcome.SPOKEN
         loop = asyncio.get_running_loop()
         assembler = ChunkAssembler(job, chunk_ms=self.settings.chunk_ms, sample_rate=self.engine.sample_rate,
                                    worker_id=self.worker_id)
@@ -373,6 +382,8 @@ class SynthesisWorker:
                     break
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())
+            if job.unconfirmed and not job.stop_requested:
+                return None
         except Exception as exc:  # noqa: BLE001 - the engine's failure of this text: reported, settled
             # Publishing never raises here (`_send` retries); what reaches this is the engine's (or
             # the codec's) answer to this request, the same on every retry and every worker.
@@ -385,6 +396,11 @@ class SynthesisWorker:
                     exc_info=None if isinstance(exc, SPEAK_FAILURES) else exc)
             # the audio already made goes out, then a last chunk that says why the rest is missing
             await self._publish_all(job, assembler.finish(end_reason=reason))
+            if job.unconfirmed and not job.stop_requested:
+                # its closing chunk is held with the rest: it goes out (and the job is settled
+                # FAILED) once confirmed, so the sentence still ends for the player
+                job.parked_outcome = Outcome.FAILED
+                return None
             return Outcome.FAILED
         finally:
             if stream is not None:
@@ -408,7 +424,18 @@ class SynthesisWorker:
                  (observation.synthesis_stopped_at_us - observation.seen_at_us) / 1000.0)
 
     async def _publish_all(self, job: SynthesisJob, chunks: list[dict]) -> bool:
-        """Publish chunks in order; False (and nothing more sent) once the job must stop."""
+        """Publish chunks in order; False (and nothing more sent) once the job must stop. Chunks
+        of an unconfirmed tentative job are held instead; the first publish after its
+        confirmation sends the held ones first (the turn's end, which the confirmation carries,
+        set on the last chunk)."""
+        if job.unconfirmed:
+            job.held.extend(chunks)
+            return not job.stop_requested
+        if job.held:
+            last_in_turn = bool(job.request.get("is_last_in_turn"))
+            for chunk in job.held:
+                chunk["is_last_in_turn"] = bool(chunk["is_last_chunk"] and last_in_turn)
+            chunks, job.held = job.held + list(chunks), []
         for chunk in chunks:
             if not await self._send(job, chunk):
                 return False

@@ -32,6 +32,7 @@ from schemas import contract
 CODEC = Codec()
 TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc").read_text())
 AUDIO_CHUNK_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v1.avsc").read_text())
+SYNTHESIS_REQUEST_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "synthesis_request_v1.avsc").read_text())
 
 
 # --- values from a schema ------------------------------------------------------------------------
@@ -218,6 +219,36 @@ def test_a_reader_from_before_end_reason_reads_a_new_audio_chunk():
                                  avro.schema.parse(json.dumps(AUDIO_CHUNK_V1)))
     assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == v1_audio_chunk()
     assert CODEC.decode(encoded).value["end_reason"] == "no-voices"
+
+
+def v1_synthesis_request() -> dict:
+    return {"session_id": "s1", "turn_id": "t1", "agent_id": "a1", "sentence_seq": 0, "text": "Hi there.",
+            "language": "a", "voice": "af_heart", "speed": 1.0, "is_last_in_turn": False,
+            "first_token_at_us": 1, "text_complete_at_us": 2, "released_at_us": 3}
+
+
+def test_synthesis_request_gained_tentative_and_keeps_v1_in_history():
+    assert {f["name"] for f in schemas.load("SynthesisRequest")["fields"]} - {
+        f["name"] for f in SYNTHESIS_REQUEST_V1["fields"]} == {"tentative"}
+    assert SYNTHESIS_REQUEST_V1 in schemas.load_history()
+
+
+def test_a_synthesis_request_written_before_tentative_decodes_as_final():
+    apache_v1 = avro.schema.parse(json.dumps(SYNTHESIS_REQUEST_V1))
+    buf = io.BytesIO()
+    buf.write(MAGIC + apache_v1.fingerprint("CRC-64-AVRO"))
+    avro.io.DatumWriter(apache_v1).write(v1_synthesis_request(), avro.io.BinaryEncoder(buf))
+    decoded = CODEC.decode(buf.getvalue(), expect="SynthesisRequest")
+    assert decoded.older_writer
+    assert decoded.value == {**v1_synthesis_request(), "tentative": False}
+
+
+def test_a_reader_from_before_tentative_reads_a_new_synthesis_request():
+    encoded = CODEC.encode("SynthesisRequest", {**v1_synthesis_request(), "tentative": True})
+    reader = avro.io.DatumReader(avro.schema.parse(json.dumps(schemas.load("SynthesisRequest"))),
+                                 avro.schema.parse(json.dumps(SYNTHESIS_REQUEST_V1)))
+    assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == v1_synthesis_request()
+    assert CODEC.decode(encoded).value["tentative"] is True
 
 
 # --- bad input: each typed error -------------------------------------------------------------------

@@ -96,3 +96,52 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
     assert mine, "some audio was published before the cancel"
     assert max(c["published_at_us"] for c in mine) <= seen[0].seen_at_us + 5_000
     assert max(c["sentence_seq"] for c in mine) < 7, "the rest of the answer was never synthesized"
+
+
+async def test_a_retracted_tentative_sentence_never_reaches_a_player(make_settings, engine):
+    """Speculative release on: "Visit example." goes out tentative at once; the worker
+    synthesizes it and holds its audio (parked); the glued "com" then withdraws it. The
+    listener hears only the corrected sentence, and the audio topic holds no chunk of the
+    tentative job."""
+    from tests.waiting import eventually
+
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2, speculative_release=True,
+                             first_clause_min_words=0)
+    async with PipelineStack(settings, engine) as stack:
+        worker = stack.lanes["main"].worker
+        async with Listener(stack.edge_url, "s-spec", settings.edge_secret) as listener:
+            async with Publisher(stack.settings, agent_id="assistant") as publisher:
+                async with publisher.turn("s-spec", "t1", language="en") as turn:
+                    await turn.token("Visit")
+                    await turn.token(" example.")
+                    # its audio was made and is held, not published
+                    parked = await eventually(lambda: [j for j in worker.scheduler.parked if j.session_id == "s-spec"],
+                                              timeout_s=120, what="the tentative sentence synthesized and parked")
+                    tentative_job = parked[0]
+                    held_chunks = len(tentative_job.held)
+                    assert tentative_job.request["tentative"] and tentative_job.request["text"] == "Visit example."
+                    await turn.token("com")
+                    await eventually(lambda: tentative_job not in worker.scheduler.parked, timeout_s=60,
+                                     what="the withdrawal applied")
+                    await turn.token(" today.")
+            heard = await listener.wait_turn_end("t1", timeout=240)
+
+            consumer = make_consumer(stack.settings, stack.settings.audio_topic, group_id=None,
+                                     auto_offset_reset="earliest")
+            await consumer.start()
+            try:
+                records = await consumer.getmany(timeout_ms=3000)
+            finally:
+                await consumer.stop()
+
+    assert sorted({sentence for _, sentence, _, _ in heard.frames}) == [0]
+    codec = Codec()
+    mine = [c for rs in records.values() for r in rs
+            if (c := codec.decode(r.value).value)["session_id"] == "s-spec"]
+    assert mine and all(c["sentence_seq"] == 0 for c in mine)
+    # every chunk published is the replacement's: none carries the tentative job's stamps
+    assert all(c["request_received_at_us"] > tentative_job.received_at_us for c in mine)
+    assert sorted(c["chunk_seq"] for c in mine) == list(range(len(mine)))
+    assert mine[-1]["is_last_chunk"] and any(c["is_last_in_turn"] for c in mine)
+    assert held_chunks > 0, "the tentative sentence's audio was made (and held)"
+    assert worker.metrics.requests.labels("retracted")._value.get() >= 1

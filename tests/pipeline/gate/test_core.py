@@ -321,3 +321,136 @@ def test_buffered_mode_sends_the_whole_turn_as_one_request_at_its_end():
         GateConfig.from_settings(Settings(gate_mode="sometimes"))
     with pytest.raises(SettingsError):
         GateConfig.from_settings(Settings(hold_timeout_policy="forever"))
+
+
+# --- speculative release (docs/gate.md, "Speculative release") --------------------------------------
+
+SPEC = GateConfig.from_settings(Settings(hold_timeout_s=2.0, speculative_release=True, first_clause_min_words=0))
+PLAIN = GateConfig.from_settings(Settings(hold_timeout_s=2.0, speculative_release=False, first_clause_min_words=0))
+
+
+def settle(requests):
+    """What a worker following the protocol publishes: (sentence_seq, text, is_last_in_turn) in
+    order. A tentative request is held; tentative with empty text withdraws it; a final request
+    with its sentence_seq settles it (empty text: confirmed, its text spoken; else replaced)."""
+    held, spoken = {}, []
+    for r in requests:
+        seq = r["sentence_seq"]
+        if r["tentative"]:
+            if r["text"]:
+                held[seq] = r["text"]
+            else:
+                assert held.pop(seq, None) is not None, f"withdrawal of {seq} that is not held"
+            continue
+        text = r["text"] or held.get(seq, "") if seq in held else r["text"]
+        held.pop(seq, None)
+        spoken.append((seq, text, r["is_last_in_turn"]))
+    assert not held, f"tentative requests never settled: {held}"
+    return spoken
+
+
+def steps(events, config=SPEC):
+    """The requests each event gave, one list per event."""
+    gate = Gate(config)
+    return [gate.apply(e, 5_000 * S + i) for i, e in enumerate(events)]
+
+
+def brief(requests):
+    return [(r["sentence_seq"], r["text"], r["tentative"]) for r in requests]
+
+
+def test_a_certain_stop_is_released_tentative_at_once_and_the_next_token_confirms_it():
+    t = Turn()
+    events = [t._event("TOKEN", "Hello"), t._event("TOKEN", " world."), t._event("TOKEN", " How"),
+              t._event("TOKEN", " are you?"), t.end()]
+    got = [brief(rs) for rs in steps(events)]
+    assert got == [[], [(0, "Hello world.", True)], [(0, "", False)], [(1, "How are you?", True)], [(1, "", False)]]
+    assert steps(events)[-1][0]["is_last_in_turn"]
+    assert settle([r for rs in steps(events) for r in rs]) == [(0, "Hello world.", False), (1, "How are you?", True)]
+
+
+@pytest.mark.parametrize("text", ["Call Dr. Smith now.", "It is 3.14 now.", "Ask J. Smith today.",
+                                  "We met in the U.S. Army.", "See p. 4 first."])
+def test_no_speculation_after_an_abbreviation_a_number_or_an_initial(text):
+    t = Turn()
+    events = [t._event("TOKEN", w) for w in _words(text)] + [t.end()]
+    out = [r for rs in steps(events) for r in rs]
+    tentative_texts = [r["text"] for r in out if r["tentative"]]
+    assert tentative_texts == [text]  # only the real end, never at the abbreviation's dot
+    assert settle(out) == [(0, text, True)]
+
+
+def _words(text):
+    """Tokens the way an LLM streams them: each word with its leading space."""
+    parts = text.split(" ")
+    return [parts[0]] + [" " + p for p in parts[1:]]
+
+
+@pytest.mark.parametrize("tokens, retracted, final", [
+    (["Go", " to", " example.", "com", " now!"], "Go to example.", "Go to example.com now!"),
+    (["Wait", " here.", " and", " then", " go."], "Wait here.", "Wait here. and then go."),
+    (["Really?", " no", " way."], "Really?", "Really? no way."),
+])
+def test_a_stop_that_turns_out_no_end_is_withdrawn_and_its_seq_reused(tokens, retracted, final):
+    t = Turn()
+    events = [t._event("TOKEN", tok) for tok in tokens] + [t.end()]
+    per_event = steps(events)
+    out = [r for rs in per_event for r in rs]
+    first = out.index(next(r for r in out if r["tentative"] and r["text"] == retracted))
+    # The token that undoes the stop withdraws it at once (tentative, empty text, same seq).
+    assert brief([out[first + 1]]) == [(0, "", True)]
+    assert settle(out) == [(0, final, True)]
+
+
+def test_a_closing_quote_after_the_stop_replaces_the_tentative_text_under_the_same_seq():
+    t = Turn()
+    events = [t._event("TOKEN", "He said \"stop."), t._event("TOKEN", "\""), t._event("TOKEN", " Then"), t.end()]
+    out = [r for rs in steps(events) for r in rs]
+    assert brief(out)[:2] == [(0, "He said \"stop.", True), (0, "He said \"stop.\"", False)]
+    assert settle(out) == [(0, "He said \"stop.\"", False), (1, "Then", True)]
+
+
+def test_no_speculation_while_a_claim_is_pending_or_when_off():
+    t = Turn()
+    events = t.tokens("One two. ", size=100) + [t.pending("c")] + [t._event("TOKEN", "Three four.")]
+    # "One two." went out tentative before the mark; "Three four." may be held: never tentative.
+    assert [r["text"] for rs in steps(events) for r in rs if r["tentative"]] == ["One two."]
+    t = Turn()
+    events = [t._event("TOKEN", "Hello world."), t._event("TOKEN", " How"), t.end()]
+    assert not [r for rs in steps(events, PLAIN) for r in rs if r["tentative"]]
+    assert GateConfig.from_settings(Settings()).speculative_release is False
+
+
+SPEC_TEXT = ("Hello world. Call Dr. Smith at 3.14 p.m. today! Is it done? Go to example.com now. "
+             "He said \"stop.\" Then he left. Wait here. and then go. Ask J. Smith.")
+
+
+@hsettings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, len(SPEC_TEXT) - 1), max_size=40))
+def test_any_split_with_speculation_speaks_exactly_what_the_plain_gate_speaks(cuts):
+    t, bounds, events = Turn(), sorted(set(cuts)) + [len(SPEC_TEXT)], []
+    last = 0
+    for cut in bounds:
+        if cut > last:
+            events.append(t._event("TOKEN", SPEC_TEXT[last:cut]))
+            last = cut
+    events.append(t.end())
+    plain = [(r["sentence_seq"], r["text"], r["is_last_in_turn"]) for rs in steps(events, PLAIN) for r in rs]
+    # Through JSON between every two events, as the gate worker keeps it.
+    state, out = None, []
+    for i, e in enumerate(events):
+        session = GateSession.from_state("s1", SPEC, json.loads(json.dumps(state)) if state else None)
+        out.extend(session.apply(e, i))
+        state = session.to_state()
+    assert settle(out) == plain
+
+
+def test_a_turn_the_gate_fails_on_withdraws_its_tentative_sentence_before_ending():
+    t = Turn()
+    session = GateSession("s1", SPEC)
+    out = session.apply(t._event("TOKEN", "Hello world."), 0)
+    assert brief(out) == [(0, "Hello world.", True)]
+    closing = session.end_failed_turn(t._event("TOKEN", " more"), 1, RuntimeError("a bug"))
+    # the worker must not wait for a settlement that will never come
+    assert brief(closing) == [(0, "", True), (0, "", False)] and closing[-1]["is_last_in_turn"]
+    assert settle(out + closing) == [(0, "", True)]

@@ -277,3 +277,73 @@ def test_only_a_turns_first_sentence_asks_for_an_early_first_clause():
 
     assert args_for(0)["first_clause_min_words"] == 3
     assert args_for(1)["first_clause_min_words"] == 0
+
+
+# --- speculative release: tentative requests (docs/worker.md) ----------------------------------------
+
+
+def tentative(seq=0, text="Hello there.", **kw):
+    return {**request(seq=seq, text=text, **kw), "tentative": True}
+
+
+def confirm(seq=0, last=False):
+    return {**request(seq=seq, text="", last=last), "tentative": False}
+
+
+def test_a_confirmed_tentative_job_publishes_held_chunks_with_the_turn_end_of_its_confirmation():
+    rec = Recorder()
+    sched = SynthesisScheduler(max_in_flight=1, on_settled=rec)
+    sched.submit(tentative(), origin=("p", 0))
+    job = sched.next_job()
+    assert job.unconfirmed
+    sched.park(job)  # synthesized before the confirmation came: no slot taken, session blocked
+    assert sched.free_slots == 1 and sched.next_job() is None
+    sched.submit(request(seq=1, text="Next."))  # cannot overtake it
+    assert sched.next_job() is None
+    sched.submit(confirm(last=True), origin=("p", 1))
+    again = sched.next_job()
+    assert again is job and not job.unconfirmed and job.request["is_last_in_turn"] and job.request["text"] == "Hello there."
+    sched.finish(job)
+    assert sched.next_job().key.sentence_seq == 1
+    assert [o for _, o in rec.settled] == [Outcome.SETTLEMENT, Outcome.SPOKEN]
+
+
+@pytest.mark.parametrize("where", ["queued", "running", "parked"])
+def test_a_withdrawn_tentative_job_is_dropped_and_its_seq_spoken_by_the_replacement(where):
+    rec = Recorder()
+    sched = SynthesisScheduler(max_in_flight=2, on_settled=rec)
+    sched.submit(tentative(text="Go to example."))
+    job = None
+    if where != "queued":
+        job = sched.next_job()
+        if where == "parked":
+            sched.park(job)
+    sched.submit({**tentative(text=""), "text": ""})  # withdrawn
+    if where == "running":
+        assert job.stop_requested and job.stop_reason is Outcome.RETRACTED
+        assert sched.finish(job) is Outcome.RETRACTED
+    assert sorted(o.value for _, o in rec.settled) == ["retracted", "settlement"]
+    sched.submit(request(text="Go to example.com now!"))  # the same key: not a duplicate
+    replacement = sched.next_job()
+    assert replacement.request["text"] == "Go to example.com now!" and not replacement.unconfirmed
+
+
+def test_a_final_request_with_other_text_replaces_a_running_tentative_one_in_order():
+    rec = Recorder()
+    sched = SynthesisScheduler(max_in_flight=2, on_settled=rec)
+    sched.submit(tentative(text='He said "stop.'))
+    job = sched.next_job()
+    sched.submit(request(text='He said "stop."'))
+    assert job.stop_reason is Outcome.RETRACTED
+    assert sched.next_job() is None  # the session's running job must end first
+    sched.finish(job)
+    assert sched.next_job().request["text"] == 'He said "stop."'
+
+
+def test_a_cancel_drops_a_parked_tentative_job():
+    rec = Recorder()
+    sched = SynthesisScheduler(max_in_flight=2, on_settled=rec)
+    sched.submit(tentative())
+    sched.park(sched.next_job())
+    purged, _ = sched.apply_control(cancel())
+    assert len(purged) == 1 and rec.settled[-1][1] is Outcome.CANCELLED and sched.parked == []

@@ -202,3 +202,43 @@ async def test_audio_whose_broker_went_down_is_published_after_the_restart_and_o
             settled = outcomes(worker)
         assert settled.get("spoken") == 1.0 and "failed" not in settled
         assert complete_sentences(bus.of("s1", "t1")) == {0}
+
+
+async def test_tentative_requests_confirmed_withdrawn_and_failed_through_the_broker(make_settings, engine):
+    """Speculative release at the worker (docs/worker.md): a confirmed tentative sentence is
+    published once confirmed, with the turn's end its confirmation carries; a withdrawn one
+    never is, and its replacement speaks under the same sentence_seq; a tentative sentence the
+    engine cannot speak still ends its sentence (and turn) once confirmed, with its reason."""
+    settings = make_settings(partitions=1)
+    strict = dataclasses.replace(engine, fallback_voice=None)
+
+    def tentative(turn, seq, text, **extra):
+        return {**request("s1", turn, seq, text), "tentative": True, **extra}
+
+    def settlement(turn, seq, *, tentative=False, last=False, text=""):
+        return {**request("s1", turn, seq, text, last=last), "tentative": tentative}
+
+    async with Bus(settings) as bus:
+        async with SynthesisWorker(settings, strict, worker_id="w1", warm_up=False) as worker:
+            await bus.requests([tentative("t1", 0, "One."), settlement("t1", 0),
+                                tentative("t1", 1, "Two."), settlement("t1", 1, tentative=True),  # withdrawn
+                                settlement("t1", 1, text="Two words.", last=True)])
+            await bus.wait_for(turn_done(bus, "s1", "t1"), what="s1/t1")
+            # a failing tentative sentence, synthesized and parked before its confirmation
+            await bus.requests([tentative("t2", 0, "Three.", voice="zz_missing")])
+            await eventually(lambda: worker.scheduler.parked, what="the failed tentative sentence parked")
+            assert bus.of("s1", "t2") == []
+            await bus.requests([settlement("t2", 0, last=True)])
+            await bus.wait_for(turn_done(bus, "s1", "t2"), what="s1/t2")
+            await eventually(async_committed(worker, 7), what="every request committed")
+            settled = outcomes(worker)
+        assert settled == {"spoken": 2.0, "settlement": 3.0, "retracted": 1.0, "failed": 1.0}
+        t1 = bus.of("s1", "t1")
+        assert complete_sentences(t1) == {0, 1} and len({c["request_received_at_us"] for c in t1
+                                                          if c["sentence_seq"] == 1}) == 1
+        [withdrawn_at] = {c["request_received_at_us"] for c in t1 if c["sentence_seq"] == 1}
+        assert withdrawn_at > max(c["request_received_at_us"] for c in t1 if c["sentence_seq"] == 0)
+        [end_of_t1] = [c for c in t1 if c["is_last_in_turn"]]
+        assert end_of_t1["sentence_seq"] == 1
+        [closing] = bus.of("s1", "t2")
+        assert closing["is_last_chunk"] and closing["is_last_in_turn"] and closing["end_reason"] == "no-voices"
