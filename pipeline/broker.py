@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import logging
 import os
 import shutil
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
+from pipeline.daemon import COMPLETE_MARK, DaemonError, MavenFetchError, OwnedProcess, free_port, maven_fetch
 from pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 POM_PATH = Path(__file__).resolve().parent.parent / "tools" / "kafka" / "pom.xml"
 SERVER_MAIN = "kafka.Kafka"  # bin/kafka-server-start.sh
 STORAGE_TOOL = "kafka.tools.StorageTool"  # bin/kafka-storage.sh
-_COMPLETE_MARK = ".complete"
 DEFAULT_JVM_OPTIONS = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
 # For a broker that should start fast on a busy machine (the test session's): the C1 compiler
 # only and a single-threaded collector spend much less CPU while the broker boots (~25% faster
@@ -80,43 +79,23 @@ def jars_dir(kafka_dir: Path, version: str) -> Path:
 
 
 def fetch_jars(kafka_dir: Path, version: str, pom: Path = POM_PATH) -> Path:
-    """Resolve Kafka `version`'s runtime jars into ``<kafka_dir>/jars/<version>`` (idempotent).
+    """Resolve Kafka `version`'s runtime jars into ``<kafka_dir>/jars/<version>`` (idempotent;
+    `pipeline.daemon.maven_fetch` serialises concurrent callers and never leaves a half-copied
+    folder in place)."""
 
-    Concurrent callers (several test sessions on one machine) serialise on a lock file; the jars
-    land in a temporary folder first and are renamed into place, so a half-copied folder is never
-    used.
-    """
-    target = jars_dir(kafka_dir, version)
-    if (target / _COMPLETE_MARK).exists():
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise JarsFetchError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven)")
-    if not pom.exists():
-        raise JarsFetchError(f"{pom} is missing: the Kafka classpath pom ships with the repository")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (target / _COMPLETE_MARK).exists():
-            return target  # another process fetched it while we waited
-        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent))
-        try:
-            cmd = [
-                mvn, "-q", "-B", "-f", str(pom), f"-Dkafka.version={version}",
-                "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=target.parent)
-            if proc.returncode != 0 or not list(staging.glob(f"kafka_2.13-{version}.jar")):
-                out = (proc.stdout + proc.stderr)[-3000:]
-                raise JarsFetchError(f"mvn could not resolve Apache Kafka {version} (exit {proc.returncode}):\n{out}")
-            (staging / _COMPLETE_MARK).write_text(version + "\n")
-            if target.exists():
-                shutil.rmtree(target)  # an incomplete leftover from a killed fetch
-            staging.rename(target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-    return target
+    def install(download: Path, staging: Path) -> None:
+        if not list(download.glob(f"kafka_2.13-{version}.jar")):
+            raise JarsFetchError(f"mvn brought no kafka_2.13-{version}.jar")
+        for jar in download.iterdir():
+            jar.rename(staging / jar.name)
+
+    try:
+        return maven_fetch(
+            jars_dir(kafka_dir, version), pom, [f"-Dkafka.version={version}", "-DincludeScope=runtime"],
+            f"Apache Kafka {version}", install,
+        )
+    except MavenFetchError as exc:
+        raise JarsFetchError(str(exc)) from exc
 
 
 # --- the Kafka wire check ----------------------------------------------------------------------
@@ -176,12 +155,6 @@ def parse_bootstrap(bootstrap: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 # --- the broker process ------------------------------------------------------------------------
 
 
@@ -239,7 +212,9 @@ class LocalKafka:
         # A broker owned by a process (a test session) must not outlive it even if that process
         # is killed without running its finalizers: the kernel then sends the broker SIGTERM.
         self.die_with_parent = die_with_parent
-        self._proc: subprocess.Popen | None = None
+        self._process = OwnedProcess(
+            self.data_dir / "kafka.pid", [SERVER_MAIN.encode(), str(self.properties_file).encode()], die_with_parent
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings, data_dir: Path | None = None) -> "LocalKafka":
@@ -341,7 +316,7 @@ class LocalKafka:
         return java
 
     def _java_cmd(self, main: str, *args: str) -> list[str]:
-        if not (self.jars / _COMPLETE_MARK).exists() and not list(self.jars.glob("kafka_2.13-*.jar")):
+        if not (self.jars / COMPLETE_MARK).exists() and not list(self.jars.glob("kafka_2.13-*.jar")):
             raise BrokerError(f"no Kafka jars in {self.jars}: run `voicebus kafka fetch` first")
         return [
             self._java(),
@@ -369,8 +344,8 @@ class LocalKafka:
 
     def start(self, timeout: float = 90.0) -> "LocalKafka":
         """Start the broker and return once it answers; raise `BrokerStartError` otherwise."""
-        existing = self._read_pid()
-        if existing is not None and _is_our_kafka(existing, self.properties_file):
+        existing = self._process.pid()
+        if existing is not None:
             if broker_answers(self.host, self.port):
                 return self  # already running (started by an earlier `voicebus kafka start`)
             raise BrokerError(f"broker process {existing} from {self.data_dir} is alive but not answering")
@@ -379,11 +354,9 @@ class LocalKafka:
         self.launch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                self._forget_pid()
-                raise BrokerStartError(
-                    f"Kafka exited with code {self._proc.returncode} during start", self.log_tail(60)
-                )
+            code = self._process.launched_and_exited()
+            if code is not None:
+                raise BrokerStartError(f"Kafka exited with code {code} during start", self.log_tail(60))
             if broker_answers(self.host, self.port, timeout=0.5):
                 return self
             time.sleep(0.2)
@@ -393,49 +366,28 @@ class LocalKafka:
     @property
     def running(self) -> bool:
         """The process of this data dir is alive (whether or not it answers yet)."""
-        pid = self._read_pid()
-        return pid is not None and _is_our_kafka(pid, self.properties_file)
+        return self._process.pid() is not None
 
     def status(self) -> BrokerStatus:
-        pid = self._read_pid()
-        running = pid is not None and _is_our_kafka(pid, self.properties_file)
-        return BrokerStatus(self.bootstrap, pid if running else None, running, running and broker_answers(self.host, self.port))
+        pid = self._process.pid()
+        running = pid is not None
+        return BrokerStatus(self.bootstrap, pid, running, running and broker_answers(self.host, self.port))
 
     def stop(self, timeout: float = 20.0) -> bool:
         """SIGTERM the broker (a clean shutdown), SIGKILL it after `timeout`; True if one was stopped."""
-        pid = self._proc.pid if self._proc is not None and self._proc.poll() is None else self._read_pid()
-        if pid is None or not _is_our_kafka(pid, self.properties_file):
-            self._forget_pid()
-            self._reap()
-            return False
-        _signal_group(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, timeout):
-            _signal_group(pid, signal.SIGKILL)
-            self._wait_gone(pid, 10.0)
-        self._forget_pid()
-        return True
+        return self._process.stop(timeout)
 
     def terminate(self) -> int | None:
         """Send SIGTERM (start a controlled shutdown) without waiting; the pid, or None."""
-        pid = self._proc.pid if self._proc is not None and self._proc.poll() is None else self._read_pid()
-        if pid is None or not _is_our_kafka(pid, self.properties_file):
-            return None
-        _signal_group(pid, signal.SIGTERM)
-        return pid
+        return self._process.signal(signal.SIGTERM)
 
     def kill(self) -> int | None:
         """SIGKILL the broker (a crash: no controlled shutdown); its pid, or None if it
         was not running. Returns once the process is gone."""
-        pid = self._proc.pid if self._proc is not None and self._proc.poll() is None else self._read_pid()
-        if pid is None or not _is_our_kafka(pid, self.properties_file):
-            self._forget_pid()
-            self._reap()
-            return None
-        _signal_group(pid, signal.SIGKILL)
-        if not self._wait_gone(pid, 10.0):
-            raise BrokerError(f"broker process {pid} survived SIGKILL for 10 s")
-        self._forget_pid()
-        return pid
+        try:
+            return self._process.kill(10.0)
+        except DaemonError as exc:
+            raise BrokerError(str(exc)) from exc
 
     def launch(self) -> None:
         """Start the broker process without waiting for it to answer (a cluster's nodes must all
@@ -443,19 +395,12 @@ class LocalKafka:
         quorum, a majority of the nodes, has formed). `start` launches and waits."""
         self._write_config()
         self.format_storage()
-        cmd = self._java_cmd(SERVER_MAIN, str(self.properties_file))
-        with open(self.stdout_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.data_dir, start_new_session=True,
-                preexec_fn=_terminate_when_parent_dies if self.die_with_parent else None,
-            )
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._process.launch(self._java_cmd(SERVER_MAIN, str(self.properties_file)), self.stdout_file, self.data_dir)
 
     def exited(self) -> int | None:
         """The exit code of the process this object launched, or None while it runs (or if it
         was launched by another process)."""
-        return self._proc.poll() if self._proc is not None else None
+        return self._process.exited()
 
     def log_tail(self, lines: int = 40) -> str:
         parts = []
@@ -465,73 +410,6 @@ class LocalKafka:
                 if text:
                     parts.append(f"[{path.name}]\n" + "\n".join(text))
         return "\n".join(parts)
-
-    # internals
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid:
-                if self._proc.poll() is not None:
-                    return True
-            elif not _alive(pid):
-                return True
-            time.sleep(0.05)
-        return False
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=0)
-
-    def _read_pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def _forget_pid(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.pid_file.unlink()
-
-
-def _terminate_when_parent_dies() -> None:
-    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie has exited; only its parent's wait() is missing
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _is_our_kafka(pid: int, properties_file: Path) -> bool:
-    """The pid is alive and is the Kafka started with this data dir (not a recycled pid)."""
-    if not _alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return SERVER_MAIN.encode() in cmdline and str(properties_file).encode() in cmdline
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        try:
-            os.killpg(pid, sig)  # started with start_new_session: the group id is the pid
-        except PermissionError:
-            os.kill(pid, sig)
 
 
 # --- a replicated cluster ---------------------------------------------------------------------------

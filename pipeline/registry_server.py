@@ -20,28 +20,22 @@ class behind them, the way `pipeline.broker` owns the local Kafka:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import shutil
-import signal
-import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.broker import _alive, _signal_group, _terminate_when_parent_dies, free_port
+from pipeline.daemon import MavenFetchError, OwnedProcess, free_port, maven_fetch
 from pipeline.settings import Settings
 
 POM_PATH = Path(__file__).resolve().parent.parent / "tools" / "registry" / "pom.xml"
 CCOMPAT_PATH = "/apis/ccompat/v7"
 MIN_JAVA = 21
-_COMPLETE_MARK = ".complete"
 _DIR_FLAG = "-Dvoicebus.registry.dir="  # on the command line, so a pid is only trusted if it is ours
 DEFAULT_JVM_OPTIONS = ("-XX:+UseSerialGC",)
 # As for the test session's broker: C1 only starts the registry much faster on busy cores.
@@ -73,52 +67,26 @@ def app_dir(registry_dir: Path, version: str) -> Path:
 
 def fetch_registry(registry_dir: Path, version: str, pom: Path = POM_PATH) -> Path:
     """Resolve and unpack Apicurio Registry `version` into ``<registry_dir>/apicurio-<version>``
-    (idempotent; concurrent callers serialise on a lock file, and the unpacked tree is renamed
-    into place only when complete)."""
-    target = app_dir(registry_dir, version)
-    if (target / _COMPLETE_MARK).exists():
-        return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise RegistryFetchError("Maven (`mvn`) is not on PATH; install it (Debian: apt-get install maven)")
-    if not pom.exists():
-        raise RegistryFetchError(f"{pom} is missing: the registry pom ships with the repository")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (target / _COMPLETE_MARK).exists():
-            return target
-        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=target.parent))
+    (idempotent; `pipeline.daemon.maven_fetch` serialises concurrent callers and renames the
+    unpacked tree into place only when complete)."""
+
+    def install(download: Path, staging: Path) -> None:
+        archives = list(download.glob(f"apicurio-registry-app-{version}-all.tar.gz"))
+        if not archives:
+            raise RegistryFetchError(f"mvn brought no apicurio-registry-app-{version}-all.tar.gz")
         try:
-            download = staging / "download"
-            cmd = [
-                mvn, "-q", "-B", "-f", str(pom), f"-Dregistry.version={version}",
-                "dependency:copy-dependencies", f"-DoutputDirectory={download}",
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=target.parent)
-            archives = list(download.glob(f"apicurio-registry-app-{version}-all.tar.gz"))
-            if proc.returncode != 0 or not archives:
-                out = (proc.stdout + proc.stderr)[-3000:]
-                raise RegistryFetchError(
-                    f"mvn could not resolve Apicurio Registry {version} (exit {proc.returncode}):\n{out}")
-            unpacked = staging / "app"
-            try:
-                with tarfile.open(archives[0]) as tar:
-                    tar.extractall(unpacked, filter="data")
-            except (tarfile.TarError, OSError) as exc:
-                raise RegistryFetchError(f"cannot unpack {archives[0].name}: {exc}") from exc
-            if not (unpacked / "quarkus-run.jar").exists():
-                raise RegistryFetchError(f"{archives[0].name} has no quarkus-run.jar: not the server distribution")
-            (unpacked / _COMPLETE_MARK).write_text(version + "\n")
-            if target.exists():
-                shutil.rmtree(target)  # an incomplete leftover from a killed fetch
-            unpacked.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+            with tarfile.open(archives[0]) as tar:
+                tar.extractall(staging, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise RegistryFetchError(f"cannot unpack {archives[0].name}: {exc}") from exc
+        if not (staging / "quarkus-run.jar").exists():
+            raise RegistryFetchError(f"{archives[0].name} has no quarkus-run.jar: not the server distribution")
 
-
-# --- Java 21+ ------------------------------------------------------------------------------------
+    try:
+        return maven_fetch(app_dir(registry_dir, version), pom, [f"-Dregistry.version={version}"],
+                           f"Apicurio Registry {version}", install)
+    except MavenFetchError as exc:
+        raise RegistryFetchError(str(exc)) from exc
 
 
 def java_major(java_home: Path) -> int | None:
@@ -223,7 +191,7 @@ class LocalRegistry:
         self.jvm_options = tuple(jvm_options)
         self.die_with_parent = die_with_parent
         self.java = java
-        self._proc: subprocess.Popen | None = None
+        self._process = OwnedProcess(self.data_dir / "registry.pid", [f"{_DIR_FLAG}{self.data_dir}\0".encode()], die_with_parent)
 
     @classmethod
     def from_settings(cls, settings: Settings, data_dir: Path | None = None) -> "LocalRegistry":
@@ -266,8 +234,7 @@ class LocalRegistry:
 
     def start(self, timeout: float = 120.0) -> "LocalRegistry":
         """Start the registry and return once its API answers; `RegistryStartError` otherwise."""
-        existing = self._read_pid()
-        if existing is not None and _is_our_registry(existing, self.data_dir):
+        if self._process.pid() is not None:
             if registry_answers(self.url):
                 return self
             self.stop()
@@ -277,20 +244,12 @@ class LocalRegistry:
         management_port = free_port(self.host)
         while management_port == self.port:
             management_port = free_port(self.host)
-        cmd = self.command(management_port)
-        with open(self.log_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.data_dir, start_new_session=True,
-                preexec_fn=_terminate_when_parent_dies if self.die_with_parent else None,
-            )
-        self.pid_file.write_text(f"{self._proc.pid}\n")
+        self._process.launch(self.command(management_port), self.log_file, self.data_dir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                self._forget_pid()
-                raise RegistryStartError(
-                    f"Apicurio Registry exited with code {self._proc.returncode} during start", self.log_tail(40))
+            code = self._process.launched_and_exited()
+            if code is not None:
+                raise RegistryStartError(f"Apicurio Registry exited with code {code} during start", self.log_tail(40))
             if registry_answers(self.url, timeout=0.5):
                 return self
             time.sleep(0.2)
@@ -299,66 +258,18 @@ class LocalRegistry:
                                  self.log_tail(40))
 
     def status(self) -> RegistryStatus:
-        pid = self._read_pid()
-        running = pid is not None and _is_our_registry(pid, self.data_dir)
-        return RegistryStatus(self.url, pid if running else None, running, running and registry_answers(self.url))
+        pid = self._process.pid()
+        running = pid is not None
+        return RegistryStatus(self.url, pid, running, running and registry_answers(self.url))
 
     def stop(self, timeout: float = 20.0) -> bool:
         """SIGTERM the registry, SIGKILL it after `timeout`; True if one was stopped."""
-        pid = self._proc.pid if self._proc is not None and self._proc.poll() is None else self._read_pid()
-        if pid is None or not _is_our_registry(pid, self.data_dir):
-            self._forget_pid()
-            self._reap()
-            return False
-        _signal_group(pid, signal.SIGTERM)
-        if not self._wait_gone(pid, timeout):
-            _signal_group(pid, signal.SIGKILL)
-            self._wait_gone(pid, 10.0)
-        self._forget_pid()
-        self._reap()
-        return True
+        return self._process.stop(timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_file.exists():
             return ""
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-
-    def _wait_gone(self, pid: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.pid == pid:
-                if self._proc.poll() is not None:
-                    return True
-            elif not _alive(pid):
-                return True
-            time.sleep(0.05)
-        return False
-
-    def _reap(self) -> None:
-        if self._proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(timeout=0)
-
-    def _read_pid(self) -> int | None:
-        try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-
-    def _forget_pid(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.pid_file.unlink()
-
-
-def _is_our_registry(pid: int, data_dir: Path) -> bool:
-    """The pid is alive and is the registry started with this data dir (not a recycled pid)."""
-    if not _alive(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"{_DIR_FLAG}{data_dir}".encode() in cmdline
 
 
 # --- CLI -----------------------------------------------------------------------------------------

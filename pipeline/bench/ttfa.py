@@ -98,7 +98,7 @@ def _ints(text: str | None, default: list[int]) -> list[int]:
 
 
 async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
-    from pipeline.broker import free_port
+    from pipeline.daemon import free_port
     from pipeline.demo import load_engine
     from pipeline.runtime import PipelineStack
 

@@ -13,22 +13,7 @@ import pytest
 from pipeline.broker import (BrokerError, LocalKafka, broker_answers, ensure_local_kafka, free_port, new_cluster_id,
                              parse_bootstrap)
 from pipeline.settings import Settings
-
-
-def _kafka_pids_for(data_dir: Path) -> list[int]:
-    """Every live process whose command line runs kafka.Kafka from `data_dir`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            continue
-        if b"kafka.Kafka" in cmdline and str(data_dir).encode() in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+from tests.processes import kafka_pids_under
 
 
 def test_parse_bootstrap_takes_the_first_address():
@@ -111,21 +96,21 @@ def test_cli_start_status_stop_across_processes_leaves_no_process(kafka_broker, 
         # VOICEBUS_BOOTSTRAP (default 127.0.0.1:9092) does not follow --port: it says how to match it
         assert f"VOICEBUS_BOOTSTRAP=127.0.0.1:{port}" in started.stderr
         assert broker_answers("127.0.0.1", port)
-        assert len(_kafka_pids_for(data_dir)) == 1
+        assert len(kafka_pids_under(data_dir)) == 1
 
         status = cli("status")
         assert status.returncode == 0 and "answering" in status.stdout
 
         stopped = cli("stop")
         assert stopped.returncode == 0 and "stopped" in stopped.stdout
-        assert _kafka_pids_for(data_dir) == []
+        assert kafka_pids_under(data_dir) == []
         assert not broker_answers("127.0.0.1", port, timeout=0.3)
 
         after = cli("status")
         assert after.returncode == 1 and "not running" in after.stdout
         assert cli("stop").stdout.strip() == "not running"
     finally:
-        for pid in _kafka_pids_for(data_dir):  # only if an assertion failed mid-way
+        for pid in kafka_pids_under(data_dir):  # only if an assertion failed mid-way
             os.kill(pid, 9)
 
 

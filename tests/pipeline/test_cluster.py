@@ -18,22 +18,7 @@ from pipeline.broker import (CLUSTER_MANIFEST, BrokerError, LocalCluster, Partit
                              cluster_ports, cluster_properties, describe_leads, leaders_by_node)
 from pipeline.bus import ensure_topics, make_consumer, make_producer
 from pipeline.settings import Settings
-
-
-def _kafka_pids_under(root: Path) -> list[int]:
-    """Every live process whose command line runs kafka.Kafka from a data dir under `root`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            continue
-        if b"kafka.Kafka" in cmdline and str(root).encode() in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+from tests.processes import kafka_pids_under
 
 
 # --- pure ------------------------------------------------------------------------------------------
@@ -262,7 +247,7 @@ def test_cli_cluster_start_status_kill_restart_stop_leaves_no_process(kafka_jars
         assert started.returncode == 0, started.stderr
         assert started.stdout.strip().splitlines()[-1] == ",".join(addresses)
         assert (root / CLUSTER_MANIFEST).exists()
-        assert len(_kafka_pids_under(root)) == 3
+        assert len(kafka_pids_under(root)) == 3
 
         status = cli("status")
         assert status.returncode == 0, status.stdout + status.stderr
@@ -273,7 +258,7 @@ def test_cli_cluster_start_status_kill_restart_stop_leaves_no_process(kafka_jars
 
         killed = cli("kill", "2")
         assert killed.returncode == 0 and "killed node 2" in killed.stdout
-        assert len(_kafka_pids_under(root)) == 2
+        assert len(kafka_pids_under(root)) == 2
         assert not broker_answers("127.0.0.1", port + 2, timeout=0.3)
         degraded = cli("status")
         assert degraded.returncode == 1
@@ -288,11 +273,11 @@ def test_cli_cluster_start_status_kill_restart_stop_leaves_no_process(kafka_jars
 
         stopped = cli("stop")
         assert stopped.returncode == 0 and "stopped 3 of 3 nodes" in stopped.stdout
-        assert _kafka_pids_under(root) == []
+        assert kafka_pids_under(root) == []
         assert not any(broker_answers("127.0.0.1", port + 2 * i, timeout=0.3) for i in range(3))
         after = cli("status")
         assert after.returncode == 1 and after.stdout.count("not running") == 3
         assert cli("stop").stdout.strip() == "not running"
     finally:
-        for pid in _kafka_pids_under(root):  # only if an assertion failed mid-way
+        for pid in kafka_pids_under(root):  # only if an assertion failed mid-way
             os.kill(pid, 9)

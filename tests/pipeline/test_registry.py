@@ -12,7 +12,7 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 
 import schemas
-from pipeline.broker import free_port
+from pipeline.daemon import free_port
 from pipeline.codecs import (
     CONFLUENT, MAGIC, SINGLE_OBJECT, Codec, InvalidMessage, MalformedRecord, RegistryUnavailable,
     UnknownSchemaId, WrongMessageType, codec_for,

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from agents.sdk import Publisher
-from pipeline.broker import free_port
+from pipeline.daemon import free_port
 from pipeline.bus import make_consumer
 from pipeline.codecs import Codec
 from pipeline.runtime import PipelineStack

@@ -15,7 +15,7 @@ from pipeline.settings import DEFAULT_EDGE_SECRET, Settings
 from players import protocol
 from players.auth import MissingSecret, issue_token, verify_token
 from players.edge import InsecureEdgeConfig, host_allowed, make_app, origin_allowed
-from pipeline.broker import free_port
+from pipeline.daemon import free_port
 from tests.players.edge_helpers import SECRET, collect, connect, edge_settings, of_type, running_edge
 
 

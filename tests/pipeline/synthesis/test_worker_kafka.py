@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pipeline.broker import free_port
+from pipeline.daemon import free_port
 from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.clock import now_us
 from pipeline.codecs import Codec

@@ -1,0 +1,64 @@
+"""Owned server processes: launched in their own group, found through the pid file only while
+the command line is theirs, stopped or killed leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.daemon import COMPLETE_MARK, MavenFetchError, OwnedProcess, alive, maven_fetch
+from tests.processes import live_pids
+
+
+def _sleeper(tmp_path: Path, marker: str) -> list[str]:
+    # a marker argument the process ignores: how a server's command line is recognised
+    return [sys.executable, "-c", "import time, sys; time.sleep(120)", marker]
+
+
+def test_launch_find_by_pid_file_and_stop(tmp_path: Path):
+    marker = f"--voicebus-test={tmp_path}"
+    owned = OwnedProcess(tmp_path / "x.pid", [marker.encode()])
+    pid = owned.launch(_sleeper(tmp_path, marker), tmp_path / "x.log", tmp_path)
+    assert os.getpgid(pid) == pid  # its own group: it outlives a CLI `start`
+    other = OwnedProcess(tmp_path / "x.pid", [marker.encode()])  # another process, as the CLI's `stop`
+    assert other.pid() == pid
+    assert other.stop(timeout=5)
+    assert not live_pids(marker.encode())
+    assert not (tmp_path / "x.pid").exists()
+    assert owned.exited() is not None
+
+
+def test_a_recycled_pid_is_not_trusted(tmp_path: Path):
+    (tmp_path / "x.pid").write_text(f"{os.getpid()}\n")  # alive, but not the server
+    owned = OwnedProcess(tmp_path / "x.pid", [b"--voicebus-not-this-one"])
+    assert owned.pid() is None
+    assert not owned.stop() and alive(os.getpid())
+
+
+def test_kill_is_a_crash_and_returns_once_gone(tmp_path: Path):
+    marker = f"--voicebus-test={tmp_path}"
+    owned = OwnedProcess(tmp_path / "x.pid", [marker.encode()])
+    pid = owned.launch(_sleeper(tmp_path, marker), tmp_path / "x.log", tmp_path)
+    assert owned.kill() == pid
+    assert owned.exited() == -signal.SIGKILL
+    assert owned.kill() is None
+
+
+def test_a_failed_fetch_leaves_nothing_that_looks_complete(tmp_path: Path):
+    pom = tmp_path / "pom.xml"
+    pom.write_text("<project>not a pom</project>")
+    with pytest.raises(MavenFetchError, match="could not resolve"):
+        maven_fetch(tmp_path / "out" / "1.0", pom, [], "nothing", lambda download, staging: None)
+    assert not (tmp_path / "out" / "1.0").exists()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [".1.0.lock"]
+
+
+def test_a_complete_folder_is_used_without_running_maven(tmp_path: Path):
+    target = tmp_path / "out" / "1.0"
+    target.mkdir(parents=True)
+    (target / COMPLETE_MARK).write_text("1.0\n")
+    assert maven_fetch(target, tmp_path / "absent-pom.xml", [], "x", lambda d, s: None) == target  # complete: no Maven run
