@@ -66,7 +66,7 @@ class OwnedProcess:
             self._proc = subprocess.Popen(
                 list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=cwd, start_new_session=True,
-                preexec_fn=_terminate_when_parent_dies if self.die_with_parent else None,
+                preexec_fn=terminate_when_parent_dies if self.die_with_parent else None,
             )
         self.pid_file.write_text(f"{self._proc.pid}\n")
         return self._proc.pid
@@ -200,7 +200,7 @@ def maven_fetch(
     return target
 
 
-def _terminate_when_parent_dies() -> None:
+def terminate_when_parent_dies() -> None:
     """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies."""
     import ctypes
 
