@@ -27,6 +27,7 @@ const player = (window.voicebusPlayer = {
   turnIds: new Map(), // turn id -> turn number
   current: null, // {turn, sentence} being played
   reports: [],
+  bargeIns: [], // server-clock µs of each barge-in click
   captions: [], // every word highlighted: {turn, sentence, index, text, lagMs} (lag behind its rendered start)
   errors: [],
   stats: {},
@@ -247,6 +248,7 @@ function connect() {
 function bargeIn() {
   const cur = player.current;
   const turnId = cur && player.turns.get(cur.turn) ? player.turns.get(cur.turn).turnId : undefined;
+  player.bargeIns.push(Math.round(serverNowUs()));
   // Silence now, locally; the edge also sends "stop" and drops what it still has.
   player.node.port.postMessage({ type: "stop", turn: cur ? cur.turn : null });
   send("cancel", turnId ? { turn_id: turnId, reason: "barge-in" } : { reason: "barge-in" });
