@@ -77,6 +77,7 @@ CONTRACT_FIELDS = {
     "sample_rate": st.sampled_from(sorted(contract.LIMITS.sample_rates)),
     "pcm": st.binary(max_size=32).map(lambda b: b[: len(b) // 2 * 2]),
     "speed": st.floats(0.25, 4.0, width=32),
+    "rendered_samples": st.integers(0, 2**31 - 1),
     "words": st.lists(st.tuples(st.text(max_size=20), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)).map(
         lambda w: {"text": w[0], "start": min(w[1], w[2]), "end": max(w[1], w[2])}), max_size=4),
 }
