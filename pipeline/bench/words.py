@@ -61,6 +61,7 @@ def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("words", help="word timings vs. Whisper's word timestamps (median, p95 of start error)")
     p.add_argument("--voice", default=None)
     p.add_argument("--json", type=Path, default=None, help="write the figures as JSON to this file")
+    p.add_argument("--sentences", type=int, default=len(SENTENCES), help="the first N sentences only (a quick run)")
     p.set_defaults(func=run)
 
 
@@ -92,7 +93,7 @@ def run(args, settings) -> int:
     errors_ms: list[float] = []
     signed_ms: list[float] = []
     spoken = 0
-    for text in SENTENCES:
+    for text in SENTENCES[: max(1, args.sentences)]:
         pcm, words = b"", []
         for chunk in engine.stream_timed(text, "en", voice):
             pcm += chunk.pcm
@@ -107,7 +108,9 @@ def run(args, settings) -> int:
             errors_ms.append(abs(mine - whisper_start) * 1000)
             signed_ms.append((mine - whisper_start) * 1000)
         print(f"{len(pairs):>3}/{len(words):<3} words paired, median |error| "
-              f"{statistics.median([abs(m - t) * 1000 for _, m, t in pairs]) if pairs else float('nan'):6.1f} ms: {text[:60]}")
+              f"{statistics.median([abs(m - t) * 1000 for _, m, t in pairs]) if pairs else float('nan'):6.1f} ms, "
+              f"bias {statistics.median([(m - t) * 1000 for _, m, t in pairs]) if pairs else float('nan'):6.1f} ms: "
+              f"{text[:60]}", flush=True)
     result = {
         "en": {"words": len(errors_ms), "words_spoken": spoken, "median_ms": round(statistics.median(errors_ms), 1),
                "p95_ms": round(percentile(errors_ms, 95), 1), "bias_ms": round(statistics.median(signed_ms), 1)},
