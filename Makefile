@@ -51,6 +51,7 @@ bench: setup
 	$(BIN)/voicebus bench synth
 	$(BIN)/voicebus bench edge
 	$(BIN)/voicebus bench ttfa --quick --json out/ttfa.json
+	$(BIN)/voicebus bench words --json out/words.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis out

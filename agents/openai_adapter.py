@@ -317,3 +317,42 @@ async def _close_turn(turn, outcome: str, on_interrupted: str) -> None:
         await turn.cancel(reason=f"upstream {outcome}", source="openai-adapter")
     else:
         await turn.end()
+
+
+class Conversation:
+    """A chat conversation spoken through voicebus, whose history is what the listener *heard*.
+
+    Each `reply` appends the user's message, streams the model's answer into a turn
+    (`speak_chat_completion`) and appends the assistant message. With a `HeardFollower` it first
+    waits (up to `heard_timeout_s`) for the turn's TurnHeard: after a barge-in (``interrupted``)
+    the assistant message is only the heard text (the words whose start was rendered), so the
+    model continues from what the user actually heard, not from everything it generated. A turn
+    nobody heard (no TurnHeard in time) keeps the generated text, and says so in the log.
+    ``speak_options`` go to `speak_chat_completion` (api_key, language, voice, ...)."""
+
+    def __init__(self, publisher: Publisher, http, session_id: str, *, base_url: str, model: str,
+                 heard=None, system: str | None = None, heard_timeout_s: float = 10.0, **speak_options: Any) -> None:
+        self.publisher, self.http, self.session_id = publisher, http, session_id
+        self.base_url, self.model, self.heard = base_url, model, heard
+        self.heard_timeout_s = heard_timeout_s
+        self.speak_options = speak_options
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+
+    async def reply(self, user_text: str) -> tuple[AdapterResult, dict | None]:
+        """One exchange; returns the adapter's result and the TurnHeard (None without one)."""
+        from agents.sdk import HeardTimeout
+
+        self.messages.append({"role": "user", "content": user_text})
+        result = await speak_chat_completion(self.publisher, self.http, self.session_id, base_url=self.base_url,
+                                             model=self.model, messages=self.messages, **self.speak_options)
+        heard, text = None, result.text
+        if self.heard is not None:
+            try:
+                heard = await self.heard.wait(result.session_id, result.turn_id, self.heard_timeout_s)
+            except HeardTimeout as exc:
+                log.warning("%s; the conversation keeps the generated text", exc)
+        if heard is not None and heard["interrupted"]:
+            text = heard["heard_text"]
+        if text:
+            self.messages.append({"role": "assistant", "content": text})
+        return result, heard

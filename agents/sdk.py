@@ -375,3 +375,125 @@ class Turn(EvidenceSource):
         event = await self._publisher.cancel(self.session_id, self.turn_id, reason=reason, source=source)
         self.events.ended = True
         return event
+
+
+class HeardTimeout(AgentError, TimeoutError):
+    """No TurnHeard for a turn within the time given (no player reported it, or none listened)."""
+
+
+class HeardFollower:
+    """What listeners heard of turns: every TurnHeard the edge publishes (``settings.heard_topic``,
+    docs/protocol.md "Heard report"), for an agent to continue from what was actually heard.
+
+        async with Publisher(settings) as agent, HeardFollower(agent) as heard:
+            async with agent.turn("s1") as turn:
+                ...
+            result = await heard.wait(turn.session_id, turn.turn_id, timeout_s=10)
+            result["heard_text"], result["interrupted"], result["unheard_words"]
+
+    ``on_heard`` (or `add_callback`) is called with every TurnHeard (sync or async). It uses the
+    publisher's producer (for dead letters: a record that cannot be decoded is dead-lettered
+    like any stage's) and a consumer of its own on every partition, ``lookback_s`` back at start
+    (so a turn that ended just before is still found), with no consumer group. Records it has
+    seen are kept for the last ``keep`` turns, so `wait` returns at once for a turn already heard.
+    """
+
+    def __init__(self, publisher: Publisher, *, on_heard: Any = None, lookback_s: float = 60.0, keep: int = 4096) -> None:
+        from collections import OrderedDict
+
+        self.publisher = publisher
+        self.settings = publisher.settings
+        self.lookback_s = lookback_s
+        self.keep = keep
+        self._callbacks: list[Any] = [on_heard] if on_heard is not None else []
+        self._heard: "OrderedDict[tuple[str, str], dict]" = OrderedDict()
+        self._waiters: dict[tuple[str, str], list] = {}
+        self._follower = None
+        self._task = None
+
+    async def __aenter__(self) -> "HeardFollower":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    def add_callback(self, callback: Any) -> None:
+        self._callbacks.append(callback)
+
+    async def start(self) -> None:
+        import asyncio
+
+        from pipeline.bus import ensure_topics
+        from pipeline.shell import ControlFollower, RecordPolicy
+
+        await ensure_topics(self.settings, [self.settings.heard_topic])
+        policy = RecordPolicy("agent-heard", self.settings, self.publisher.codec, self.publisher._require_producer())
+        self._follower = ControlFollower(self.settings, policy, self._on_record, lookback_s=self.lookback_s,
+                                         topic=self.settings.heard_topic, message_type="TurnHeard")
+        await self._follower.start()
+        self._task = asyncio.create_task(self._follower.follow(), name="heard-follower")
+
+    async def stop(self) -> None:
+        import asyncio
+        import contextlib
+
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            await follower.stop()
+        for waiters in self._waiters.values():
+            for future in waiters:
+                future.cancel()
+        self._waiters.clear()
+
+    async def _on_record(self, heard: dict) -> None:
+        import inspect
+
+        key = (heard["session_id"], heard["turn_id"])
+        self._heard[key] = heard
+        self._heard.move_to_end(key)
+        while len(self._heard) > self.keep:
+            self._heard.popitem(last=False)
+        for future in self._waiters.pop(key, []):
+            if not future.done():
+                future.set_result(heard)
+        for callback in self._callbacks:
+            try:
+                result = callback(heard)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - an agent's callback must not stop the follower
+                log.exception("on_heard callback failed for %s/%s", *key)
+
+    def heard(self, session_id: str, turn_id: str) -> dict | None:
+        """The TurnHeard of a turn if it was seen already, else None."""
+        return self._heard.get((session_id, turn_id))
+
+    async def wait(self, session_id: str, turn_id: str, timeout_s: float = 10.0) -> dict:
+        """The TurnHeard of a turn: at once if seen already, else when it comes; `HeardTimeout`
+        after `timeout_s` (no player reported the turn: nobody listened, or a player that
+        does not send heard reports)."""
+        import asyncio
+
+        if self._follower is None:
+            raise PublisherNotStartedError("use the HeardFollower inside `async with` (or call start() first)")
+        known = self.heard(session_id, turn_id)
+        if known is not None:
+            return known
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault((session_id, turn_id), []).append(future)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise HeardTimeout(f"no TurnHeard for {session_id}/{turn_id} within {timeout_s:g} s") from None
+        finally:
+            waiters = self._waiters.get((session_id, turn_id))
+            if waiters and future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    del self._waiters[(session_id, turn_id)]

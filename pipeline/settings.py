@@ -55,6 +55,8 @@ class Settings:
     """Audio chunks from the workers, read by every edge."""
     playback_topic: str = "voicebus.playback"
     """Playback reports from the players (audible start, end, underruns), published by the edge."""
+    heard_topic: str = "voicebus.heard"
+    """What the listener heard of each turn (TurnHeard), published by the edge for the agents."""
     deadletter_topic: str = "voicebus.deadletter"
     """Records a stage could not handle, unchanged, with the reason in ``voicebus.error.*`` headers."""
     gate_changelog_topic: str = "voicebus-gate-gate_sessions-changelog"
@@ -192,6 +194,10 @@ class Settings:
     edge_cancel_burst: int = 5
     """Cancels one player connection may send at once (token bucket size); beyond the rate an
     extra cancel is refused with the error ``rate-limited`` (the connection stays up)."""
+    edge_heard_wait_ms: int = 500
+    """After a session's first heard report of a turn (playback end or stop, with how far it
+    rendered), how long the edge waits for its other players before it publishes TurnHeard
+    from the furthest report; with every player reported it publishes at once."""
     edge_cancel_lookback_s: float = 60.0
     """A starting edge applies the cancels of this many seconds back before it serves audio."""
 

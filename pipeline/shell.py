@@ -256,6 +256,9 @@ class ControlFollower:
     returns, so a cancel issued just before the stage started is not missed. `follow` (run it
     under the stage's `Supervisor`) applies the rest as it comes. Each record goes through the
     stage's `RecordPolicy`. The follower owns its consumer; `stop` stops it.
+
+    ``topic`` and ``message_type`` follow another topic the same way (the agents SDK follows
+    what listeners heard, TurnHeard on ``settings.heard_topic``).
     """
 
     def __init__(
@@ -267,8 +270,12 @@ class ControlFollower:
         lookback_s: float = 0.0,
         catch_up_timeout_s: float = 15.0,
         clock_us: Callable[[], int] = now_us,
+        topic: str | None = None,
+        message_type: str = "ControlEvent",
     ) -> None:
         self.settings = settings
+        self.topic = topic or settings.control_topic
+        self.message_type = message_type
         self.policy = policy
         self.on_event = on_event
         self.lookback_s = lookback_s
@@ -282,11 +289,10 @@ class ControlFollower:
     async def start(self) -> None:
         from aiokafka.structs import TopicPartition
 
-        s = self.settings
         if self.policy.producer is None:
             raise ControlCatchUpError("the control follower needs the stage's started producer")
-        partitions = await self.policy.producer.partitions_for(s.control_topic)  # waits for metadata
-        tps = [TopicPartition(s.control_topic, p) for p in sorted(partitions)]
+        partitions = await self.policy.producer.partitions_for(self.topic)  # waits for metadata
+        tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         self.consumer = await self._open(tps)
         try:
             if self.lookback_s > 0:
@@ -327,7 +333,7 @@ class ControlFollower:
                 return
             if loop.time() > deadline:
                 raise ControlCatchUpError(
-                    f"control topic not caught up after {self.catch_up_timeout_s}s: {behind}")
+                    f"{self.topic} not caught up after {self.catch_up_timeout_s}s: {behind}")
             await self._apply(await self.consumer.getmany(*behind, timeout_ms=200))
 
     async def follow(self) -> None:
@@ -363,7 +369,7 @@ class ControlFollower:
     async def _apply(self, batch: dict) -> None:
         for tp, records in batch.items():
             for record in records:
-                if await self.policy.process(record, "ControlEvent", lambda d: self.on_event(d.message.value)):
+                if await self.policy.process(record, self.message_type, lambda d: self.on_event(d.message.value)):
                     self.applied += 1
                 self._next[tp] = record.offset + 1
 

@@ -50,6 +50,9 @@ class Retention:
 # an incident review reads: a week. Dead letters wait for an operator: a month.
 AUDIO_RETENTION = Retention(retention_ms=1 * HOUR_MS, segment_ms=10 * MINUTE_MS)
 EVENT_RETENTION = Retention(retention_ms=7 * DAY_MS, segment_ms=1 * DAY_MS)
+# What a listener heard is conversation history: an agent reads it within seconds, a transcript
+# or an audit of what a caller was told weeks later. A month, like the dead letters.
+HEARD_RETENTION = Retention(retention_ms=30 * DAY_MS, segment_ms=1 * DAY_MS)
 DEADLETTER_RETENTION = Retention(retention_ms=30 * DAY_MS, segment_ms=1 * DAY_MS)
 # The agent registry and the gate's changelog keep the latest record per key for good (compaction;
 # a tombstone deletes). Hour-long segments: only closed segments are compacted.
@@ -137,6 +140,8 @@ def topic_map(settings: Settings) -> list[TopicSpec]:
         TopicSpec(s.synthesis_topic, "session_id", "SynthesisRequest", "gate", "synthesis workers (one group)"),
         TopicSpec(s.audio_topic, "session_id", "AudioChunk", "synthesis workers", "edge", retention=AUDIO_RETENTION),
         TopicSpec(s.playback_topic, "session_id", "PlaybackReport", "edge", "benchmarks, recorders"),
+        TopicSpec(s.heard_topic, "session_id", "TurnHeard", "edge (from the players' heard reports)",
+                  "agents (SDK `HeardFollower`, OpenAI adapter), recorders", retention=HEARD_RETENTION),
         TopicSpec(s.deadletter_topic, "original key", "original bytes + voicebus.error.* headers",
                   "every consumer", "operators", retention=DEADLETTER_RETENTION),
         TopicSpec(s.agents_topic, "agent_id", "registry record (JSON: agent id, text topic)",

@@ -34,6 +34,7 @@ from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from players import protocol
 from players.auth import TokenError, verify_token
+from players.heard import HEARD_KINDS, Rendered
 from players.metrics import EdgeMetrics
 from players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
 from schemas.contract import ControlAction, PlaybackKind
@@ -149,7 +150,7 @@ class KafkaLink:
         from pipeline.bus import ensure_topics, make_producer
 
         s = self.settings
-        await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.deadletter_topic])
+        await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.heard_topic, s.deadletter_topic])
         self.producer = make_producer(s)
         await self.producer.start()
         self.policy = RecordPolicy("edge", s, self.codec, self.producer, on_error=self._on_bad_record,
@@ -160,6 +161,7 @@ class KafkaLink:
         await self._open_consumer()
         self.supervisor.start("control", self.follower.follow)
         self.supervisor.start("audio", self._consume)
+        self.supervisor.start("heard", self._heard_loop)
         self.ready.set()
         log.info("edge consuming %s and %s from %s", s.audio_topic, s.control_topic, s.bootstrap)
 
@@ -243,6 +245,25 @@ class KafkaLink:
         from pipeline.bus import publish
 
         await publish(self.producer, self.codec, topic, message_type, value)
+
+    async def publish_heard(self, heard: dict) -> None:
+        """Publish one TurnHeard; a failure is logged (the report it came from is on the
+        playback topic, so what was heard can still be rebuilt)."""
+        from aiokafka.errors import KafkaError
+
+        from pipeline.codecs import CodecError
+
+        try:
+            await self.publish(self.settings.heard_topic, "TurnHeard", heard)
+        except (KafkaError, CodecError) as exc:
+            log.warning("could not publish TurnHeard of %s/%s: %s", heard["session_id"], heard["turn_id"], exc)
+
+    async def _heard_loop(self) -> None:
+        """Publish the turns whose wait for more players' heard reports is over."""
+        while True:
+            for heard in self.router.heard.due(now_us()):
+                await self.publish_heard(heard)
+            await asyncio.sleep(0.05)
 
 
 def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRouter | None = None,
@@ -519,6 +540,15 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
         if report["kind"] == PlaybackKind.AUDIBLE_START and started and report["audible_at_us"] > started:
             router.metrics.stage_latency.labels("first_token_to_audible").observe((report["audible_at_us"] - started) / 1e6)
         app[REPORTS_KEY].append(report)
+        heard = None
+        if report["kind"] in HEARD_KINDS and "rendered_sentence_seq" in message:
+            rendered = Rendered(channel.client_id, int(message["rendered_sentence_seq"]),
+                                int(message.get("rendered_samples") or 0), report["kind"] == PlaybackKind.STOPPED,
+                                report["audible_at_us"] or report["reported_at_us"])
+            heard = router.heard.report(channel.session_id, report["turn_id"], rendered,
+                                        router.players_of_turn(channel.session_id, report["turn_id"]), now_us())
+        if heard is not None and link is not None:
+            await link.publish_heard(heard)  # first: an agent waits on it, the playback record does not
         await _publish(link, channel, settings.playback_topic, "PlaybackReport", report)
 
 

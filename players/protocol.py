@@ -44,6 +44,7 @@ TURN_START = "turn_start"
 TURN_END = "turn_end"
 STOP = "stop"
 TIMELINE = "timeline"
+WORDS = "words"
 SKIP = "skip"
 PONG = "pong"
 ERROR = "error"
@@ -54,7 +55,7 @@ PING = "ping"
 REPORT = "report"
 
 CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
-SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, SKIP, PONG, ERROR})
+SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, WORDS, SKIP, PONG, ERROR})
 REPORT_KINDS = frozenset(PlaybackKind)
 MAX_TEXT_FRAME_BYTES = 16 * 1024  # a longer client text frame (UTF-8 bytes) is refused: 4400 malformed-frame
 # The WebSocket layer's limit on one message from a client: above it the edge closes with 1009
@@ -218,4 +219,6 @@ def parse_client_message(text: str) -> dict[str, Any]:
 
 
 # Integer fields of client messages and their bounds (they end up in Avro int/long fields).
-_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1}
+# rendered_*: how far a player rendered a turn (its heard report, players.heard).
+_INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1,
+                   "rendered_sentence_seq": LIMITS.max_seq + 1, "rendered_samples": LIMITS.max_seq + 1}

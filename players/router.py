@@ -36,6 +36,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from players import protocol
+from players.heard import HeardTracker
 from players.metrics import EdgeMetrics
 from schemas.contract import LIMITS, AudioEncoding, ControlAction
 
@@ -274,9 +275,11 @@ class SessionRouter:
         max_clients_per_session: int = 8,
         cancel_rate_per_s: float = 2.0,
         cancel_burst: int = 5,
+        heard_wait_ms: int = 500,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.metrics = metrics or EdgeMetrics()
+        self.heard = HeardTracker(wait_us=heard_wait_ms * 1000)
         self.cancels = CancelRegistry()
         self.client_queue_frames, self.replay_frames = client_queue_frames, replay_frames
         self.stall_timeout_s, self.max_sessions, self.turns_per_session = stall_timeout_s, max_sessions, turns_per_session
@@ -300,6 +303,7 @@ class SessionRouter:
             replay_max_bytes=settings.edge_replay_max_bytes, grace_s=settings.edge_session_grace_s,
             max_clients=settings.edge_max_clients, max_clients_per_session=settings.edge_max_clients_per_session,
             cancel_rate_per_s=settings.edge_cancel_rate_per_s, cancel_burst=settings.edge_cancel_burst,
+            heard_wait_ms=settings.edge_heard_wait_ms,
         )
         values.update(overrides)
         return cls(metrics, **values)
@@ -397,6 +401,10 @@ class SessionRouter:
         """The ids of the turns of `session_id` this edge holds (newest last)."""
         session = self._sessions.get(session_id)
         return list(session.turns) if session else []
+
+    def players_of_turn(self, session_id: str, turn_id: str) -> list[str]:
+        """The ids of the session's connected players the turn was sent to."""
+        return [c.client_id for c in self.clients_of(session_id) if turn_id in c.announced_turns and not c.closed]
 
     def turn_started_at(self, session_id: str, turn_id: str) -> int | None:
         session = self._sessions.get(session_id)
@@ -496,6 +504,17 @@ class SessionRouter:
             turn.number, sentence, chunk_seq, chunk.get("sample_rate", 24000), chunk["pcm"], flags,
             protocol.ENCODINGS[chunk.get("encoding", AudioEncoding.PCM16LE)],
         ))
+        words = chunk.get("words") or []
+        if words:
+            # the words of this chunk go just before its audio (and into the replay with it), so a
+            # player knows a word before it renders the word's start; the edge keeps them for the
+            # heard report (players.heard)
+            self.heard.add_words(session_id, turn_id, sentence, words)
+            message = protocol.encode_control(protocol.WORDS, turn_id=turn_id, turn=turn.number, sentence_seq=sentence,
+                                              words=[{"text": w["text"], "start": w["start"], "end": w["end"]} for w in words])
+            turn.replay.append((sentence, message))
+            turn.replay_bytes += len(message)
+            self.replay_bytes += len(message)
         turn.replay.append((sentence, frame))
         turn.replay_bytes += len(frame)
         self.replay_bytes += len(frame)
@@ -508,6 +527,8 @@ class SessionRouter:
                         **{k: chunk.get(k, 0) for k in TIMELINE_FIELDS}, "edge_received_at_us": edge_received_at_us}
         for channel in session.clients.values():
             self._announce(channel, turn)
+            if words:
+                channel.push(OutFrame(message))
             channel.push(OutFrame(frame, turn_id, sentence, consumed_ns, timeline))
         self._end_if_last(session, turn, chunk)
         self._reap_closed(session_id, session)

@@ -19,6 +19,7 @@ CURRENT = {
     "SynthesisRequest": "synthesis_request.avsc",
     "AudioChunk": "audio_chunk.avsc",
     "PlaybackReport": "playback_report.avsc",
+    "TurnHeard": "turn_heard.avsc",
 }
 
 

@@ -204,6 +204,12 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
                 problems.append(f"{len(audio)} bytes of PCM16LE is not whole samples")
         label("worker_id")
         label("end_reason")
+        for word in value.get("words") or ():
+            start, end, text = word.get("start"), word.get("end"), word.get("text")
+            if isinstance(text, str) and len(text) > limits.max_label_chars:
+                problems.append(f"word text is longer than {limits.max_label_chars} characters")
+            if isinstance(start, int) and isinstance(end, int) and not 0 <= start <= end:
+                problems.append(f"word {text!r} spans samples {start}..{end}: start must be 0 <= start <= end")
     elif message_type == "PlaybackReport":
         ident("turn_id")
         ident("client_id")
@@ -211,5 +217,12 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         if isinstance(seq, int) and not -1 <= seq <= limits.max_seq:
             problems.append(f"sentence_seq {seq} is outside -1..{limits.max_seq}")
         label("detail")
+    elif message_type == "TurnHeard":
+        ident("turn_id")
+        non_negative("sentence_seq", limits.max_seq)
+        non_negative("rendered_samples", limits.max_seq)
+        label("client_id")
+        if len(value.get("heard_text") or "") > limits.max_text_bytes:
+            problems.append(f"heard_text is longer than {limits.max_text_bytes} characters")
     return problems
 

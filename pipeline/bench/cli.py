@@ -16,6 +16,7 @@ BENCH_MODULES = [
     "pipeline.bench.edge",
     "pipeline.bench.ttfa",
     "pipeline.bench.agents",
+    "pipeline.bench.words",
 ]
 
 

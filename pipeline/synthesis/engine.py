@@ -17,8 +17,9 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
+from pipeline.synthesis.words import TimedWord, WordTiming, english_words, phoneme_words, place
 from schemas.contract import LANGUAGES
 
 if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
@@ -222,6 +223,13 @@ TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
 def trim_silence(
     pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD, undecoded_trail_samples: int = 0
 ) -> bytes:
+    """`trimmed`: the PCM16LE only (see there)."""
+    return trimmed(pcm, max_lead_samples, max_trail_samples, threshold, undecoded_trail_samples)[0]
+
+
+def trimmed(
+    pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD, undecoded_trail_samples: int = 0
+) -> tuple[bytes, int]:
     """PCM16LE with the silence before the first and after the last sample louder than
     ``threshold`` cut to at most ``max_lead_samples`` and ``max_trail_samples``. Audio that is
     silent throughout comes back unchanged: trimming must never turn a piece into nothing.
@@ -229,16 +237,43 @@ def trim_silence(
     ``undecoded_trail_samples``: silence the model predicted after ``pcm`` that was not decoded
     (`kokoro_frames.sound_span`); up to that many zero samples are appended so the trail kept
     is what trimming the whole decode would have kept. The model's silence is below -70 dBFS:
-    digital zeros sound the same and cost nothing to compute."""
+    digital zeros sound the same and cost nothing to compute.
+
+    Returns the PCM and the number of samples cut before it (word timings move by that much)."""
     import numpy as np
 
     samples = np.frombuffer(pcm, dtype="<i2")
     loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
     if loud.size == 0:
-        return pcm
+        return pcm, 0
     start = max(0, int(loud[0]) - max(0, max_lead_samples))
     end = min(len(samples) + max(0, undecoded_trail_samples), int(loud[-1]) + 1 + max(0, max_trail_samples))
-    return pcm[start * 2 : end * 2] + bytes(2 * max(0, end - len(samples)))
+    return pcm[start * 2 : end * 2] + bytes(2 * max(0, end - len(samples))), start
+
+
+class Piece(NamedTuple):
+    """One forward pass's input: its phonemes, and how its words are timed from the durations
+    the model predicts for them (`pipeline.synthesis.words`)."""
+
+    phonemes: str
+    time_words: Callable[["torch.Tensor"], list[TimedWord]]
+
+
+class Voiced(NamedTuple):
+    """One forward pass's output: PCM16LE, the samples of the raw output cut before it (silence
+    trimming, frames not decoded) and the predicted frames per phoneme token."""
+
+    pcm: bytes
+    raw_offset: int
+    durations: "torch.Tensor"
+
+
+class TimedChunk(NamedTuple):
+    """A chunk of `SynthesisEngine.stream_timed`: PCM16LE, and on the first chunk of each piece
+    the piece's words in samples from the start of the sentence (empty on the others)."""
+
+    pcm: bytes
+    words: list[WordTiming]
 
 
 @dataclass
@@ -332,12 +367,24 @@ class SynthesisEngine:
 
     def phonemize(self, text: str, language: str) -> list[str]:
         """Phoneme strings (each at most 510 symbols) for ``text`` in ``language``."""
-        pipeline = self._pipeline(resolve_language(language))
+        return [p.phonemes for p in self.pieces(text, language)]
+
+    def pieces(self, text: str, language: str) -> list[Piece]:
+        """`phonemize`, each phoneme string with the timing of its words: English from misaki's
+        tokens (kokoro's alignment), the espeak languages from the phoneme groups."""
+        code = resolve_language(language)
+        pipeline = self._pipeline(code)
         out = []
         for result in pipeline(text, voice=None, split_pattern=None):
             phonemes = result.phonemes[:MAX_PHONEMES]
-            if phonemes:
-                out.append(phonemes)
+            if not phonemes:
+                continue
+            if result.tokens is not None:
+                timer = (lambda tokens: lambda d: english_words(tokens, d))(result.tokens)
+            else:
+                timer = (lambda g, p: lambda d: phoneme_words(g, p, d, lambda w: pipeline.g2p(w)[0]))(
+                    result.graphemes, phonemes)
+            out.append(Piece(phonemes, timer))
         return out
 
     # --- synthesis ------------------------------------------------------------------------------
@@ -345,6 +392,11 @@ class SynthesisEngine:
     def synthesize(self, phonemes: str, voice: str, speed: float = 1.0) -> bytes:
         """One forward pass: a phoneme string to PCM16 bytes, its silence cut to the margins
         (when ``silence_margins_ms`` is set) without decoding the silence that is cut."""
+        return self.synthesize_timed(phonemes, voice, speed).pcm
+
+    def synthesize_timed(self, phonemes: str, voice: str, speed: float = 1.0) -> Voiced:
+        """`synthesize`, with what word timing needs: the samples cut before the PCM and the
+        predicted durations."""
         import torch
 
         pack = self.voice_packs[self.resolve_voice(voice)]
@@ -354,13 +406,13 @@ class SynthesisEngine:
         with self._lock, grad_off:
             if self.seed is not None:
                 torch.manual_seed(self.seed)
-            if self.silence_margins_ms is None:
-                return float_to_pcm16(self.model(phonemes, ref_s, speed))
-            if not self.decode_sound_only:
-                return self._trimmed(float_to_pcm16(self.model(phonemes, ref_s, speed)))
+            if self.silence_margins_ms is None or not self.decode_sound_only:
+                output = self.model(phonemes, ref_s, speed, return_output=True)
+                pcm, offset = self._trimmed(float_to_pcm16(output.audio))
+                return Voiced(pcm, offset, output.pred_dur)
             return self._decode_sound(phonemes, ref_s, speed)
 
-    def _decode_sound(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> bytes:
+    def _decode_sound(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> Voiced:
         """Kokoro's prediction for the whole piece, the decoder on its sounding frames only
         (docs/synthesis.md, "No compute on silence"). Called with the lock held."""
         from pipeline.synthesis import kokoro_frames
@@ -373,7 +425,8 @@ class SynthesisEngine:
         pcm = float_to_pcm16(audio)
         undecoded_trail = (frames.count - stop) * kokoro_frames.SAMPLES_PER_FRAME
         per_ms = self.sample_rate // 1000
-        return trim_silence(pcm, per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded_trail)
+        pcm, cut = trimmed(pcm, per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded_trail)
+        return Voiced(pcm, start * kokoro_frames.SAMPLES_PER_FRAME + cut, frames.durations)
 
     def stream(
         self,
@@ -388,26 +441,45 @@ class SynthesisEngine:
         """PCM16LE mono chunks of about ``chunk_ms`` for one sentence, the first as early as
         possible. Blocking: run it in a thread. ``should_stop`` is checked before each piece is
         synthesized and before each chunk is yielded; once it returns true nothing more comes."""
+        for chunk in self.stream_timed(text, language, voice, speed, chunk_ms, should_stop, first_clause_min_words):
+            yield chunk.pcm
+
+    def stream_timed(
+        self,
+        text: str,
+        language: str,
+        voice: str,
+        speed: float = 1.0,
+        chunk_ms: int = 150,
+        should_stop: Callable[[], bool] = lambda: False,
+        first_clause_min_words: int = 0,
+    ) -> Iterator[TimedChunk]:
+        """`stream`, each piece's first chunk carrying the piece's words (`TimedChunk`): their
+        start and end in samples from the start of this sentence's audio."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
-        for piece in split_for_early_audio(text, first_clause_min_words=first_clause_min_words):
+        spoken = 0  # samples of this sentence before the current piece
+        for text_piece in split_for_early_audio(text, first_clause_min_words=first_clause_min_words):
             if should_stop():
                 return
-            for phonemes in self.phonemize(piece, language):
+            for piece in self.pieces(text_piece, language):
                 if should_stop():
                     return
-                pcm = self.synthesize(phonemes, voice, speed)
-                for chunk in chunk_pcm(pcm, chunk_samples):
+                voiced = self.synthesize_timed(piece.phonemes, voice, speed)
+                samples = len(voiced.pcm) // 2
+                words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken)
+                for i, chunk in enumerate(chunk_pcm(voiced.pcm, chunk_samples)):
                     if should_stop():
                         return
-                    yield chunk
+                    yield TimedChunk(chunk, words if i == 0 else [])
+                spoken += samples
 
-    def _trimmed(self, pcm: bytes) -> bytes:
+    def _trimmed(self, pcm: bytes) -> tuple[bytes, int]:
         if self.silence_margins_ms is None:
-            return pcm
+            return pcm, 0
         lead_ms, trail_ms = self.silence_margins_ms
-        return trim_silence(pcm, self.sample_rate * lead_ms // 1000, self.sample_rate * trail_ms // 1000)
+        return trimmed(pcm, self.sample_rate * lead_ms // 1000, self.sample_rate * trail_ms // 1000)
 
     def _pipeline(self, lang_code: str):
         with self._lock:

@@ -381,7 +381,12 @@ class ChunkAssembler:
     One full chunk is held back until more audio (or the end) arrives, so the last chunk of the
     sentence can carry ``is_last_chunk``; the engine produces a segment's audio at once, so the
     hold-back rarely delays anything. A remainder shorter than a quarter chunk is appended to the
-    last chunk instead of going out as a tiny chunk of its own."""
+    last chunk instead of going out as a tiny chunk of its own.
+
+    Word timings fed with the audio (samples from the sentence's start) go out on the chunk
+    whose audio holds the word's start, so a player has a word before it renders its start;
+    a word starting beyond the audio fed so far waits for the chunk that holds it (the last
+    chunk takes every word left)."""
 
     def __init__(self, job: SynthesisJob, *, chunk_ms: int, sample_rate: int, worker_id: str = "") -> None:
         if chunk_ms <= 0:
@@ -394,13 +399,18 @@ class ChunkAssembler:
         self._buffer = bytearray()
         self._held: tuple[bytes, int] | None = None  # (pcm, audio_ready_at_us)
         self._next_seq = 0
+        self._words: deque[dict] = deque()  # timed words not yet on a chunk, by start
+        self._built_samples = 0  # samples of the chunks built so far
         self.finished = False
 
-    def feed(self, pcm: bytes) -> list[dict]:
-        """Add engine output; returns the chunks now ready to publish, in order."""
+    def feed(self, pcm: bytes, words: Iterable[Any] = ()) -> list[dict]:
+        """Add engine output (and the word timings that came with it: `WordTiming`s or their
+        records); returns the chunks now ready to publish, in order."""
         if self.finished:
             raise RuntimeError("feed after finish")
         ready_at = now_us()
+        for word in words:
+            self._words.append(word if isinstance(word, dict) else word.as_record())
         self._buffer += pcm
         out: list[dict] = []
         while len(self._buffer) >= self.chunk_bytes:
@@ -446,6 +456,10 @@ class ChunkAssembler:
 
     def _build(self, pcm: bytes, ready_at_us: int, *, last: bool, end_reason: str = "") -> dict:
         r = self.job.request
+        self._built_samples += len(pcm) // BYTES_PER_SAMPLE
+        words = []
+        while self._words and (last or self._words[0]["start"] < self._built_samples):
+            words.append(self._words.popleft())
         chunk = {
             "session_id": r["session_id"],
             "turn_id": r["turn_id"],
@@ -465,6 +479,7 @@ class ChunkAssembler:
             "audio_ready_at_us": ready_at_us,
             "published_at_us": 0,  # stamped by the shell just before sending
             "end_reason": end_reason,
+            "words": words,
         }
         self._next_seq += 1
         return chunk

@@ -372,13 +372,13 @@ class SynthesisWorker:
             return Outcome.SPOKEN
         stream = None
         try:
-            stream = self.engine.stream(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
-                                        **synthesis_args(job, self.settings.opening_clause_min_words))
+            stream = self.engine.stream_timed(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
+                                              **synthesis_args(job, self.settings.opening_clause_min_words))
             while not job.stop_requested:
-                pcm = await loop.run_in_executor(self._executor, next, stream, _END)
-                if pcm is _END:
+                timed = await loop.run_in_executor(self._executor, next, stream, _END)
+                if timed is _END:
                     break
-                if not await self._publish_all(job, assembler.feed(pcm)):
+                if not await self._publish_all(job, assembler.feed(timed.pcm, timed.words)):
                     break
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())

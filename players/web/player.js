@@ -1,6 +1,8 @@
 // voicebus web player: speaks the edge protocol (docs/protocol.md) over a WebSocket, plays audio
 // through the voicebus-player AudioWorklet, syncs its clock with the edge, and reports when each
-// turn became audible. No build step, no dependencies.
+// turn became audible and, when it ends or stops, how far it was rendered (the edge turns that
+// into what the listener heard). Live captions highlight the word being rendered, driven by the
+// worklet's rendered position. No build step, no dependencies.
 
 const PROTOCOL_VERSION = 1;
 const HEADER_BYTES = 20;
@@ -21,10 +23,12 @@ const player = (window.voicebusPlayer = {
   state: "idle",
   clientId: null,
   clock: { offsetUs: 0, rttUs: Infinity, samples: 0 },
-  turns: new Map(), // turn number -> {turnId, timeline: {...}, audibleAtUs}
+  turns: new Map(), // turn number -> {turnId, timeline: {...}, audibleAtUs, words: Map(sentence -> [{text, start, end}])}
   turnIds: new Map(), // turn id -> turn number
   current: null, // {turn, sentence} being played
   reports: [],
+  bargeIns: [], // server-clock µs of each barge-in click
+  captions: [], // every word highlighted: {turn, sentence, index, text, lagMs} (lag behind its rendered start)
   errors: [],
   stats: {},
   framesReceived: 0,
@@ -103,22 +107,30 @@ function onWorklet(msg) {
     drawWave(msg.wave);
   } else if (msg.type === "playing") {
     player.current = { turn: msg.turn, sentence: msg.sentence };
+  } else if (msg.type === "position" && turn) {
+    showCaption(turn, msg);
   } else if (msg.type === "audible" && turn) {
     turn.audibleAtUs = Math.round(contextTimeToServerUs(msg.time));
     report("AUDIBLE_START", turn, msg.sentence, turn.audibleAtUs);
     renderTimeline();
   } else if (msg.type === "ended" && turn) {
-    report("PLAYBACK_END", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
+    report("PLAYBACK_END", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)), msg.rendered);
     player.current = null;
   } else if (msg.type === "underrun" && turn) {
     report("UNDERRUN", turn, msg.sentence, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
   } else if (msg.type === "stopped" && turn) {
-    report("STOPPED", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
+    report("STOPPED", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)), msg.rendered);
   }
 }
 
-function report(kind, turn, sentence, atUs) {
+// `rendered` ({sentence, samples}: how far the worklet rendered the turn) makes the report a heard
+// report: the edge publishes what the listener heard from it (TurnHeard).
+function report(kind, turn, sentence, atUs, rendered) {
   const r = { kind, turn_id: turn.turnId, sentence_seq: sentence, audible_at_us: atUs };
+  if (rendered) {
+    r.rendered_sentence_seq = rendered.sentence;
+    r.rendered_samples = rendered.samples;
+  }
   player.reports.push(r);
   send("report", r);
 }
@@ -136,6 +148,30 @@ function onAudio(buffer) {
   if (flags & FLAG_LAST_IN_TURN) player.node.port.postMessage({ type: "end", turn });
 }
 
+// --- live captions: the word whose start the worklet rendered last ---------------------------
+function showCaption(turn, pos) {
+  const words = (turn.words && turn.words.get(pos.sentence)) || [];
+  let index = -1;
+  while (index + 1 < words.length && words[index + 1].start <= pos.samples) index += 1;
+  const key = `${turn.turnId}:${pos.sentence}:${index}`;
+  if (index < 0 || player.captionKey === key) return;
+  player.captionKey = key;
+  const box = $("captions");
+  box.innerHTML = "";
+  words.forEach((w, k) => {
+    const span = document.createElement("span");
+    span.textContent = w.text + " ";
+    span.className = k < index ? "heard" : k === index ? "now" : "ahead";
+    box.appendChild(span);
+  });
+  // how much audio had been rendered past the word's start when it was shown
+  const renderedFrame = player.ctx.currentTime * player.ctx.sampleRate;
+  const startFrame = pos.frame - (pos.samples - words[index].start);
+  const lagMs = ((renderedFrame - startFrame) / player.ctx.sampleRate) * 1000;
+  player.captions.push({ turn: turn.turnId, sentence: pos.sentence, index, text: words[index].text, lagMs });
+  if (player.captions.length > 1000) player.captions.shift();
+}
+
 // --- protocol -----------------------------------------------------------------------------
 function onControl(msg) {
   switch (msg.type) {
@@ -151,7 +187,7 @@ function onControl(msg) {
       onPong(msg);
       break;
     case "turn_start":
-      player.turns.set(msg.turn, { turnId: msg.turn_id, timeline: {}, audibleAtUs: null });
+      player.turns.set(msg.turn, { turnId: msg.turn_id, timeline: {}, audibleAtUs: null, words: new Map() });
       player.turnIds.set(msg.turn_id, msg.turn);
       renderTimeline();
       break;
@@ -159,6 +195,14 @@ function onControl(msg) {
       const turn = player.turns.get(msg.turn);
       if (turn && !turn.timeline.sent_at_us) turn.timeline = msg; // the turn's first sentence
       renderTimeline();
+      break;
+    }
+    case "words": {
+      const turn = player.turns.get(msg.turn);
+      if (turn) {
+        const known = turn.words.get(msg.sentence_seq) || [];
+        turn.words.set(msg.sentence_seq, known.concat(msg.words).sort((a, b) => a.start - b.start));
+      }
       break;
     }
     case "turn_end":
@@ -204,6 +248,7 @@ function connect() {
 function bargeIn() {
   const cur = player.current;
   const turnId = cur && player.turns.get(cur.turn) ? player.turns.get(cur.turn).turnId : undefined;
+  player.bargeIns.push(Math.round(serverNowUs()));
   // Silence now, locally; the edge also sends "stop" and drops what it still has.
   player.node.port.postMessage({ type: "stop", turn: cur ? cur.turn : null });
   send("cancel", turnId ? { turn_id: turnId, reason: "barge-in" } : { reason: "barge-in" });

@@ -1,10 +1,14 @@
 // voicebus player worklet: plays queued PCM through a small jitter buffer, stops within one
 // render quantum, and reports the frame at which each turn's first non-silent sample is rendered.
+// It also tracks how far each turn was rendered (sentence, samples into it): every few quanta
+// as "position" (the page's live captions follow it) and with "stopped"/"ended" (the heard
+// report the edge turns into TurnHeard).
 // Runs on the audio rendering thread: messages from the main thread are handled between render
 // quanta, so a "stop" silences the very next quantum.
 
 const AUDIBLE_THRESHOLD = 1 / 1024; // about -60 dBFS
 const WAVE_EVERY_QUANTA = 4;
+const POSITION_EVERY_QUANTA = 2; // ~11 ms at 24 kHz: captions follow the rendered audio closely
 
 class VoicebusPlayer extends AudioWorkletProcessor {
   constructor(options) {
@@ -23,13 +27,20 @@ class VoicebusPlayer extends AudioWorkletProcessor {
     this.stats = { quantaSinceStop: 0, loudQuantaSinceStop: 0, stops: 0, underruns: 0, peak: 0 };
     this.stopPending = false;
     this.wave = [];
+    this.queuedPerSentence = new Map(); // "turn:sentence" -> samples queued so far (a chunk's base)
+    this.rendered = new Map(); // turn -> {sentence, samples}: the furthest point rendered
+    this.quanta = 0;
     this.port.onmessage = (e) => this.onMessage(e.data);
   }
 
   onMessage(msg) {
     if (msg.type === "chunk") {
       if (this.stoppedTurns.has(msg.turn)) return;
-      this.queue.push({ turn: msg.turn, sentence: msg.sentence, samples: msg.samples, offset: 0 });
+      const key = `${msg.turn}:${msg.sentence}`;
+      const base = this.queuedPerSentence.get(key) || 0;
+      this.queuedPerSentence.set(key, base + msg.samples.length);
+      if (this.queuedPerSentence.size > 4096) this.queuedPerSentence.clear();
+      this.queue.push({ turn: msg.turn, sentence: msg.sentence, samples: msg.samples, offset: 0, base });
       this.queuedFrames += msg.samples.length;
     } else if (msg.type === "end") {
       this.endedTurns.add(msg.turn);
@@ -48,8 +59,13 @@ class VoicebusPlayer extends AudioWorkletProcessor {
       this.stats.loudQuantaSinceStop = 0;
       this.stats.stopFrame = currentFrame;
       this.stopPending = true;
-      this.port.postMessage({ type: "stopped", turn: msg.turn, frame: currentFrame });
+      const turn = msg.turn != null ? msg.turn : this.currentTurn;
+      this.port.postMessage({ type: "stopped", turn, frame: currentFrame, rendered: this.renderedOf(turn) });
     }
+  }
+
+  renderedOf(turn) {
+    return this.rendered.get(turn) || { sentence: 0, samples: 0 };
   }
 
   process(inputs, outputs) {
@@ -92,10 +108,19 @@ class VoicebusPlayer extends AudioWorkletProcessor {
       item.offset += n;
       i += n;
       this.queuedFrames -= n;
+      const pos = { sentence: item.sentence, samples: item.base + item.offset };
+      const was = this.rendered.get(item.turn);
+      if (!was || pos.sentence > was.sentence || (pos.sentence === was.sentence && pos.samples > was.samples)) {
+        this.rendered.set(item.turn, pos);
+        if (this.rendered.size > 64) this.rendered.delete(this.rendered.keys().next().value);
+      }
+      this.position = { turn: item.turn, sentence: item.sentence, samples: pos.samples, frame: currentFrame + i };
       if (item.offset >= item.samples.length) {
         this.queue.shift();
         if (!this.queue.length || this.queue[0].turn !== item.turn) {
-          if (this.endedTurns.has(item.turn)) this.port.postMessage({ type: "ended", turn: item.turn, frame: currentFrame + i });
+          if (this.endedTurns.has(item.turn)) {
+            this.port.postMessage({ type: "ended", turn: item.turn, frame: currentFrame + i, rendered: this.renderedOf(item.turn) });
+          }
         }
       }
     }
@@ -117,6 +142,11 @@ class VoicebusPlayer extends AudioWorkletProcessor {
     if (this.stopPending) {
       this.stats.quantaSinceStop += 1;
       if (peak > 0) this.stats.loudQuantaSinceStop += 1; // any sound at all after the stop
+    }
+    this.quanta += 1;
+    if (this.position && this.quanta % POSITION_EVERY_QUANTA === 0) {
+      this.port.postMessage({ type: "position", ...this.position });
+      this.position = null;
     }
     this.wave.push(min, max);
     if (this.wave.length >= 2 * WAVE_EVERY_QUANTA) {

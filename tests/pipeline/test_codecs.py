@@ -32,6 +32,7 @@ from schemas import contract
 CODEC = Codec()
 TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc").read_text())
 AUDIO_CHUNK_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v1.avsc").read_text())
+AUDIO_CHUNK_V2 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v2.avsc").read_text())
 SYNTHESIS_REQUEST_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "synthesis_request_v1.avsc").read_text())
 
 
@@ -76,6 +77,9 @@ CONTRACT_FIELDS = {
     "sample_rate": st.sampled_from(sorted(contract.LIMITS.sample_rates)),
     "pcm": st.binary(max_size=32).map(lambda b: b[: len(b) // 2 * 2]),
     "speed": st.floats(0.25, 4.0, width=32),
+    "rendered_samples": st.integers(0, 2**31 - 1),
+    "words": st.lists(st.tuples(st.text(max_size=20), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)).map(
+        lambda w: {"text": w[0], "start": min(w[1], w[2]), "end": max(w[1], w[2])}), max_size=4),
 }
 
 
@@ -198,7 +202,7 @@ def v1_audio_chunk() -> dict:
 
 
 def test_audio_chunk_gained_end_reason_and_keeps_v1_in_history():
-    assert {f["name"] for f in schemas.load("AudioChunk")["fields"]} - {f["name"] for f in AUDIO_CHUNK_V1["fields"]} == {
+    assert {f["name"] for f in AUDIO_CHUNK_V2["fields"]} - {f["name"] for f in AUDIO_CHUNK_V1["fields"]} == {
         "end_reason"}
     assert AUDIO_CHUNK_V1 in schemas.load_history()
 
@@ -210,7 +214,7 @@ def test_an_audio_chunk_written_before_end_reason_decodes_with_an_empty_reason()
     avro.io.DatumWriter(apache_v1).write(v1_audio_chunk(), avro.io.BinaryEncoder(buf))
     decoded = CODEC.decode(buf.getvalue(), expect="AudioChunk")
     assert decoded.older_writer
-    assert decoded.value == {**v1_audio_chunk(), "end_reason": ""}
+    assert decoded.value == {**v1_audio_chunk(), "end_reason": "", "words": []}
 
 
 def test_a_reader_from_before_end_reason_reads_a_new_audio_chunk():
@@ -219,6 +223,44 @@ def test_a_reader_from_before_end_reason_reads_a_new_audio_chunk():
                                  avro.schema.parse(json.dumps(AUDIO_CHUNK_V1)))
     assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == v1_audio_chunk()
     assert CODEC.decode(encoded).value["end_reason"] == "no-voices"
+
+
+WORDS = [{"text": "Hello,", "start": 72, "end": 9672}, {"text": "don't", "start": 9672, "end": 13272}]
+
+
+def test_audio_chunk_gained_words_and_keeps_v2_in_history():
+    assert {f["name"] for f in schemas.load("AudioChunk")["fields"]} - {f["name"] for f in AUDIO_CHUNK_V2["fields"]} == {
+        "words"}
+    assert AUDIO_CHUNK_V2 in schemas.load_history()
+
+
+def test_an_audio_chunk_written_before_words_decodes_with_no_words():
+    apache_v2 = avro.schema.parse(json.dumps(AUDIO_CHUNK_V2))
+    buf = io.BytesIO()
+    buf.write(MAGIC + apache_v2.fingerprint("CRC-64-AVRO"))
+    v2 = {**v1_audio_chunk(), "end_reason": ""}
+    avro.io.DatumWriter(apache_v2).write(v2, avro.io.BinaryEncoder(buf))
+    decoded = CODEC.decode(buf.getvalue(), expect="AudioChunk")
+    assert decoded.older_writer
+    assert decoded.value == {**v2, "words": []}
+
+
+def test_a_reader_from_before_words_reads_a_new_audio_chunk():
+    v2 = {**v1_audio_chunk(), "end_reason": ""}
+    encoded = CODEC.encode("AudioChunk", {**v2, "words": WORDS})
+    reader = avro.io.DatumReader(avro.schema.parse(json.dumps(schemas.load("AudioChunk"))),
+                                 avro.schema.parse(json.dumps(AUDIO_CHUNK_V2)))
+    assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == v2
+    # and a voicebus codec that knows only v2 (a stage not yet upgraded) reads it too
+    old_codec = Codec(current={**{n: schemas.load(n) for n in schemas.CURRENT}, "AudioChunk": AUDIO_CHUNK_V2},
+                      history=[schemas.load("AudioChunk")])
+    assert old_codec.decode(encoded).value == v2
+    assert CODEC.decode(encoded).value["words"] == WORDS
+
+
+def test_a_word_must_start_before_it_ends():
+    with pytest.raises(InvalidMessage, match="start must be"):
+        CODEC.encode("AudioChunk", {**v1_audio_chunk(), "words": [{"text": "x", "start": 10, "end": 5}]})
 
 
 def v1_synthesis_request() -> dict:

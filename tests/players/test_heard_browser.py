@@ -1,0 +1,97 @@
+"""What the listener heard, in Debian's headless chromium: live captions follow the AudioWorklet's
+rendered position, and a barge-in in the middle of the second sentence comes back as a TurnHeard
+whose text is the words whose start was rendered before the stop.
+
+With ``--update-screenshots`` it writes the screenshot docs/edge.md shows (docs/img/captions.png)."""
+
+import pytest
+
+from pipeline.bus import make_producer, publish
+from pipeline.codecs import Codec
+from players.auth import issue_token, player_url
+from players.tone import tone_turn
+from tests.players.edge_helpers import SECRET, running_edge
+from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, wait_in_page
+from tests.players.test_edge_kafka import read_topic
+
+pytestmark = [pytest.mark.kafka, pytest.mark.browser]
+
+CHUNK_SAMPLES = 3600  # 150 ms at 24 kHz
+CHUNKS_PER_SENTENCE = 10  # 1.5 s a sentence
+WORD_SAMPLES = 6000  # 250 ms a word: six words a sentence
+SENTENCES = [
+    "Your order shipped this morning, friend.".split(),
+    "It should arrive on Monday afternoon.".split(),
+    "Anything else I can help with?".split(),
+]
+
+
+def worded_tone_turn(session: str, turn: str) -> list[dict]:
+    chunks = tone_turn(session, turn, sentences=len(SENTENCES), chunks_per_sentence=CHUNKS_PER_SENTENCE)
+    for chunk in chunks:
+        chunk["words"] = []
+    for s, words in enumerate(SENTENCES):
+        for i, text in enumerate(words):
+            start = i * WORD_SAMPLES
+            chunks[s * CHUNKS_PER_SENTENCE + start // CHUNK_SAMPLES]["words"].append(
+                {"text": text, "start": start, "end": start + WORD_SAMPLES - 600})
+    return chunks
+
+
+async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_reports_what_was_heard(
+        make_settings, screenshot_path):
+    from playwright.async_api import async_playwright
+
+    settings = make_settings(edge_secret=SECRET)
+    async with running_edge(settings) as (app, client), async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(player_url(str(client.make_url("/")), "S", issue_token(SECRET, "S", 300)))
+            await page.click("#start")
+            await wait_in_page(page, "window.voicebusPlayer.state === 'ready'")
+            producer, codec = make_producer(settings), Codec()
+            await producer.start()
+            try:
+                for chunk in worded_tone_turn("S", "turn-1"):
+                    await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            finally:
+                await producer.stop()
+
+            # barge in once the third word of the second sentence is on screen: clicked by the page
+            # itself, so the test's own latency (a loaded machine) does not move the stop
+            await page.evaluate("""new Promise(resolve => { const t = setInterval(() => {
+                if (window.voicebusPlayer.captions.some(c => c.sentence === 1 && c.index >= 2)) {
+                    clearInterval(t); document.getElementById('bargein').click(); resolve(true); } }, 2); })""")
+            report = await wait_in_page(
+                page, "window.voicebusPlayer.reports.find(r => r.kind === 'STOPPED' && 'rendered_samples' in r)")
+            [heard] = await read_topic(settings, settings.heard_topic, "TurnHeard", lambda v: v)
+            captions = await page.evaluate("window.voicebusPlayer.captions")
+            await page.screenshot(path=str(screenshot_path("captions.png")), full_page=True)
+
+            # the rule: every word of the first sentence, the second's words whose start was rendered
+            sentence, samples = report["rendered_sentence_seq"], report["rendered_samples"]
+            assert sentence == 1 and 2 * WORD_SAMPLES <= samples < CHUNKS_PER_SENTENCE * CHUNK_SAMPLES, report
+            expected = SENTENCES[0] + [w for i, w in enumerate(SENTENCES[1]) if i * WORD_SAMPLES < samples]
+            assert heard["heard_text"] == " ".join(expected)
+            assert heard["interrupted"] and heard["session_id"] == "S" and heard["turn_id"] == "turn-1"
+            assert not set(heard["heard_text"].split()) & set(SENTENCES[2])  # never a sentence not rendered
+            assert heard["unheard_words"][-len(SENTENCES[2]):] == SENTENCES[2]
+            # what the captions showed last is what was heard, give or take the word in progress
+            shown = SENTENCES[0] + SENTENCES[1][: captions[-1]["index"] + 1]
+            assert abs(len(shown) - len(expected)) <= 1, (shown, expected)
+            # published within 200 ms of the barge-in (the click's time on the server clock)
+            [barged_in_at_us] = await page.evaluate("window.voicebusPlayer.bargeIns")
+            delay_ms = (heard["published_at_us"] - barged_in_at_us) / 1000
+            print(f"TurnHeard {delay_ms:.1f} ms after the barge-in; captions' lag behind the rendered word start: "
+                  f"max {max(c['lagMs'] for c in captions):.1f} ms over {len(captions)} words")
+            assert delay_ms <= 200, delay_ms
+            # every caption word was shown within 100 ms of its start being rendered, in order
+            assert len(captions) >= len(SENTENCES[0]) + 2
+            assert all(-10 <= c["lagMs"] <= 100 for c in captions), captions  # -10: a render quantum of clock skew
+            assert [(c["sentence"], c["index"]) for c in captions] == sorted((c["sentence"], c["index"]) for c in captions)
+            assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
+        finally:
+            await browser.close()

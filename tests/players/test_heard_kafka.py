@@ -1,0 +1,85 @@
+"""The heard report on the real broker: word timings from the audio topic reach the player before
+their audio, the players' heard reports become one TurnHeard on the heard topic (the furthest
+player counts; one that never reports holds it up only for the wait)."""
+
+import json
+
+import pytest
+
+from pipeline.bus import make_producer, publish
+from pipeline.clock import now_us
+from pipeline.codecs import Codec
+from players.tone import tone_turn
+from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
+from tests.players.test_edge_kafka import read_topic
+
+pytestmark = pytest.mark.kafka
+
+S0 = [{"text": t, "start": 1200 * i, "end": 1200 * i + 1000} for i, t in enumerate(["Your", "order", "shipped."])]
+S1 = [{"text": t, "start": 1200 * i, "end": 1200 * i + 1000} for i, t in enumerate(["It", "arrives", "Monday."])]
+
+
+def worded_turn(session: str, turn: str) -> list[dict]:
+    chunks = tone_turn(session, turn, sentences=2, chunks_per_sentence=2)  # 3600 samples a chunk
+    chunks[0]["words"], chunks[1]["words"] = S0[:2], S0[2:]
+    chunks[2]["words"], chunks[3]["words"] = S1[:2], S1[2:]
+    return chunks
+
+
+def heard_report(turn_id: str, kind: str, sentence: int, samples: int) -> str:
+    return json.dumps({"type": "report", "v": 1, "kind": kind, "turn_id": turn_id, "audible_at_us": now_us(),
+                       "rendered_sentence_seq": sentence, "rendered_samples": samples})
+
+
+async def test_words_reach_the_player_and_the_furthest_players_report_is_published(make_settings):
+    settings = make_settings(edge_secret=SECRET, edge_heard_wait_ms=60_000)
+    async with running_edge(settings) as (app, client):
+        near, ready_near = await connect(client, "S")
+        far, ready_far = await connect(client, "S")
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            for chunk in worded_turn("S", "t1"):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        finally:
+            await producer.stop()
+        messages = await collect(near, turn_ended)
+        await collect(far, turn_ended)
+        words = of_type(messages, "words")
+        assert [w["text"] for m in words for w in m["words"]] == ["Your", "order", "shipped.", "It", "arrives", "Monday."]
+        first_audio = next(i for i, m in enumerate(messages) if m in audio(messages))
+        assert messages.index(words[0]) < first_audio  # a word is known before its audio plays
+
+        # the near player stopped in the first sentence, the far one in the second, inside "arrives"
+        sent_at = now_us()
+        await near.send_str(heard_report("t1", "STOPPED", 0, 1300))
+        await far.send_str(heard_report("t1", "STOPPED", 1, 1300))
+        [heard] = await read_topic(settings, settings.heard_topic, "TurnHeard", lambda v: v)
+        assert heard["session_id"] == "S" and heard["turn_id"] == "t1"
+        assert heard["heard_text"] == "Your order shipped. It arrives"
+        assert heard["unheard_words"] == ["Monday."] and heard["interrupted"]
+        assert heard["client_id"] == ready_far["client_id"] and heard["reports"] == 2
+        # published on the second (last) player's report, not after the wait
+        assert heard["published_at_us"] - sent_at < 5_000_000
+        playback = await read_topic(settings, settings.playback_topic, "PlaybackReport", lambda v: len(v) >= 2)
+        assert {r["kind"] for r in playback} == {"STOPPED"}
+
+
+async def test_a_player_that_never_reports_holds_the_turn_up_only_for_the_wait(make_settings):
+    settings = make_settings(edge_secret=SECRET, edge_heard_wait_ms=300)
+    async with running_edge(settings) as (app, client):
+        done, _ = await connect(client, "S")
+        await connect(client, "S")  # a second player that never reports
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            for chunk in worded_turn("S", "t2"):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        finally:
+            await producer.stop()
+        await collect(done, turn_ended)
+        reported_at = now_us()
+        await done.send_str(heard_report("t2", "PLAYBACK_END", 1, 7200))
+        [heard] = await read_topic(settings, settings.heard_topic, "TurnHeard", lambda v: v)
+        assert heard["heard_text"] == "Your order shipped. It arrives Monday." and not heard["interrupted"]
+        assert heard["reports"] == 1 and heard["published_at_us"] - reported_at >= 300_000
