@@ -125,7 +125,7 @@ LIMITS = Limits()
 
 OPUS_LENGTH_BYTES = 2
 MAX_OPUS_PACKET_BYTES = 1275  # RFC 6716 3.4: a frame is at most 1275 bytes
-OPUS_SAMPLE_RATES = frozenset({8000, 12000, 16000, 24000, 48000})  # what an Opus encoder takes and a decoder gives
+OPUS_SAMPLE_RATES = frozenset({8000, 16000, 24000, 48000})  # Opus rates (12 kHz too) that LIMITS.sample_rates allows
 
 
 class MalformedOpusPayload(ValueError):
