@@ -397,3 +397,18 @@ def test_a_cancel_drops_a_parked_tentative_job():
     sched.park(sched.next_job())
     purged, _ = sched.apply_control(cancel())
     assert len(purged) == 1 and rec.settled[-1][1] is Outcome.CANCELLED and sched.parked == []
+
+
+def test_the_worker_encodes_as_the_settings_say_and_refuses_an_unknown_encoding():
+    from types import SimpleNamespace
+
+    from pipeline.audio_codec import AudioCodecError
+    from pipeline.settings import Settings
+    from pipeline.synthesis.worker import SynthesisWorker
+    from schemas.contract import AudioEncoding
+
+    engine = SimpleNamespace(sample_rate=SAMPLE_RATE)  # read at construction; nothing is synthesized
+    assert SynthesisWorker(Settings(), engine).audio.encoding == AudioEncoding.PCM16LE
+    assert SynthesisWorker(Settings(audio_encoding="opus"), engine).audio.encoding == AudioEncoding.OPUS
+    with pytest.raises(AudioCodecError, match="VOICEBUS_AUDIO_ENCODING='flac'"):
+        SynthesisWorker(Settings(audio_encoding="flac"), engine)
