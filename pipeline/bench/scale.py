@@ -11,7 +11,9 @@ players got every frame, then asks each edge for:
 - ``frames_per_edge``: audio frames it built and sent (only its own players' sessions);
 - ``rss_mb_per_edge``: the edge process's peak resident memory (``ru_maxrss``);
 - ``frame_p50_ms`` / ``frame_p99_ms``: chunk consumed -> frame sent, over every frame of every edge;
-- ``bus_bytes_per_session_s``: what one speaking session puts on the audio topic per second.
+- ``bus_bytes_per_session_s``: what one speaking session puts on the audio topic per second;
+- ``publisher_behind_ms``: how far this process fell behind publishing in real time (above a
+  chunk period the machine, not the edge, is the limit: the grid stops there).
 
 Edges are not sharded yet (every edge reads every partition): bytes per edge do not fall with
 edges; these runs are the baseline sharding is measured against (docs/benchmarks.md).
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace, settings) -> int:
     runs = []
     print(f"bench scale: {seconds:g} s of tone per session, {CHUNK_MS} ms chunks, broker {settings.bootstrap}")
     print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'bus KB/s/session':>16} {'MB/edge':>8} "
-          f"{'frames/edge':>11} {'RSS MB/edge':>11} {'p50 ms':>7} {'p99 ms':>7} {'complete':>8}")
+          f"{'frames/edge':>11} {'RSS MB/edge':>11} {'p50 ms':>7} {'p99 ms':>7} {'complete':>8} {'behind ms':>9}")
     for encoding in encodings:
         for n_sessions in sessions:
             for n_edges in edges:
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace, settings) -> int:
                 runs.append(r)
                 print(f"{encoding:>8} {n_edges:>5} {n_sessions:>8} {r['bus_bytes_per_session_s'] / 1e3:>16.2f} "
                       f"{r['bytes_per_edge'] / 1e6:>8.2f} {r['frames_per_edge']:>11.0f} {r['rss_mb_per_edge']:>11.1f} "
-                      f"{r['frame_p50_ms']:>7.2f} {r['frame_p99_ms']:>7.2f} {r['frames_received'] / r['frames_expected']:>8.0%}",
+                      f"{r['frame_p50_ms']:>7.2f} {r['frame_p99_ms']:>7.2f} {r['frames_received'] / r['frames_expected']:>8.0%} {r['publisher_behind_ms']:>9.0f}",
                       flush=True)
     pcm = [r for r in runs if r["encoding"] == "pcm16"]
     opus = [r for r in runs if r["encoding"] == "opus"]
@@ -110,6 +112,7 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
     ports: dict[int, int] = {}
     stats: list[dict] = []
     players = None
+    behind_s = 0.0
     try:
         while len(ports) < n_edges:
             kind, index, value = await asyncio.to_thread(results.get, True, 120)
@@ -133,8 +136,9 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
         producer = make_producer(s, linger_ms=5)
         await producer.start()
         try:
-            started = time.monotonic()
+            started, behind_s = time.monotonic(), 0.0
             for k in range(len(template)):
+                behind_s = max(behind_s, time.monotonic() - (started + k * CHUNK_MS / 1000))
                 await asyncio.sleep(max(0.0, started + k * CHUNK_MS / 1000 - time.monotonic()))
                 sends = [await producer.send(s.audio_topic, encoded[i][k], key=session_key(sid))
                          for i, sid in enumerate(sessions)]
@@ -171,6 +175,7 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
         "bytes_by_edge": [st["consumed_bytes"] for st in stats],
         "frames_by_edge": [st["frames_sent"] for st in stats],
         "frames_expected": n_sessions * len(template),
+        "publisher_behind_ms": behind_s * 1e3,  # how far the publisher fell behind real time (a machine that cannot keep up)
         "frames_received": received,
         "edges_reporting": len(stats),
     }
