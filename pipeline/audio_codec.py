@@ -5,7 +5,7 @@ edges forward and the players decode (the edge does not transcode: its frames ca
 bytes as they are):
 
 * ``pcm16`` (`AudioEncoding.PCM16LE`): 16-bit little-endian mono samples, 48 KB/s at 24 kHz;
-* ``opus`` (`AudioEncoding.OPUS`): Opus packets (``opus_bitrate``, VBR, ``opus_frame_ms`` per
+* ``opus`` (`AudioEncoding.OPUS`): Opus packets (``opus_bitrate``, constrained VBR, ``opus_frame_ms`` per
   packet, application VOIP: tuned for speech), framed as `schemas.contract.pack_opus_packets`
   says. About 3 KB/s at 24 kbit/s: docs/benchmarks.md has the measured bytes per session.
 
@@ -127,7 +127,9 @@ class OpusEncoder:
         context.layout = "mono"
         context.format = "s16"
         context.bit_rate = self.bitrate
-        context.options = {"frame_duration": str(self.frame_ms), "application": "voip"}
+        # constrained VBR: speech still spends fewer bits on easy frames, and no stream runs far over
+        # the target (unconstrained VBR put a steady tone at 34 kbit/s for a 24 kbit/s target)
+        context.options = {"frame_duration": str(self.frame_ms), "application": "voip", "vbr": "constrained"}
         context.open()
         return context
 

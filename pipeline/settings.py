@@ -163,7 +163,7 @@ class Settings:
     and ``opus_frame_ms``; chunks are whole packets, so ``chunk_ms`` is rounded to whole frames).
     Players must decode what the workers write: the web player does both (WebCodecs for Opus)."""
     opus_bitrate: int = 24_000
-    """Opus target bitrate (bits/s, VBR) when ``audio_encoding`` is ``opus``."""
+    """Opus target bitrate (bits/s, constrained VBR) when ``audio_encoding`` is ``opus``."""
     opus_frame_ms: int = 20
     """Duration of one Opus packet (ms): 10, 20, 40 or 60."""
     opening_clause_min_words: int = 3
