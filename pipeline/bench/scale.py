@@ -224,24 +224,27 @@ async def _players(sessions: list, expected: int, ready, stop, done) -> None:
     received = 0
     all_in = asyncio.Event()
 
-    async with aiohttp.ClientSession() as http:
-        sockets = []
-        for session, url, token in sessions:
-            ws = await http.ws_connect(url, max_msg_size=0)
-            await ws.send_str(json.dumps({"type": "hello", "v": 1, "session": session, "token": token}))
-            msg = await ws.receive()  # "ready": the edge has registered this player
-            assert msg.type == aiohttp.WSMsgType.TEXT and json.loads(msg.data)["type"] == "ready", msg
-            sockets.append(ws)
+    async def drain(ws):
+        nonlocal received
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                received += 1
+                if received >= expected:
+                    all_in.set()
 
-        async def drain(ws):
-            nonlocal received
-            async for msg in ws:
-                if msg.type == aiohttp.WSMsgType.BINARY:
-                    received += 1
-                    if received >= expected:
-                        all_in.set()
+    async def connect(session: str, url: str, token: str):
+        ws = await http.ws_connect(url, max_msg_size=0)
+        await ws.send_str(json.dumps({"type": "hello", "v": 1, "session": session, "token": token}))
+        msg = await ws.receive()  # "ready": the edge has registered this player
+        assert msg.type == aiohttp.WSMsgType.TEXT and json.loads(msg.data)["type"] == "ready", msg
+        sockets.append(ws)
+        readers.append(asyncio.create_task(drain(ws)))  # read at once: the edge's pings need answers
 
-        readers = [asyncio.create_task(drain(ws)) for ws in sockets]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        sockets: list = []
+        readers: list = []
+        for at in range(0, len(sessions), 50):  # 50 handshakes at a time
+            await asyncio.gather(*(connect(*s) for s in sessions[at:at + 50]))
         ready.set()
         while not all_in.is_set() and not stop.is_set():
             await asyncio.sleep(0.05)
