@@ -7,7 +7,8 @@ bytes as they are):
 * ``pcm16`` (`AudioEncoding.PCM16LE`): 16-bit little-endian mono samples, 48 KB/s at 24 kHz;
 * ``opus`` (`AudioEncoding.OPUS`): Opus packets (``opus_bitrate``, constrained VBR, ``opus_frame_ms`` per
   packet, application VOIP: tuned for speech), framed as `schemas.contract.pack_opus_packets`
-  says. About 3 KB/s at 24 kbit/s: docs/benchmarks.md has the measured bytes per session.
+  says. 3.74 KB/s of AudioChunk records per session at 24 kbit/s vs 48.5 for PCM16
+  (docs/benchmarks.md, `voicebus bench scale`).
 
 Chunk boundaries stay where cancel and skip act: each chunk holds whole packets, and a sentence's
 chunks come from one encoder (`AudioFormat.encoder`), so its packets follow each other without a
@@ -17,7 +18,7 @@ only a sentence's last chunk is padded with silence to its last frame.
 
 Opus comes from FFmpeg's libopus through PyAV (``av``): a maintained binding with wheels that
 bundle FFmpeg and libopus on PyPI for Linux, macOS and Windows, so no system library is needed;
-decoding (the listener, the quality test, the benchmark) uses the same binding. libopus decodes
+decoding (the Python listener, the quality test) uses the same binding. libopus decodes
 at 48 kHz here; `OpusDecoder` resamples to the chunk's rate with FFmpeg's resampler.
 """
 
