@@ -159,6 +159,15 @@ class Settings:
     """Requests a synthesis worker holds at once (queued + running); beyond it its partitions pause."""
     chunk_ms: int = 150
     """Duration of each AudioChunk the worker publishes (ms)."""
+    audio_encoding: str = "pcm16"
+    """The audio on the bus and to the players (pipeline/audio_codec.py): ``pcm16`` (raw 16-bit
+    samples, 48 KB/s per speaking session at 24 kHz) or ``opus`` (Opus packets, ``opus_bitrate``
+    and ``opus_frame_ms``; chunks are whole packets, so ``chunk_ms`` is rounded to whole frames).
+    Players must decode what the workers write: the web player does both (WebCodecs for Opus)."""
+    opus_bitrate: int = 24_000
+    """Opus target bitrate (bits/s, constrained VBR) when ``audio_encoding`` is ``opus``."""
+    opus_frame_ms: int = 20
+    """Duration of one Opus packet (ms): 10, 20, 40 or 60."""
     opening_clause_min_words: int = 3
     """A turn's first sentence is synthesized in two pieces when its first clause has at least
     this many words, so the turn's first audio needs only that clause (0 disables it)."""

@@ -233,6 +233,7 @@ class KafkaLink:
                 consumed_ns, received_us = time.perf_counter_ns(), now_us()
                 for tp, records in batches.items():
                     for record in records:
+                        self.metrics.consumed_bytes.inc(len(record.value or b""))
                         await self.policy.process(
                             record, "AudioChunk",
                             lambda d: self.router.route(d.message.value, consumed_ns, received_us))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pipeline.audio_codec import OpusDecoder
 from pipeline.clock import now_us
 from players import protocol
 from players.auth import issue_token
@@ -36,6 +37,8 @@ class HeardTurn:
     cancelled_at_us: int | None = None
     discarded: list[tuple[int, int, int, int]] = field(default_factory=list)
     frames_after_stop: int = 0
+    wire_bytes: int = 0  # audio payload bytes received (Opus packets or PCM), kept frames only
+    decoder: "OpusDecoder | None" = field(default=None, repr=False)  # the turn's Opus stream, as a player decodes it
     ended_event: asyncio.Event = field(default_factory=asyncio.Event)
     heard_event: asyncio.Event = field(default_factory=asyncio.Event)  # first audio and its timeline are in
 
@@ -46,7 +49,12 @@ class HeardTurn:
     def add_frame(self, received_us: int, frame: protocol.AudioFrame) -> bool:
         """Keep one audio frame, or discard it when it belongs to audio this player stopped.
         Returns whether it was kept."""
-        heard = (received_us, frame.sentence, frame.chunk, len(frame.pcm) // 2)
+        pcm = frame.pcm
+        if frame.encoding == protocol.ENCODING_OPUS:
+            if self.decoder is None:
+                self.decoder = OpusDecoder(frame.sample_rate)
+            pcm = self.decoder.decode(frame.pcm)
+        heard = (received_us, frame.sentence, frame.chunk, len(pcm) // 2)
         if self.stopped:
             self.frames_after_stop += 1
         if self.stopped or self.cancelled_at_us is not None:
@@ -54,7 +62,8 @@ class HeardTurn:
             return False
         self.sample_rate = frame.sample_rate
         self.frames.append(heard)
-        self.pcm += frame.pcm
+        self.pcm += pcm
+        self.wire_bytes += len(frame.pcm)
         return True
 
     @property

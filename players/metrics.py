@@ -58,6 +58,9 @@ class EdgeMetrics:
             "voicebus_edge_unserved_chunks_total", "Audio chunks of sessions no player listens to on this edge",
             registry=r)
         self.refused = Counter("voicebus_edge_refused_total", "Client requests refused by a limit", ["reason"], registry=r)
+        self.consumed_bytes = Counter("voicebus_edge_consumed_bytes_total",
+                                      "Bytes of audio records this edge fetched from the bus (every session's, served or not)",
+                                      registry=r)
         self.bad_records = Counter("voicebus_edge_bad_records_total", "Records the edge dead-lettered (any reason)", registry=r)
         self.overhead_samples: deque[float] | None = deque(maxlen=keep_overhead_samples) if keep_overhead_samples else None
 

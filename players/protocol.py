@@ -3,7 +3,9 @@ their typed parse errors. Pure: no I/O. `docs/protocol.md` is the human-readable
 
 Two kinds of WebSocket frames:
 
-* binary frames carry audio: a fixed 20-byte little-endian header followed by PCM16LE samples;
+* binary frames carry audio: a fixed 20-byte little-endian header followed by the chunk's audio
+  as the bus carries it: PCM16LE samples, or Opus packets each behind a 2-byte length (the
+  header's ``encoding`` byte says which);
 * text frames carry control messages: one JSON object with a ``type`` field and the protocol
   version ``v``.
 
@@ -19,14 +21,22 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.contract import LIMITS, AudioEncoding, PlaybackKind, is_valid_id
+from schemas.contract import (
+    LIMITS,
+    AudioEncoding,
+    MalformedOpusPayload,
+    PlaybackKind,
+    is_valid_id,
+    split_opus_packets,
+)
 
 PROTOCOL_VERSION = 1
 
 # --- binary audio frames ---------------------------------------------------------------------
 FRAME_AUDIO = 0x01
 ENCODING_PCM16LE = 0x01
-ENCODINGS = {AudioEncoding.PCM16LE: ENCODING_PCM16LE}
+ENCODING_OPUS = 0x02  # whole Opus packets, each a u16 little-endian length then the packet
+ENCODINGS = {AudioEncoding.PCM16LE: ENCODING_PCM16LE, AudioEncoding.OPUS: ENCODING_OPUS}
 
 FLAG_LAST_IN_SENTENCE = 0x01
 FLAG_LAST_IN_TURN = 0x02
@@ -127,9 +137,22 @@ class AudioFrame:
         return bool(self.flags & FLAG_LAST_IN_TURN)
 
 
+def check_payload(encoding: int, payload: bytes) -> None:
+    """`MalformedFrame` unless `payload` is what the header's `encoding` byte says."""
+    if encoding == ENCODING_PCM16LE:
+        if len(payload) % 2:
+            raise MalformedFrame(f"PCM16 payload has an odd length ({len(payload)} bytes): not whole PCM16LE samples")
+    elif encoding == ENCODING_OPUS:
+        try:
+            split_opus_packets(payload)
+        except MalformedOpusPayload as exc:
+            raise MalformedFrame(f"Opus payload: {exc}") from None
+    else:
+        raise MalformedFrame(f"unknown audio encoding 0x{encoding:02x}")
+
+
 def encode_audio(frame: AudioFrame) -> bytes:
-    if len(frame.pcm) % 2:
-        raise MalformedFrame(f"PCM16 payload has an odd length ({len(frame.pcm)} bytes)")
+    check_payload(frame.encoding, frame.pcm)
     header = AUDIO_HEADER.pack(
         FRAME_AUDIO, frame.version, frame.flags, frame.encoding, frame.turn, frame.sentence, frame.chunk, frame.sample_rate
     )
@@ -146,11 +169,8 @@ def decode_audio(data: bytes) -> AudioFrame:
         raise UnknownMessageType(f"unknown binary frame type 0x{ftype:02x}")
     if version != PROTOCOL_VERSION:
         raise UnsupportedVersion(f"binary frame version {version}, this edge speaks {PROTOCOL_VERSION}")
-    if encoding != ENCODING_PCM16LE:
-        raise MalformedFrame(f"unknown audio encoding 0x{encoding:02x}")
     pcm = bytes(data[AUDIO_HEADER_LEN:])
-    if len(pcm) % 2:
-        raise MalformedFrame(f"PCM16 payload has an odd length ({len(pcm)} bytes)")
+    check_payload(encoding, pcm)
     return AudioFrame(turn, sentence, chunk, rate, pcm, flags, encoding, version)
 
 

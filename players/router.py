@@ -447,11 +447,12 @@ class SessionRouter:
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
         sentence, chunk_seq = chunk["sentence_seq"], chunk["chunk_seq"]
         started = chunk.get("first_token_at_us") or None
-        if len(chunk["pcm"]) % 2 or chunk.get("encoding", AudioEncoding.PCM16LE) not in protocol.ENCODINGS:
-            raise UnroutableChunk(
-                f"chunk {session_id}/{turn_id}/{sentence}/{chunk_seq}: "
-                f"{len(chunk['pcm'])} bytes of {chunk.get('encoding')} is not whole PCM16LE samples"
-            )
+        encoding = chunk.get("encoding", AudioEncoding.PCM16LE)
+        try:  # forwarded as it is (no transcoding): it must be what its encoding says
+            protocol.check_payload(protocol.ENCODINGS.get(encoding, 0), chunk["pcm"])
+        except protocol.MalformedFrame as exc:
+            raise UnroutableChunk(f"chunk {session_id}/{turn_id}/{sentence}/{chunk_seq}: {len(chunk['pcm'])} bytes "
+                                  f"of {encoding}: {exc}") from None
         if not (0 <= sentence <= LIMITS.max_seq and 0 <= chunk_seq <= LIMITS.max_seq):
             raise UnroutableChunk(f"chunk {session_id}/{turn_id}: sentence_seq {sentence} / chunk_seq {chunk_seq} "
                                   f"outside 0..{LIMITS.max_seq}")

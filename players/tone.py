@@ -7,6 +7,7 @@ import math
 import struct
 
 from pipeline.clock import now_us
+from pipeline.audio_codec import AudioFormat
 from schemas.contract import AudioEncoding
 
 
@@ -21,19 +22,29 @@ def tone_pcm(duration_s: float, sample_rate: int = 24000, freq_hz: float = 440.0
 
 
 def tone_turn(session_id: str, turn_id: str, sentences: int = 2, chunks_per_sentence: int = 3, chunk_ms: int = 150,
-              sample_rate: int = 24000, freq_hz: float = 440.0, leading_silence_s: float = 0.0) -> list[dict]:
-    """AudioChunk dicts of one turn, timestamps set as if the pipeline just produced them."""
+              sample_rate: int = 24000, freq_hz: float = 440.0, leading_silence_s: float = 0.0,
+              encoding: AudioEncoding = AudioEncoding.PCM16LE) -> list[dict]:
+    """AudioChunk dicts of one turn, timestamps set as if the pipeline just produced them.
+    With ``encoding`` OPUS each sentence is encoded as a worker does (chunks of whole 20 ms
+    frames, so ``chunk_ms`` is rounded to them)."""
     t0 = now_us()
+    audio = AudioFormat(encoding, sample_rate)
+    if encoding == AudioEncoding.OPUS:
+        chunk_ms = audio.chunk_bytes(chunk_ms) // 2 * 1000 // sample_rate
     chunks = []
     for s in range(sentences):
+        encoder = audio.encoder()
         for c in range(chunks_per_sentence):
             lead = leading_silence_s if (s, c) == (0, 0) else 0.0
+            if encoding == AudioEncoding.OPUS:  # whole frames
+                lead = round(lead * 1000 / audio.frame_ms) * audio.frame_ms / 1000
             chunks.append({
                 "session_id": session_id, "turn_id": turn_id, "sentence_seq": s, "chunk_seq": c,
                 "is_last_chunk": c == chunks_per_sentence - 1,
                 "is_last_in_turn": s == sentences - 1 and c == chunks_per_sentence - 1,
-                "sample_rate": sample_rate, "encoding": AudioEncoding.PCM16LE,
-                "pcm": tone_pcm(chunk_ms / 1000, sample_rate, freq_hz, leading_silence_s=lead),
+                "sample_rate": sample_rate, "encoding": encoding,
+                "pcm": encoder.encode(tone_pcm(chunk_ms / 1000, sample_rate, freq_hz, leading_silence_s=lead),
+                                      last=c == chunks_per_sentence - 1),
                 "worker_id": "tone", "first_token_at_us": t0 - 400_000, "text_complete_at_us": t0 - 300_000,
                 "released_at_us": t0 - 290_000, "request_received_at_us": t0 - 280_000,
                 "synthesis_started_at_us": t0 - 270_000, "audio_ready_at_us": t0 - 20_000, "published_at_us": t0 - 10_000,

@@ -17,7 +17,10 @@ What is here:
   that both the gate can segment and the engine can phonemize are listed: a language one stage
   accepts and the next cannot speak is how a turn used to wedge;
 - limits (`Limits`): text bytes, id lengths, sequence ranges, sample rates, audio bytes per chunk;
-- `violations(message_type, value)`: the checks (the codec raises `InvalidMessage` with them).
+- `violations(message_type, value)`: the checks (the codec raises `InvalidMessage` with them);
+- the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`): an OPUS AudioChunk's
+  ``pcm`` holds whole packets, each a 2-byte little-endian length then the packet, the same bytes
+  on the bus and in the edge's audio frames (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -118,6 +121,47 @@ class Limits:
 
 LIMITS = Limits()
 
+# --- Opus packet framing -------------------------------------------------------------------------
+
+OPUS_LENGTH_BYTES = 2
+MAX_OPUS_PACKET_BYTES = 1275  # RFC 6716 3.4: a frame is at most 1275 bytes
+OPUS_SAMPLE_RATES = frozenset({8000, 16000, 24000, 48000})  # Opus rates (12 kHz too) that LIMITS.sample_rates allows
+
+
+class MalformedOpusPayload(ValueError):
+    """Bytes that are not a sequence of length-prefixed Opus packets."""
+
+
+def pack_opus_packets(packets: "list[bytes] | tuple[bytes, ...]") -> bytes:
+    """Whole Opus packets as one payload: each a 2-byte little-endian length, then the packet."""
+    out = bytearray()
+    for packet in packets:
+        if not 0 < len(packet) <= MAX_OPUS_PACKET_BYTES:
+            raise MalformedOpusPayload(f"an Opus packet of {len(packet)} bytes (1..{MAX_OPUS_PACKET_BYTES})")
+        out += len(packet).to_bytes(OPUS_LENGTH_BYTES, "little")
+        out += packet
+    return bytes(out)
+
+
+def split_opus_packets(payload: "bytes | bytearray | memoryview") -> list[bytes]:
+    """The packets of a payload `pack_opus_packets` made; `MalformedOpusPayload` when a length
+    is zero, too large or runs past the end."""
+    data = memoryview(payload)
+    packets: list[bytes] = []
+    at = 0
+    while at < len(data):
+        if at + OPUS_LENGTH_BYTES > len(data):
+            raise MalformedOpusPayload(f"{len(data) - at} stray byte(s) at offset {at} of an Opus payload")
+        size = int.from_bytes(data[at:at + OPUS_LENGTH_BYTES], "little")
+        at += OPUS_LENGTH_BYTES
+        if not 0 < size <= MAX_OPUS_PACKET_BYTES or at + size > len(data):
+            raise MalformedOpusPayload(f"Opus packet length {size} at offset {at - OPUS_LENGTH_BYTES} "
+                                       f"(1..{MAX_OPUS_PACKET_BYTES}, {len(data) - at} bytes left)")
+        packets.append(bytes(data[at:at + size]))
+        at += size
+    return packets
+
+
 _ID = re.compile(r"[^\x00-\x1f\x7f]+")
 
 
@@ -200,8 +244,16 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         if isinstance(audio, (bytes, bytearray)):
             if len(audio) > limits.max_chunk_audio_bytes:
                 problems.append(f"audio is {len(audio)} bytes, limit {limits.max_chunk_audio_bytes}")
-            if value.get("encoding", AudioEncoding.PCM16LE) == AudioEncoding.PCM16LE and len(audio) % 2:
+            encoding = value.get("encoding", AudioEncoding.PCM16LE)
+            if encoding == AudioEncoding.PCM16LE and len(audio) % 2:
                 problems.append(f"{len(audio)} bytes of PCM16LE is not whole samples")
+            elif encoding == AudioEncoding.OPUS:
+                if isinstance(rate, int) and rate not in OPUS_SAMPLE_RATES:
+                    problems.append(f"sample_rate {rate} is not an Opus rate {sorted(OPUS_SAMPLE_RATES)}")
+                try:
+                    split_opus_packets(audio)
+                except MalformedOpusPayload as exc:
+                    problems.append(str(exc))
         label("worker_id")
         label("end_reason")
         for word in value.get("words") or ():

@@ -14,6 +14,7 @@ BENCH_MODULES = [
     "pipeline.bench.gate",
     "pipeline.bench.synth",
     "pipeline.bench.edge",
+    "pipeline.bench.scale",
     "pipeline.bench.ttfa",
     "pipeline.bench.agents",
     "pipeline.bench.words",

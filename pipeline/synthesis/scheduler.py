@@ -31,6 +31,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
+from pipeline.audio_codec import AudioFormat
 from schemas.contract import AudioEncoding
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
@@ -376,7 +377,9 @@ class OffsetTracker:
 
 
 class ChunkAssembler:
-    """Cuts the PCM16 stream of one request into AudioChunk dicts of `chunk_ms`.
+    """Cuts the PCM16 stream of one request into AudioChunk dicts of `chunk_ms`, each encoded as
+    `audio` says (`pipeline.audio_codec`: PCM16 as is, or whole Opus packets, the chunk then
+    rounded to whole frames; one encoder per request, flushed with its last audio).
 
     One full chunk is held back until more audio (or the end) arrives, so the last chunk of the
     sentence can carry ``is_last_chunk``; the engine produces a segment's audio at once, so the
@@ -388,13 +391,18 @@ class ChunkAssembler:
     a word starting beyond the audio fed so far waits for the chunk that holds it (the last
     chunk takes every word left)."""
 
-    def __init__(self, job: SynthesisJob, *, chunk_ms: int, sample_rate: int, worker_id: str = "") -> None:
+    def __init__(self, job: SynthesisJob, *, chunk_ms: int, sample_rate: int, worker_id: str = "",
+                 audio: AudioFormat | None = None) -> None:
         if chunk_ms <= 0:
             raise ValueError("chunk_ms must be positive")
         self.job = job
         self.sample_rate = sample_rate
         self.worker_id = worker_id
-        self.chunk_bytes = max(1, sample_rate * chunk_ms // 1000) * BYTES_PER_SAMPLE
+        self.audio = audio or AudioFormat(AudioEncoding.PCM16LE, sample_rate)
+        if self.audio.sample_rate != sample_rate:
+            raise ValueError(f"audio format at {self.audio.sample_rate} Hz for a {sample_rate} Hz engine")
+        self.chunk_bytes = self.audio.chunk_bytes(chunk_ms)
+        self._encoder = self.audio.encoder()
         self.synthesis_started_at_us = now_us()
         self._buffer = bytearray()
         self._held: tuple[bytes, int] | None = None  # (pcm, audio_ready_at_us)
@@ -437,10 +445,11 @@ class ChunkAssembler:
         self._buffer.clear()
         out: list[dict] = []
         if end_reason:
+            # the audio made so far ends here (an encoder is flushed with it), before the closing chunk
             if self._held is not None:
-                out.append(self._build(self._held[0] + rest, self._held[1], last=False))
+                out.append(self._build(self._held[0] + rest, self._held[1], last=False, audio_ends=True))
             elif rest:
-                out.append(self._build(rest, ready_at, last=False))
+                out.append(self._build(rest, ready_at, last=False, audio_ends=True))
             self._held = None
             out.append(self._build(b"", ready_at, last=True, end_reason=end_reason))
             return out
@@ -454,12 +463,15 @@ class ChunkAssembler:
         out.append(self._build(rest, ready_at, last=True))
         return out
 
-    def _build(self, pcm: bytes, ready_at_us: int, *, last: bool, end_reason: str = "") -> dict:
+    def _build(self, pcm: bytes, ready_at_us: int, *, last: bool, end_reason: str = "",
+               audio_ends: bool = False) -> dict:
         r = self.job.request
+        # words are placed by the samples fed (PCM), whatever the encoding on the bus
         self._built_samples += len(pcm) // BYTES_PER_SAMPLE
         words = []
         while self._words and (last or self._words[0]["start"] < self._built_samples):
             words.append(self._words.popleft())
+        payload = self._encoder.encode(pcm, last=last or audio_ends)
         chunk = {
             "session_id": r["session_id"],
             "turn_id": r["turn_id"],
@@ -468,8 +480,8 @@ class ChunkAssembler:
             "is_last_chunk": last,
             "is_last_in_turn": bool(last and r.get("is_last_in_turn", False)),
             "sample_rate": self.sample_rate,
-            "encoding": AudioEncoding.PCM16LE,
-            "pcm": pcm,
+            "encoding": self.audio.encoding,
+            "pcm": payload,
             "worker_id": self.worker_id,
             "first_token_at_us": int(r.get("first_token_at_us", 0)),
             "text_complete_at_us": int(r.get("text_complete_at_us", 0)),

@@ -51,6 +51,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.audio_codec import audio_format
 from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
@@ -145,6 +146,8 @@ class SynthesisWorker:
         self.warm_up = warm_up
         self.on_ready = on_ready
         self.codec = codec or codec_for(settings)
+        # the encoding of every chunk it publishes; a bad setting fails here, before any consumer
+        self.audio = audio_format(settings, engine.sample_rate)
         self.metrics = WorkerMetrics(self.worker_id)
         self.metrics.max_in_flight.set(settings.worker_max_in_flight)
         self.policy = RecordPolicy("worker", settings, self.codec, None, on_error=self._dead_letter,
@@ -363,7 +366,7 @@ class SynthesisWorker:
             return job.parked_outcome or Outcome.SPOKEN
         loop = asyncio.get_running_loop()
         assembler = ChunkAssembler(job, chunk_ms=self.settings.chunk_ms, sample_rate=self.engine.sample_rate,
-                                   worker_id=self.worker_id)
+                                   worker_id=self.worker_id, audio=self.audio)
         if job.is_end_marker:
             try:
                 await self._publish_all(job, assembler.finish())

@@ -138,6 +138,7 @@ function onWorklet(msg) {
 function onAudio(buffer) {
   const view = new DataView(buffer);
   if (view.getUint8(0) !== 1 || view.getUint8(1) !== PROTOCOL_VERSION) return;
+  if (view.getUint8(3) !== 1) return; // the console plays PCM16 only; Opus: the web player (docs/protocol.md)
   const flags = view.getUint8(2);
   const number = view.getUint32(4, true), sentence = view.getUint32(8, true);
   const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);

@@ -7,6 +7,7 @@
 const PROTOCOL_VERSION = 1;
 const HEADER_BYTES = 20;
 const FLAG_LAST_IN_TURN = 0x02;
+const ENCODING_OPUS = 2;
 const JITTER_MS = 60;
 
 const $ = (id) => document.getElementById(id);
@@ -140,6 +141,7 @@ function onAudio(buffer) {
   const type = view.getUint8(0), version = view.getUint8(1), flags = view.getUint8(2);
   if (type !== 1 || version !== PROTOCOL_VERSION) return;
   const turn = view.getUint32(4, true), sentence = view.getUint32(8, true);
+  if (view.getUint8(3) === ENCODING_OPUS) return onOpus(view, turn, sentence, flags);
   const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
   const samples = new Float32Array(pcm.length);
   for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
@@ -170,6 +172,110 @@ function showCaption(turn, pos) {
   const lagMs = ((renderedFrame - startFrame) / player.ctx.sampleRate) * 1000;
   player.captions.push({ turn: turn.turnId, sentence: pos.sentence, index, text: words[index].text, lagMs });
   if (player.captions.length > 1000) player.captions.shift();
+}
+
+// --- Opus (encoding 2): WebCodecs decodes, the worklet plays -----------------------------------
+// A frame holds whole Opus packets, each behind a u16 little-endian length. AudioDecoder answers
+// asynchronously but in order, so each frame waits in `pending` until all its packets are decoded,
+// and a turn's end waits behind its audio: the worklet gets both in the order the edge sent them.
+const opus = { decoder: null, pending: [], timestampUs: 0, outputRate: 0 };
+
+function opusDecoder(sampleRate) {
+  if (opus.decoder && opus.decoder.state === "configured") return opus.decoder;
+  opus.decoder = new AudioDecoder({
+    output: onOpusOutput,
+    error: (err) => {
+      player.errors.push({ code: "opus", message: String(err) });
+      setStatus(`Opus decoding failed: ${err}`);
+      opus.decoder = null; // the next frame opens a new one; what waits is let through
+      for (const item of opus.pending) item.remaining = 0;
+      flushOpus();
+    },
+  });
+  opus.decoder.configure({ codec: "opus", sampleRate, numberOfChannels: 1 });
+  return opus.decoder;
+}
+
+function onOpus(view, turn, sentence, flags) {
+  player.framesReceived += 1;
+  const sampleRate = view.getUint32(16, true);
+  const packets = [];
+  for (let at = HEADER_BYTES; at + 2 <= view.byteLength; ) {
+    const size = view.getUint16(at, true);
+    packets.push(new Uint8Array(view.buffer, at + 2, size));
+    at += 2 + size;
+  }
+  const item = { turn, sentence, remaining: packets.length, parts: [], end: Boolean(flags & FLAG_LAST_IN_TURN) };
+  opus.pending.push(item);
+  if (packets.length) {
+    const decoder = opusDecoder(sampleRate);
+    for (const data of packets) {
+      decoder.decode(new EncodedAudioChunk({ type: "key", timestamp: opus.timestampUs, data }));
+      opus.timestampUs += 20000;
+    }
+  }
+  flushOpus();
+}
+
+function onOpusOutput(data) {
+  const samples = new Float32Array(data.numberOfFrames);
+  data.copyTo(samples, { planeIndex: 0, format: "f32-planar" });
+  opus.outputRate = data.sampleRate;
+  data.close();
+  const item = opus.pending.find((it) => it.remaining > 0);
+  if (!item) return;
+  item.parts.push(resample(samples, opus.outputRate, player.ctx.sampleRate));
+  item.remaining -= 1;
+  flushOpus();
+}
+
+// The decoder's rate -> the context's (libopus decodes at 48 kHz; the context runs at 24 kHz):
+// averaging for a whole ratio, linear interpolation otherwise. Opus at 24 kbit/s carries nothing
+// above 8-12 kHz, so this loses nothing audible.
+function resample(samples, from, to) {
+  if (from === to) return samples;
+  const ratio = from / to;
+  const out = new Float32Array(Math.floor(samples.length / ratio));
+  if (Number.isInteger(ratio)) {
+    for (let i = 0; i < out.length; i++) {
+      let sum = 0;
+      for (let k = 0; k < ratio; k++) sum += samples[i * ratio + k];
+      out[i] = sum / ratio;
+    }
+  } else {
+    for (let i = 0; i < out.length; i++) {
+      const x = i * ratio, j = Math.floor(x), f = x - j;
+      out[i] = samples[j] * (1 - f) + (j + 1 < samples.length ? samples[j + 1] : samples[j]) * f;
+    }
+  }
+  return out;
+}
+
+function flushOpus() {
+  while (opus.pending.length && opus.pending[0].remaining === 0) {
+    const item = opus.pending.shift();
+    if (item.post) {
+      player.node.port.postMessage(item.post);
+      continue;
+    }
+    const n = item.parts.reduce((sum, p) => sum + p.length, 0);
+    if (n) {
+      const samples = new Float32Array(n);
+      let at = 0;
+      for (const part of item.parts) {
+        samples.set(part, at);
+        at += part.length;
+      }
+      player.node.port.postMessage({ type: "chunk", turn: item.turn, sentence: item.sentence, samples }, [samples.buffer]);
+    }
+    if (item.end) player.node.port.postMessage({ type: "end", turn: item.turn });
+  }
+}
+
+// A turn's end goes to the worklet after the audio still being decoded (none for PCM).
+function postAfterAudio(msg) {
+  if (opus.pending.length) opus.pending.push({ remaining: 0, post: msg });
+  else player.node.port.postMessage(msg);
 }
 
 // --- protocol -----------------------------------------------------------------------------
@@ -206,7 +312,7 @@ function onControl(msg) {
       break;
     }
     case "turn_end":
-      player.node.port.postMessage({ type: "end", turn: msg.turn });
+      postAfterAudio({ type: "end", turn: msg.turn });
       break;
     case "stop":
       player.node.port.postMessage({ type: "stop", turn: msg.turn });

@@ -7,6 +7,7 @@ import io
 import json
 import struct
 
+import avro.errors
 import avro.io
 import avro.schema
 import pytest
@@ -33,6 +34,7 @@ CODEC = Codec()
 TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc").read_text())
 AUDIO_CHUNK_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v1.avsc").read_text())
 AUDIO_CHUNK_V2 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v2.avsc").read_text())
+AUDIO_CHUNK_V3 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v3.avsc").read_text())
 SYNTHESIS_REQUEST_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "synthesis_request_v1.avsc").read_text())
 
 
@@ -90,6 +92,10 @@ def valid_values(name: str) -> st.SearchStrategy:
         fields["language"] = st.none() | st.sampled_from(sorted(contract.LANGUAGES))
     if name == "SynthesisRequest":
         fields["language"] = st.sampled_from(sorted(contract.LANGUAGES))
+    if name == "AudioChunk":  # the audio is what its encoding says: samples, or length-prefixed Opus packets
+        opus = {**fields, "encoding": st.just("OPUS"), "sample_rate": st.sampled_from(sorted(contract.OPUS_SAMPLE_RATES)),
+                "pcm": st.lists(st.binary(min_size=1, max_size=12), max_size=3).map(contract.pack_opus_packets)}
+        return st.fixed_dictionaries({**fields, "encoding": st.just("PCM16LE")}) | st.fixed_dictionaries(opus)
     return st.fixed_dictionaries(fields)
 
 
@@ -261,6 +267,44 @@ def test_a_reader_from_before_words_reads_a_new_audio_chunk():
 def test_a_word_must_start_before_it_ends():
     with pytest.raises(InvalidMessage, match="start must be"):
         CODEC.encode("AudioChunk", {**v1_audio_chunk(), "words": [{"text": "x", "start": 10, "end": 5}]})
+
+
+def test_audio_chunk_v4_only_adds_opus_to_its_encoding_and_keeps_v3_in_history():
+    current = {f["name"]: f for f in schemas.load("AudioChunk")["fields"]}
+    v3 = {f["name"]: f for f in AUDIO_CHUNK_V3["fields"]}
+    assert current.keys() == v3.keys() and AUDIO_CHUNK_V3 in schemas.load_history()
+    assert [n for n in current if current[n]["type"] != v3[n]["type"]] == ["encoding"]
+    assert current["encoding"]["type"]["symbols"] == v3["encoding"]["type"]["symbols"] + ["OPUS"]
+
+
+def test_an_audio_chunk_written_before_opus_decodes_as_pcm16():
+    apache_v3 = avro.schema.parse(json.dumps(AUDIO_CHUNK_V3))
+    buf = io.BytesIO()
+    buf.write(MAGIC + apache_v3.fingerprint("CRC-64-AVRO"))
+    value = {**v1_audio_chunk(), "pcm": b"\x01\x00", "end_reason": "", "words": WORDS}
+    avro.io.DatumWriter(apache_v3).write(value, avro.io.BinaryEncoder(buf))
+    decoded = CODEC.decode(buf.getvalue(), expect="AudioChunk")
+    assert decoded.older_writer and decoded.value == value and decoded.value["encoding"] == contract.AudioEncoding.PCM16LE
+
+
+def test_a_reader_from_before_opus_reads_new_pcm16_chunks_and_refuses_opus_ones():
+    reader = avro.io.DatumReader(avro.schema.parse(json.dumps(schemas.load("AudioChunk"))),
+                                 avro.schema.parse(json.dumps(AUDIO_CHUNK_V3)))
+    pcm16 = {**v1_audio_chunk(), "pcm": b"\x01\x00", "end_reason": "", "words": WORDS}
+    encoded = CODEC.encode("AudioChunk", pcm16)
+    assert reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:]))) == pcm16
+    # no enum default on purpose: an old edge must not forward Opus packets as if they were samples
+    opus = {**pcm16, "encoding": "OPUS", "pcm": contract.pack_opus_packets([b"\xf8\xff\xfe"])}
+    encoded = CODEC.encode("AudioChunk", opus)
+    assert CODEC.decode(encoded).value == opus
+    with pytest.raises(avro.errors.SchemaResolutionException):
+        reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:])))
+
+
+@pytest.mark.parametrize("payload", [b"\x05\x00abc", b"\x00\x00", b"\x01", b"\xff\x04" + b"x" * 1279])
+def test_an_opus_chunk_whose_packets_do_not_parse_is_refused(payload):
+    with pytest.raises(InvalidMessage, match="Opus"):
+        CODEC.encode("AudioChunk", {**v1_audio_chunk(), "encoding": "OPUS", "pcm": payload, "end_reason": ""})
 
 
 def v1_synthesis_request() -> dict:

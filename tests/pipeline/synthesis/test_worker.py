@@ -222,6 +222,56 @@ def test_a_failed_sentence_sends_what_it_has_then_an_empty_last_chunk_with_its_r
         (b"", True, False, "engine-error")]
 
 
+def opus_assembler(job, chunk_ms=CHUNK_MS):
+    from pipeline.audio_codec import AudioFormat
+    from schemas.contract import AudioEncoding
+
+    return ChunkAssembler(job, chunk_ms=chunk_ms, sample_rate=SAMPLE_RATE, audio=AudioFormat(AudioEncoding.OPUS))
+
+
+def test_opus_chunks_are_whole_packets_of_whole_frames_and_decode_to_the_sentence():
+    import numpy as np
+
+    from pipeline.audio_codec import OpusDecoder
+    from players.tone import tone_pcm
+    from schemas.contract import AudioEncoding, split_opus_packets
+
+    job = SynthesisJob(request(last=True), received_at_us=10)
+    assembler = opus_assembler(job)
+    assert assembler.chunk_bytes == 160 * 24 * 2  # 150 ms rounded to whole 20 ms frames
+    pcm = tone_pcm(0.98)  # 6 chunks and 20 ms: the last takes the rest (as PCM does)
+    chunks = assembler.feed(pcm[:20_000]) + assembler.feed(pcm[20_000:]) + assembler.finish()
+    assert [c["chunk_seq"] for c in chunks] == list(range(6))
+    assert [c["is_last_chunk"] for c in chunks] == [False] * 5 + [True]
+    assert all(c["encoding"] == AudioEncoding.OPUS for c in chunks)
+    # each chunk's packets stand alone: one per 20 ms frame (the last also holds the encoder's flush)
+    assert [len(split_opus_packets(c["pcm"])) for c in chunks[:-1]] == [8] * 5
+    assert len(split_opus_packets(chunks[-1]["pcm"])) == 9 + 1
+    decoder = OpusDecoder(SAMPLE_RATE)
+    decoded = np.frombuffer(b"".join(decoder.decode(c["pcm"]) for c in chunks) + decoder.flush(), "<i2")
+    assert 23_520 <= len(decoded) <= 23_520 + 2 * 480
+    assert 0.25 < np.abs(decoded).max() / 32767 < 0.35  # the 0.3 tone
+    assert sum(len(c["pcm"]) for c in chunks) * 10 < len(pcm)  # over 10x smaller than PCM16
+    codec = Codec()
+    for c in chunks:  # the wire contract accepts them
+        assert codec.decode(codec.encode("AudioChunk", c)).value["pcm"] == c["pcm"]
+
+
+def test_an_opus_sentence_that_fails_flushes_its_audio_before_the_empty_closing_chunk():
+    from schemas.contract import split_opus_packets
+
+    job = SynthesisJob(request(last=True), received_at_us=10)
+    assembler = opus_assembler(job)
+    out = assembler.feed(b"\x01\x00" * (assembler.chunk_bytes + 10))  # two chunks and a bit: one held back
+    out += assembler.finish(end_reason="no-voices")
+    assert [(c["chunk_seq"], c["is_last_chunk"], c["end_reason"]) for c in out] == [
+        (0, False, ""), (1, False, ""), (2, True, "no-voices")]
+    assert len(split_opus_packets(out[1]["pcm"])) > 8 and out[2]["pcm"] == b""  # the flush rides with the audio
+    # an end-of-turn marker opens no encoder and carries no packet
+    marker = opus_assembler(SynthesisJob(request(text="", seq=4, last=True), received_at_us=1)).finish()
+    assert [(c["pcm"], c["is_last_in_turn"]) for c in marker] == [(b"", True)]
+
+
 def test_what_the_engine_cannot_speak_is_named_by_reason():
     from pipeline.codecs import InvalidMessage
     from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
@@ -347,3 +397,18 @@ def test_a_cancel_drops_a_parked_tentative_job():
     sched.park(sched.next_job())
     purged, _ = sched.apply_control(cancel())
     assert len(purged) == 1 and rec.settled[-1][1] is Outcome.CANCELLED and sched.parked == []
+
+
+def test_the_worker_encodes_as_the_settings_say_and_refuses_an_unknown_encoding():
+    from types import SimpleNamespace
+
+    from pipeline.audio_codec import AudioCodecError
+    from pipeline.settings import Settings
+    from pipeline.synthesis.worker import SynthesisWorker
+    from schemas.contract import AudioEncoding
+
+    engine = SimpleNamespace(sample_rate=SAMPLE_RATE)  # read at construction; nothing is synthesized
+    assert SynthesisWorker(Settings(), engine).audio.encoding == AudioEncoding.PCM16LE
+    assert SynthesisWorker(Settings(audio_encoding="opus"), engine).audio.encoding == AudioEncoding.OPUS
+    with pytest.raises(AudioCodecError, match="VOICEBUS_AUDIO_ENCODING='flac'"):
+        SynthesisWorker(Settings(audio_encoding="flac"), engine)
