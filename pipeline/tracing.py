@@ -7,7 +7,7 @@ records its part as a span of that one trace (docs/tracing.md shows a demo turn)
     voicebus.turn            agent (SDK)  first token .. END_OF_TURN published
     └─ gate.hold             gate         sentence complete .. released           (per sentence)
        ├─ synthesis.queue    worker       request received .. synthesis start
-       └─ synthesis          worker       synthesis start .. last chunk made
+       └─ synthesis          worker       synthesis start .. last chunk published
           └─ publish         worker       first chunk ready .. acknowledged
              └─ edge.send    edge         chunk received .. sent to one player   (per player)
                 └─ audible   edge         sent .. the player reports it audible

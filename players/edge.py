@@ -545,12 +545,17 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
 
 def _trace_sent(app: web.Application, channel: ClientChannel, frame: OutFrame, sent_at_us: int) -> None:
     """Tracing on: a sentence's first audio went to one player: its ``edge.send`` span (edge
-    received .. sent), kept for that player's report of the sentence."""
+    received .. sent), kept for that player's report of the sentence. Runs in the player's
+    sender task: a failure here is logged, never allowed to stop the audio."""
     timeline = frame.timeline or {}
-    context = app[TRACER_KEY].record(
-        tracing.EDGE_SEND, frame.trace, timeline.get("edge_received_at_us") or sent_at_us, sent_at_us,
-        **{tracing.SESSION: channel.session_id, tracing.TURN: frame.turn_id, tracing.SENTENCE: frame.sentence,
-           tracing.CLIENT: channel.client_id})
+    try:
+        context = app[TRACER_KEY].record(
+            tracing.EDGE_SEND, frame.trace, timeline.get("edge_received_at_us") or sent_at_us, sent_at_us,
+            **{tracing.SESSION: channel.session_id, tracing.TURN: frame.turn_id, tracing.SENTENCE: frame.sentence,
+               tracing.CLIENT: channel.client_id})
+    except Exception:  # noqa: BLE001 - tracing must never cost a player its audio
+        log.exception("tracing: recording edge.send for %s failed", channel.client_id)
+        return
     if context is None:
         return
     sent = app[SENT_TRACES_KEY]

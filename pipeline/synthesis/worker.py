@@ -58,7 +58,6 @@ from pipeline.clock import now_us
 from pipeline.codecs import Codec, CodecError, codec_for
 from pipeline.settings import Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
-from pipeline.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
 from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
 from pipeline.synthesis.metrics import CancelObservation, WorkerMetrics
 from pipeline.synthesis.scheduler import (
@@ -70,6 +69,7 @@ from pipeline.synthesis.scheduler import (
     SynthesisScheduler,
     synthesis_args,
 )
+from pipeline.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
 from schemas import contract
 from schemas.contract import ControlAction
 
@@ -433,7 +433,7 @@ class SynthesisWorker:
 
     def _open_synthesis_span(self, job: SynthesisJob, started_at_us: int) -> None:
         """Tracing on: the request's ``synthesis.queue`` span (received .. synthesis start) and
-        its ``synthesis`` span, open until the job's last chunk is made (or it stops)."""
+        its ``synthesis`` span, open until the job's last chunk is published (or it stops)."""
         parent = self._traces.get(job.origin)
         if parent is None:
             return

@@ -5,6 +5,8 @@ exporter; and tracing off writes no header and makes no span."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
 import pytest
@@ -129,3 +131,33 @@ async def test_one_turn_is_one_trace_from_first_token_to_audible(make_settings):
         assert synthesis.start_time <= publish.start_time <= send.start_time <= send.end_time
         assert send.end_time == audible.start_time and audible.end_time - audible.start_time == 20_000_000
     assert roots[0].start_time <= holds[0].start_time
+
+
+async def test_spans_reach_an_otlp_http_receiver():
+    """The exporter the settings configure (OTLP over HTTP, protobuf) delivers to a receiver:
+    `voicebus traces` here, which decodes and prints the tree."""
+    from pipeline.broker import free_port
+    from pipeline.tracing import otlp_provider
+    from pipeline.tracing_cli import TraceCollector, serve
+
+    port = free_port()
+    collector, printed = TraceCollector(quiet_s=0.0), []
+    receiver = asyncio.create_task(serve("127.0.0.1", port, collector, printed.append))
+    try:
+        await eventually(lambda: printed, what="the receiver listening")
+        settings = Settings(tracing=True, otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces")
+        provider = otlp_provider(settings)
+        tracer = tracer_for(settings, "agent", provider)
+        root = tracer.start(tracing.TURN_SPAN, None, 1_000_000, root=True, **{tracing.SESSION: "s1", tracing.TURN: "t1"})
+        tracer.record(tracing.GATE_HOLD, root.context, 1_000_100, 1_000_300, **{tracing.SENTENCE: 0})
+        root.end(1_000_500)
+        assert await asyncio.to_thread(provider.force_flush, 10_000)
+        await eventually(lambda: len(printed) >= 2, what="the trace printed")
+    finally:
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiver
+        provider.shutdown()
+    head, *tree = printed[1].splitlines()
+    assert "session s1" in head and "turn t1" in head and "(2 spans)" in head
+    assert tree[0].startswith("voicebus.turn") and tree[1].startswith("  gate.hold") and "sentence_seq=0" in tree[1]
