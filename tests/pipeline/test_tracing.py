@@ -14,9 +14,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agents.sdk import Publisher
+from pipeline.bus import make_consumer
 from pipeline import tracing
 from pipeline.gate.app import GateWorker
 from pipeline.settings import Settings
+from pipeline.topics import text_topic
 from pipeline.tracing import NO_TRACER, make_provider, span_tree, tracer_for
 from players.edge import LINK_KEY
 from schemas.contract import PlaybackKind
@@ -40,6 +42,22 @@ class ToneEngine:
             yield b"\x01\x00" * (self.sample_rate * 150 // 1000)
 
 
+async def _records(settings, topic: str) -> list:
+    """Every record of `topic` up to its end now (the test's own topics: all this test wrote)."""
+    consumer = make_consumer(settings, topic, group_id=None, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = await eventually(lambda: consumer.assignment(), what=f"{topic} assigned")
+        ends = await consumer.end_offsets(list(partitions))
+        records: list = []
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
 def test_tracing_is_off_by_default_and_costs_nothing():
     tracer = tracer_for(Settings(), "gate")
     assert tracer is NO_TRACER and not tracer.enabled
@@ -47,6 +65,17 @@ def test_tracing_is_off_by_default_and_costs_nothing():
     assert tracer.headers(object()) is None
     assert tracer.record("x", object(), 1, 2) is None
     assert tracer.start("x", None, 1, root=True).context is None
+
+
+@pytest.mark.kafka
+async def test_with_tracing_off_records_carry_no_header(make_settings):
+    settings = make_settings()
+    async with Publisher(settings, agent_id="assistant") as agent:
+        assert agent.tracer is NO_TRACER
+        async with agent.turn(SESSION, TURN, language="en") as turn:
+            await turn.token("Hello.")
+    records = await _records(settings, text_topic(settings, "assistant"))
+    assert len(records) == 2 and all(not r.headers for r in records)
 
 
 def test_headers_carry_the_w3c_context_and_read_back():
@@ -107,6 +136,12 @@ async def test_one_turn_is_one_trace_from_first_token_to_audible(make_settings):
     spans = [s for s in exporter.get_finished_spans() if s.attributes.get(tracing.TURN) == TURN]
     print("\n".join(span_tree(spans)))
     assert len({s.context.trace_id for s in spans}) == 1, "one trace per turn"
+    # the context rode every hop in the records' headers: text, requests, audio, playback reports
+    trace_id = f"{spans[0].context.trace_id:032x}".encode()
+    for topic in (text_topic(settings, "assistant"), settings.synthesis_topic, settings.audio_topic,
+                  settings.playback_topic):
+        records = await _records(settings, topic)
+        assert records and all(dict(r.headers)["traceparent"].split(b"-")[1] == trace_id for r in records), topic
     assert all(s.attributes[tracing.SESSION] == SESSION for s in spans)
     by_id = {s.context.span_id: s for s in spans}
     roots = [s for s in spans if s.parent is None]
