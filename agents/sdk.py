@@ -289,7 +289,7 @@ class Publisher:
     def _end_turn_spans(self, session_id: str, turn_id: str | None) -> None:
         """A cancelled turn (all of the session's, without a turn id) ends its root span."""
         for key in [k for k in self._turn_spans if k[0] == session_id and turn_id in (None, k[1])]:
-            self._turn_spans.pop(key).end(cancelled=True)
+            self._turn_spans.pop(key).end(**{"voicebus.cancelled": True})
 
     async def publish_control_event(self, event: dict[str, Any], *, wait: bool = True):
         producer = self._require_producer()

@@ -196,3 +196,23 @@ async def test_spans_reach_an_otlp_http_receiver():
     head, *tree = printed[1].splitlines()
     assert "session s1" in head and "turn t1" in head and "(2 spans)" in head
     assert tree[0].startswith("voicebus.turn") and tree[1].startswith("  gate.hold") and "sentence_seq=0" in tree[1]
+
+
+def test_the_sdk_opens_a_turn_at_its_first_event_and_ends_it_at_its_end_or_cancel():
+    from agents.sdk import END_OF_TURN, TOKEN, TurnEvents
+
+    exporter = InMemorySpanExporter()
+    settings = Settings(tracing=True)
+    publisher = Publisher(settings, tracer=tracer_for(settings, "agent", make_provider(SimpleSpanProcessor(exporter))))
+    ended = TurnEvents("s1", "t1", "assistant")
+    first = ended.make(TOKEN, "Hi.", produced_at_us=1_000)
+    headers = [publisher._trace_headers(e) for e in (first, ended.make(END_OF_TURN, produced_at_us=5_000))]
+    assert headers[0] == headers[1]  # every event of the turn carries the turn span's context
+    cancelled = TurnEvents("s1", "t2", "assistant")
+    publisher._trace_headers(cancelled.make(TOKEN, "Hello", produced_at_us=6_000))
+    publisher._end_turn_spans("s1", None)  # a whole-session cancel
+    done, stopped = exporter.get_finished_spans()
+    assert (done.name, done.start_time, done.end_time) == (tracing.TURN_SPAN, 1_000_000, 5_000_000)
+    assert done.attributes["voicebus.events"] == 2 and done.attributes[tracing.TURN] == "t1"
+    assert stopped.attributes[tracing.TURN] == "t2" and stopped.attributes["voicebus.cancelled"] is True
+    assert not publisher._turn_spans
