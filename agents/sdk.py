@@ -17,18 +17,25 @@ speak for several agents at once (`agent_id=` on `turn` / `evidence_source`).
 
 `seq` counts per (agent, session, turn): each agent numbers only the events it produces, so a
 retrieval agent that resolves a claim of the assistant's turn has its own sequence from 0.
+
+Tracing (``VOICEBUS_TRACING``, `pipeline.tracing`): a turn's first event opens its trace (the
+root span ``voicebus.turn``) and every event of the turn carries its W3C context in the record
+headers; END_OF_TURN (or a cancel) ends the root span.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections import OrderedDict
 from typing import Any, AsyncIterable, Iterable
 
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, codec_for
 from pipeline.settings import Settings
+from pipeline import tracing
 from pipeline.topics import text_topic
+from pipeline.tracing import LiveSpan, StageTracer, tracer_for
 from schemas import contract
 from schemas.contract import ControlAction, TextEventKind
 
@@ -42,6 +49,7 @@ EVIDENCE_FAILED = TextEventKind.EVIDENCE_FAILED
 END_OF_TURN = TextEventKind.END_OF_TURN
 TEXT_EVENT_KINDS = tuple(TextEventKind)
 EVIDENCE_KINDS = (EVIDENCE_PENDING, EVIDENCE_READY, EVIDENCE_FAILED)
+MAX_TRACED_TURNS = 4096  # open turn spans one publisher keeps (tracing on); the oldest is ended beyond
 
 
 class AgentError(RuntimeError):
@@ -187,14 +195,17 @@ class Publisher:
     """
 
     def __init__(self, settings: Settings, agent_id: str = "assistant", *, codec: Codec | None = None,
-                 producer_options: dict[str, Any] | None = None) -> None:
+                 producer_options: dict[str, Any] | None = None, tracer: StageTracer | None = None) -> None:
         text_topic(settings, agent_id)  # validate early
         self.settings = settings
         self.agent_id = agent_id
         self.codec = codec or codec_for(settings)
+        self.tracer = tracer if tracer is not None else tracer_for(settings, "agent")
         self._producer_options = producer_options or {}
         self._producer = None
         self._ready_topics: set[str] = set()
+        # (session, turn) -> the turn's root span, open from its first event to its END_OF_TURN
+        self._turn_spans: OrderedDict[tuple[str, str], LiveSpan] = OrderedDict()
 
     async def __aenter__(self) -> "Publisher":
         await self.start()
@@ -255,19 +266,43 @@ class Publisher:
         the record is queued (per-partition order is kept either way)."""
         producer = self._require_producer()
         topic = await self.ensure_agent_topic(event["agent_id"])
-        return await self._send(producer, topic, "TextEvent", event, wait)
+        headers = self._trace_headers(event) if self.tracer.enabled else None
+        return await self._send(producer, topic, "TextEvent", event, wait, headers)
+
+    def _trace_headers(self, event: dict[str, Any]) -> list[tuple[str, bytes]] | None:
+        """The turn's trace context for one of its events: the turn's root span starts at its
+        first event (any agent's, through this publisher) and ends with its END_OF_TURN."""
+        key = (event["session_id"], event["turn_id"])
+        span = self._turn_spans.get(key)
+        if span is None:
+            span = self._turn_spans[key] = self.tracer.start(
+                tracing.TURN_SPAN, None, event["produced_at_us"], root=True,
+                **{tracing.SESSION: key[0], tracing.TURN: key[1], tracing.AGENT: event["agent_id"]})
+            while len(self._turn_spans) > MAX_TRACED_TURNS:  # turns that never ended (an agent died)
+                self._turn_spans.popitem(last=False)[1].end()
+        headers = self.tracer.headers(span.context)
+        if event["kind"] == END_OF_TURN:
+            self._turn_spans.pop(key)
+            span.end(event["produced_at_us"], **{"voicebus.events": event["seq"] + 1})
+        return headers
+
+    def _end_turn_spans(self, session_id: str, turn_id: str | None) -> None:
+        """A cancelled turn (all of the session's, without a turn id) ends its root span."""
+        for key in [k for k in self._turn_spans if k[0] == session_id and turn_id in (None, k[1])]:
+            self._turn_spans.pop(key).end(**{"voicebus.cancelled": True})
 
     async def publish_control_event(self, event: dict[str, Any], *, wait: bool = True):
         producer = self._require_producer()
         return await self._send(producer, self.settings.control_topic, "ControlEvent", event, wait)
 
-    async def _send(self, producer, topic: str, message_type: str, value: dict[str, Any], wait: bool):
+    async def _send(self, producer, topic: str, message_type: str, value: dict[str, Any], wait: bool,
+                    headers: list[tuple[str, bytes]] | None = None):
         from pipeline.topics import session_key
 
         data = self.codec.encode(message_type, value, topic)
         if wait:
-            return await producer.send_and_wait(topic, data, key=session_key(value["session_id"]))
-        return await producer.send(topic, data, key=session_key(value["session_id"]))
+            return await producer.send_and_wait(topic, data, key=session_key(value["session_id"]), headers=headers)
+        return await producer.send(topic, data, key=session_key(value["session_id"]), headers=headers)
 
     def turn(self, session_id: str, turn_id: str | None = None, *, agent_id: str | None = None,
              language: str | None = None, voice: str | None = None) -> "Turn":
@@ -284,6 +319,8 @@ class Publisher:
         """Publish a CANCEL on the control topic (barge-in); returns the event sent."""
         event = cancel_event(session_id, turn_id, reason=reason, source=source)
         await self.publish_control_event(event)
+        if self._turn_spans:
+            self._end_turn_spans(session_id, turn_id)
         return event
 
 

@@ -163,9 +163,12 @@ async def cluster_durability(settings: Settings, admin: AIOKafkaAdminClient) -> 
     return durable
 
 
-async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any]) -> None:
-    """Encode `value` and send it keyed by its session id; returns once the broker acked."""
-    await producer.send_and_wait(topic, codec.encode(message_type, value, topic), key=session_key(value["session_id"]))
+async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any],
+                  headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Encode `value` and send it keyed by its session id (with `headers`, e.g. a turn's trace
+    context); returns once the broker acked."""
+    await producer.send_and_wait(topic, codec.encode(message_type, value, topic), key=session_key(value["session_id"]),
+                                 headers=headers)
 
 
 async def dead_letter(producer: AIOKafkaProducer, settings: Settings, record: Any, error: Exception) -> None:

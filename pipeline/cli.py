@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = [
     "pipeline.registry_server",  # registry fetch|start|status|stop|register
     "pipeline.topics_cli",  # topics
     "pipeline.settings_cli",  # settings
+    "pipeline.tracing_cli",  # traces
     "pipeline.gate.cli",  # segment, gate
     "pipeline.synthesis.cli",  # synth, weights, worker
     "players.cli",  # edge, token

@@ -86,6 +86,21 @@ class Settings:
     registry_timeout_s: float = 5.0
     """How long one registry request may take (registering a schema, resolving an id)."""
 
+    # --- tracing (pipeline/tracing.py, docs/tracing.md) ------------------------------------
+    tracing: bool = False
+    """One OpenTelemetry trace per turn (W3C trace context in Kafka headers, a span per stage),
+    exported over OTLP. Off (default): no span is made, no header written or read."""
+    otlp_endpoint: str = ""
+    """Where spans go when ``tracing`` is on, e.g. ``http://127.0.0.1:4318/v1/traces``
+    (http/protobuf) or ``http://127.0.0.1:4317`` (grpc). Empty: the exporter's default (and the
+    standard ``OTEL_EXPORTER_OTLP_*`` variables)."""
+    otlp_protocol: str = "http/protobuf"
+    """The OTLP transport: ``http/protobuf`` or ``grpc``; ``none`` makes and propagates the spans
+    but exports nothing (tracing's own cost, e.g. `voicebus bench ttfa --tracing`)."""
+    otlp_service_name: str = "voicebus"
+    """The ``service.name`` resource attribute of the exported spans (the stage is a span
+    attribute, ``voicebus.stage`` on the instrumentation scope)."""
+
     # --- local broker (voicebus kafka start|status|stop) -----------------------------------
     cache_dir: Path = field(default_factory=_default_cache_dir)
     """Kafka jars, local broker data and Kokoro weights (default ``$XDG_CACHE_HOME/voicebus``)."""

@@ -22,16 +22,18 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 from aiohttp import WSMsgType, web
 
+from pipeline import tracing
 from pipeline.clock import now_us
 from pipeline.codecs import codec_for
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
+from pipeline.tracing import StageTracer, tracer_for
 from players import protocol
 from players.auth import TokenError, verify_token
 from players.heard import HEARD_KINDS, Rendered
@@ -52,6 +54,9 @@ LINK_KEY = web.AppKey("kafka_link", object)  # KafkaLink, or None without Kafka
 REPORTS_KEY = web.AppKey("reports", deque)  # the latest playback reports, newest last
 CLIENTS_KEY = web.AppKey("client_sockets", set)
 HELLO_TIMEOUT_KEY = web.AppKey("hello_timeout_s", float)
+TRACER_KEY = web.AppKey("tracer", StageTracer)
+SENT_TRACES_KEY = web.AppKey("sent_traces", OrderedDict)  # (client, turn, sentence) -> (edge.send context, sent_at_us)
+MAX_SENT_TRACES = 10_000  # sentences whose edge.send context waits for the player's report (tracing on)
 
 
 class InsecureEdgeConfig(RuntimeError):
@@ -135,8 +140,10 @@ class KafkaLink:
     with its reason and the edge goes on with the next one. The consume and follow tasks run under
     a `Supervisor`: a task that dies anyway is restarted, and ``/healthz`` says so."""
 
-    def __init__(self, settings: Settings, router: SessionRouter, metrics: EdgeMetrics) -> None:
+    def __init__(self, settings: Settings, router: SessionRouter, metrics: EdgeMetrics,
+                 tracer: StageTracer | None = None) -> None:
         self.settings, self.router, self.metrics = settings, router, metrics
+        self.tracer = tracer if tracer is not None else tracer_for(settings, "edge")
         self.codec = codec_for(settings)
         self.producer: Any = None
         self.consumer: Any = None
@@ -236,16 +243,23 @@ class KafkaLink:
                         self.metrics.consumed_bytes.inc(len(record.value or b""))
                         await self.policy.process(
                             record, "AudioChunk",
-                            lambda d: self.router.route(d.message.value, consumed_ns, received_us))
+                            lambda d: self.router.route(d.message.value, consumed_ns, received_us, self._trace_of(d, record)))
                         self._positions[tp] = record.offset + 1
         except BaseException:
             await self._close_consumer()
             raise
 
-    async def publish(self, topic: str, message_type: str, value: dict) -> None:
+    def _trace_of(self, decoded: Any, record: Any) -> Any:
+        """Tracing on: the trace context of a sentence's first chunk (the one the edge's send span hangs under)."""
+        if not self.tracer.enabled or decoded.message.value["chunk_seq"] != 0:
+            return None
+        return self.tracer.context_of(record.headers)
+
+    async def publish(self, topic: str, message_type: str, value: dict,
+                      headers: list[tuple[str, bytes]] | None = None) -> None:
         from pipeline.bus import publish
 
-        await publish(self.producer, self.codec, topic, message_type, value)
+        await publish(self.producer, self.codec, topic, message_type, value, headers)
 
     async def publish_heard(self, heard: dict) -> None:
         """Publish one TurnHeard; a failure is logged (the report it came from is on the
@@ -268,9 +282,11 @@ class KafkaLink:
 
 
 def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRouter | None = None,
-             stall_timeout_s: float = 10.0, hello_timeout_s: float = HELLO_TIMEOUT_S) -> web.Application:
+             stall_timeout_s: float = 10.0, hello_timeout_s: float = HELLO_TIMEOUT_S,
+             tracer: StageTracer | None = None) -> web.Application:
     """The edge app. `with_kafka=False` runs it without the bus (the router is then fed directly).
-    Raises `InsecureEdgeConfig` for settings that would expose it (`check_exposure`)."""
+    Raises `InsecureEdgeConfig` for settings that would expose it (`check_exposure`). `tracer`:
+    default `pipeline.tracing.tracer_for` the settings (off unless ``VOICEBUS_TRACING``)."""
     check_exposure(settings)
     metrics = router.metrics if router is not None else EdgeMetrics()
     router = router or SessionRouter.from_settings(settings, metrics, stall_timeout_s=stall_timeout_s)
@@ -280,6 +296,8 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
     app[REPORTS_KEY] = deque(maxlen=1000)
     app[CLIENTS_KEY] = set()
     app[HELLO_TIMEOUT_KEY] = hello_timeout_s
+    app[TRACER_KEY] = tracer if tracer is not None else tracer_for(settings, "edge")
+    app[SENT_TRACES_KEY] = OrderedDict()
     if with_kafka:
         app.cleanup_ctx.append(_kafka_ctx)
     if settings.edge_metrics_port:
@@ -295,7 +313,7 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
 
 
 async def _kafka_ctx(app: web.Application) -> AsyncIterator[None]:
-    link = KafkaLink(app[SETTINGS_KEY], app[ROUTER_KEY], app[METRICS_KEY])
+    link = KafkaLink(app[SETTINGS_KEY], app[ROUTER_KEY], app[METRICS_KEY], app[TRACER_KEY])
     try:
         await link.start()
     except BaseException:
@@ -440,6 +458,8 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         protocol.READY, session=session_id, client_id=channel.client_id, server_time_us=now_us(),
         queue_frames=channel.max_frames,
     ))
+    if app[TRACER_KEY].enabled:
+        channel.on_timeline_sent = lambda frame, sent_at_us: _trace_sent(app, channel, frame, sent_at_us)
     sender = asyncio.create_task(_send_loop(request, ws, channel), name=f"edge-sender-{channel.client_id}")
     channel.on_close = sender.cancel
     try:
@@ -550,10 +570,51 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
                                         router.players_of_turn(channel.session_id, report["turn_id"]), now_us())
         if heard is not None and link is not None:
             await link.publish_heard(heard)  # first: an agent waits on it, the playback record does not
-        await _publish(link, channel, settings.playback_topic, "PlaybackReport", report)
+        headers = _trace_report(app, report) if app[TRACER_KEY].enabled else None
+        await _publish(link, channel, settings.playback_topic, "PlaybackReport", report, headers)
 
 
-async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, message_type: str, value: dict) -> None:
+def _trace_sent(app: web.Application, channel: ClientChannel, frame: OutFrame, sent_at_us: int) -> None:
+    """Tracing on: a sentence's first audio went to one player: its ``edge.send`` span (edge
+    received .. sent), kept for that player's report of the sentence. Runs in the player's
+    sender task: a failure here is logged, never allowed to stop the audio."""
+    timeline = frame.timeline or {}
+    try:
+        context = app[TRACER_KEY].record(
+            tracing.EDGE_SEND, frame.trace, timeline.get("edge_received_at_us") or sent_at_us, sent_at_us,
+            **{tracing.SESSION: channel.session_id, tracing.TURN: frame.turn_id, tracing.SENTENCE: frame.sentence,
+               tracing.CLIENT: channel.client_id})
+    except Exception:  # noqa: BLE001 - tracing must never cost a player its audio
+        log.exception("tracing: recording edge.send for %s failed", channel.client_id)
+        return
+    if context is None:
+        return
+    sent = app[SENT_TRACES_KEY]
+    sent[(channel.client_id, frame.turn_id, frame.sentence)] = (context, sent_at_us)
+    while len(sent) > MAX_SENT_TRACES:
+        sent.popitem(last=False)
+
+
+def _trace_report(app: web.Application, report: dict) -> list[tuple[str, bytes]] | None:
+    """Tracing on: the headers of a playback report. AUDIBLE_START closes its sentence's trace
+    with an ``audible`` span (sent .. the player heard it, mapped to the server clock); other
+    reports carry the sentence's ``edge.send`` context."""
+    tracer, sent = app[TRACER_KEY], app[SENT_TRACES_KEY]
+    key = (report["client_id"], report["turn_id"], report["sentence_seq"])
+    found = sent.get(key)
+    if found is None:
+        return None
+    context, sent_at_us = found
+    if report["kind"] == PlaybackKind.AUDIBLE_START and report["audible_at_us"]:
+        del sent[key]
+        context = tracer.record(tracing.AUDIBLE, context, sent_at_us, report["audible_at_us"],
+                                **{tracing.SESSION: report["session_id"], tracing.TURN: report["turn_id"],
+                                   tracing.SENTENCE: report["sentence_seq"], tracing.CLIENT: report["client_id"]})
+    return tracer.headers(context)
+
+
+async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, message_type: str, value: dict,
+                   headers: list[tuple[str, bytes]] | None = None) -> None:
     """Publish for a client; a failure is told to that client (its connection stays up)."""
     if link is None:
         return
@@ -562,7 +623,7 @@ async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, m
     from pipeline.codecs import CodecError
 
     try:
-        await link.publish(topic, message_type, value)
+        await link.publish(topic, message_type, value, headers)
     except (KafkaError, CodecError) as exc:
         log.warning("could not publish %s for %s: %s", message_type, channel.client_id, exc)
         channel.push(OutFrame(protocol.encode_control(

@@ -100,13 +100,15 @@ class ClientClosed(Exception):
 class OutFrame:
     """One queued frame. Audio frames carry their turn/sentence so they can be dropped by cancel
     or skip, the consume time for the overhead metric, and (first chunk of a sentence) the
-    timeline that is sent right after them."""
+    timeline that is sent right after them and the chunk's trace context (opaque here: the
+    edge's ``on_timeline_sent`` hook records the send, `pipeline.tracing`)."""
 
     payload: bytes | str
     turn_id: str | None = None
     sentence: int = -1
     consumed_ns: int = 0
     timeline: dict | None = None
+    trace: Any = None
 
     @property
     def is_audio(self) -> bool:
@@ -129,6 +131,8 @@ class ClientChannel:
         self.closed: ClientClosed | None = None
         self.last_progress = time.monotonic()
         self.on_close: Callable[[], Any] | None = None  # the edge: interrupt a sender blocked on the socket
+        # the edge (tracing on): told (frame, sent_at_us) once a sentence's first audio and timeline went out
+        self.on_timeline_sent: Callable[[OutFrame, int], Any] | None = None
         self._wakeup = asyncio.Event()
 
     # --- producer side (the router) -------------------------------------------------------
@@ -203,7 +207,10 @@ class ClientChannel:
                 if frame.consumed_ns:
                     self.metrics.observe_sent((time.perf_counter_ns() - frame.consumed_ns) / 1e9)
                 if frame.timeline is not None:
-                    await send_str(protocol.encode_control(protocol.TIMELINE, **frame.timeline, sent_at_us=now_us()))
+                    sent_at_us = now_us()
+                    await send_str(protocol.encode_control(protocol.TIMELINE, **frame.timeline, sent_at_us=sent_at_us))
+                    if self.on_timeline_sent is not None:
+                        self.on_timeline_sent(frame, sent_at_us)
             else:
                 await send_str(frame.payload)
             self.last_progress = time.monotonic()
@@ -435,7 +442,8 @@ class SessionRouter:
             fields["reason"] = turn.end_reason
         return protocol.encode_control(protocol.TURN_END, **fields)
 
-    def route(self, chunk: dict, consumed_ns: int | None = None, edge_received_at_us: int | None = None) -> int:
+    def route(self, chunk: dict, consumed_ns: int | None = None, edge_received_at_us: int | None = None,
+              trace: Any = None) -> int:
         """Queue one decoded AudioChunk for the clients of its session; returns how many got it.
 
         Each (turn, sentence_seq, chunk_seq) reaches a client once: a copy of a chunk already
@@ -530,7 +538,7 @@ class SessionRouter:
             self._announce(channel, turn)
             if words:
                 channel.push(OutFrame(message))
-            channel.push(OutFrame(frame, turn_id, sentence, consumed_ns, timeline))
+            channel.push(OutFrame(frame, turn_id, sentence, consumed_ns, timeline, trace if timeline else None))
         self._end_if_last(session, turn, chunk)
         self._reap_closed(session_id, session)
         self._enforce_replay_bytes()

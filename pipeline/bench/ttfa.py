@@ -20,6 +20,12 @@ rendered the turn's first non-silent sample) adds the "audible" stage, `audible_
 `ratio_audible_p50`. The cancel benchmark then barges in once the page is audible and adds the
 time from cancel sent until the page's worklet renders silence (its STOPPED report), checking
 that no sound is rendered after it. Without `--browser` nothing of this runs.
+
+With `--tracing`, a third lane *traced* (incremental, tracing on, spans exported nowhere) takes
+its turn in the rotation of the single-session runs; the results add its TTFA and overhead p50
+beside the untraced incremental lane's (the difference is tracing's cost end to end, within the
+machine's noise) and the in-process cost of the tracing calls one sentence's first audio goes
+through (`tracing_path_cost_us`), which resolves far below that noise.
 """
 
 from __future__ import annotations
@@ -70,6 +76,10 @@ def register(bench_subparsers) -> None:
     p.add_argument("--concurrency", default=None, help="sessions at once (default 1,2,4,8; quick 1,2,4)")
     p.add_argument("--token-ms", type=float, default=30.0, help="interval between LLM tokens (default 30 ms)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight model instead of Kokoro-82M")
+    p.add_argument("--tracing", action="store_true",
+                   help="A/B of tracing: a third lane, incremental with tracing on (every span made and propagated, "
+                        "exported nowhere: VOICEBUS_OTLP_PROTOCOL=none), alternated with the untraced incremental lane "
+                        "on single-session turns; reports the difference and the tracing calls' own cost")
     p.add_argument("--browser", action="store_true",
                    help="also play every measured session in the web player in headless chromium (/usr/bin/chromium): "
                         "adds time to audible start and cancel -> silence rendered in the page")
@@ -109,18 +119,24 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     tag = uuid.uuid4().hex[:6]
     base = settings.replace(edge_port=free_port(), control_topic=f"bench-{tag}.control",
                             audio_topic=f"bench-{tag}.audio", playback_topic=f"bench-{tag}.playback")
+    traced = bool(getattr(args, "tracing", False))
+    if traced:  # the edge serves every lane: it traces what carries a trace context (the traced lane's)
+        base = base.replace(tracing=True, otlp_protocol="none")
     lanes = {
-        mode: base.replace(gate_mode=mode, text_topic_prefix=f"bench-{tag}.{mode}.text.",
+        mode: base.replace(gate_mode=gate_mode, text_topic_prefix=f"bench-{tag}.{mode}.text.",
                            synthesis_topic=f"bench-{tag}.{mode}.synthesis", gate_app_id=f"bench-{tag}-{mode}",
-                           gate_changelog_topic=f"bench-{tag}-{mode}-gate_sessions-changelog")
-        for mode in ("incremental", "buffered")
+                           gate_changelog_topic=f"bench-{tag}-{mode}-gate_sessions-changelog",
+                           tracing=mode == "traced")
+        for mode, gate_mode in (("incremental", "incremental"), ("buffered", "buffered"), ("traced", "incremental"))
+        if mode != "traced" or traced
     }
+    single_modes = tuple(lanes)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     started = time.monotonic()
     # a bench takes minutes: one bar over every measured step, the per-turn lines scroll above it
-    steps = runs * len(lengths) * 2 + conc_runs * len(concurrency) * 2 + max(2, runs)
+    steps = runs * len(lengths) * len(single_modes) + conc_runs * len(concurrency) * 2 + max(2, runs)
     progress = Progress(TextColumn("bench ttfa"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True)
     bar = progress.add_task("steps", total=steps)
@@ -134,7 +150,8 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
         samples: list[dict] = []
         for run in range(runs):
             for length in lengths:
-                modes = ("incremental", "buffered") if (run + length) % 2 == 0 else ("buffered", "incremental")
+                turn = (run + length) % len(single_modes)  # each mode goes first as often as the others
+                modes = single_modes[turn:] + single_modes[:turn]
                 for mode in modes:
                     samples += await bench.turns(mode, length, sessions=1, full=False)
                     progress.advance(bar)
@@ -155,7 +172,53 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     }
     if browser is not None:
         meta |= {"browser": "chromium (headless, web player)", "page_errors": browser.errors[:20]}
-    return summarise(samples, conc, cancels, meta)
+    results = summarise(samples, conc, cancels, meta)
+    if traced:
+        on, off = tracing_path_cost_us(), tracing_path_cost_us(enabled=False)
+        results["tracing_path_cost_us"] = summary(on["wall"])
+        results["tracing_path_cpu_us"] = summary(on["cpu"])
+        results["tracing_off_path_cost_us"] = summary(off["wall"])
+    return results
+
+
+def tracing_path_cost_us(turns: int = 2000, enabled: bool = True) -> dict[str, list[float]]:
+    """The tracing calls one sentence's first audio goes through, in-process, per turn (µs): the
+    SDK opens the turn and writes its headers, the gate reads them and records its hold, the
+    worker reads the request's, records the queue, opens synthesis and publish and writes the
+    chunk's headers, the edge reads them and records its send. The spans go to a batch processor
+    whose exporter drops them (as with ``VOICEBUS_OTLP_PROTOCOL=none``). ``enabled=False``: the
+    same calls on the no-op tracer every stage gets with tracing off. Per turn: ``wall`` (what
+    the loop spends, preemption by other processes included) and ``cpu`` (this thread's CPU
+    time: the cost itself, which a loaded machine does not inflate)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from pipeline import tracing
+
+    provider = tracing.make_provider(BatchSpanProcessor(tracing.DroppingExporter()))
+    tracer = tracing.tracer_for(Settings(tracing=enabled), "bench", provider)
+    ids = {tracing.SESSION: "s-1234567890", tracing.TURN: "t-1234567890", tracing.SENTENCE: 0}
+    costs: dict[str, list[float]] = {"wall": [], "cpu": []}
+    try:
+        for _ in range(turns):
+            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+            now = now_us()
+            root = tracer.start(tracing.TURN_SPAN, None, now, root=True, **ids)
+            text_headers = tracer.headers(root.context)
+            hold = tracer.record(tracing.GATE_HOLD, tracer.context_of(text_headers), now, now + 1, **ids)
+            request = tracer.context_of(tracer.headers(hold))
+            tracer.record(tracing.SYNTHESIS_QUEUE, request, now + 1, now + 2, **ids)
+            synthesis = tracer.start(tracing.SYNTHESIS, request, now + 2, **ids)
+            publish = tracer.start(tracing.PUBLISH, synthesis.context, now + 3, **ids)
+            chunk_headers = tracer.headers(publish.context)
+            publish.end(now + 4)
+            tracer.record(tracing.EDGE_SEND, tracer.context_of(chunk_headers), now + 4, now + 5, **ids)
+            costs["wall"].append((time.perf_counter_ns() - t0) / 1000)
+            costs["cpu"].append((time.thread_time_ns() - c0) / 1000)
+            synthesis.end(now + 6)  # after the first audio: off its path
+            root.end(now + 7)
+    finally:
+        provider.shutdown()
+    return costs
 
 
 class _Browser:
@@ -234,7 +297,7 @@ class _Bench:
             await asyncio.sleep(0.01)
 
     async def warm_up(self) -> None:
-        for mode in ("incremental", "buffered"):
+        for mode in self.stack.lanes:
             await self.turns(mode, 1, sessions=1, full=True, record=False)
 
     async def _speak(self, publisher, session_id: str, turn_id: str, text: str) -> list[int]:
@@ -460,6 +523,14 @@ def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: 
             "page_silence_reported": f"{len(silence)}/{len(cancels)}",
             "page_loud_quanta_after_stop_total": sum(c.get("page_loud_quanta_after_stop") or 0 for c in cancels),
         }
+    traced = [s for s in samples if s["mode"] == "traced"]
+    if traced:
+        out["traced"] = {"ttfa_ms": summary(s["ttfa_ms"] for s in traced),
+                         "overhead_ms": summary(s["overhead_ms"] for s in traced)}
+        out["tracing_delta_ms"] = {
+            "ttfa_p50": out["traced"]["ttfa_ms"]["p50"] - out["incremental"]["ttfa_ms"]["p50"],
+            "overhead_p50": out["traced"]["overhead_ms"]["p50"] - out["incremental"]["overhead_ms"]["p50"],
+        }
     out["samples"] = samples + conc
     return out
 
@@ -526,6 +597,17 @@ def markdown_table(results: dict) -> str:
                   f"turn already in flight when the cancel left (discarded by the player): {c['frames_in_flight_at_cancel_total']}; "
                   f"sent after the edge's stop: {c['frames_after_stop_total']}; worker: cancel seen -> last chunk published "
                   f"p50 {c['worker_cancel_to_last_chunk_published_ms']['p50']:.0f} ms.", ""]
+    if "tracing_delta_ms" in results:
+        t, i, d = results["traced"], results["incremental"], results["tracing_delta_ms"]
+        lines[-1:] = [(f"Tracing A/B (single-session turns, untraced incremental lane vs the same lane traced, spans exported "
+                       f"nowhere; n = {i['ttfa_ms']['n']} / {t['ttfa_ms']['n']}): TTFA p50 {i['ttfa_ms']['p50']:.1f} vs "
+                       f"{t['ttfa_ms']['p50']:.1f} ms ({d['ttfa_p50']:+.1f} ms); overhead p50 {i['overhead_ms']['p50']:.1f} vs "
+                       f"{t['overhead_ms']['p50']:.1f} ms ({d['overhead_p50']:+.1f} ms)."
+                       + (f" The tracing calls on one sentence's first-audio path cost p50 "
+                          f"{results['tracing_path_cost_us']['p50']:.0f} µs, p95 {results['tracing_path_cost_us']['p95']:.0f} µs "
+                          f"in-process, CPU time p50 {results['tracing_path_cpu_us']['p50']:.0f} µs "
+                          f"(tracing off, the same calls on the no-op tracer: p50 "
+                          f"{results['tracing_off_path_cost_us']['p50']:.1f} µs)." if "tracing_path_cost_us" in results else "")), ""]
     if "cancel_to_page_silence_ms" in c:
         sil = c["cancel_to_page_silence_ms"]
         lines[-1:] = [(f"In the browser (barge-in once the page was audible): cancel sent -> the page's worklet renders "
@@ -536,7 +618,9 @@ def markdown_table(results: dict) -> str:
 
 def print_results(results: dict) -> None:
     print(markdown_table(results))
-    keys = ("ratio_p50", "overhead_ms") + (("ratio_audible_p50",) if "ratio_audible_p50" in results else ())
+    keys = ("ratio_p50", "overhead_ms") + (("ratio_audible_p50",) if "ratio_audible_p50" in results else ()) + tuple(
+        k for k in ("tracing_delta_ms", "tracing_path_cost_us", "tracing_path_cpu_us", "tracing_off_path_cost_us")
+        if k in results)
     print(json.dumps({k: results[k] for k in keys}
                      | {m: {k: results[m][k] for k in ("ttfa_ms", "audible_ms") if k in results[m]}
                         for m in ("incremental", "buffered")}))

@@ -27,6 +27,10 @@ The pure core (`pipeline.gate.core.GateSession`) decides; this module owns every
   stored position: their beginning). `READY_LINE` is printed after that (with ``--announce``).
 - **Bad input** goes through `pipeline.shell.RecordPolicy` (stage ``gate``): dead-lettered with
   its reason; a turn the gate failed on still ends (`GateSession.end_failed_turn`).
+- **Tracing** (off by default, `pipeline.tracing`): the trace context of a turn's first text
+  record is kept in memory per (session, turn); each request it releases gets a ``gate.hold``
+  span (sentence complete .. released, the core's stamps) and carries that span's context in its
+  headers to the worker.
 - **Timer** (every ``timer_interval_s``): hold timeouts (`GateSession.tick`) and idle-session
   expiry (`GateSession.expire`, then a tombstone on the changelog) for owned sessions.
 
@@ -45,6 +49,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,16 +59,19 @@ from aiokafka.abc import ConsumerRebalanceListener
 from pipeline.bus import ensure_topics, make_producer
 from pipeline.clock import now_us
 from pipeline.codecs import CodecError, codec_for
+from pipeline import tracing
 from pipeline.gate.core import GateConfig, GateSession
 from pipeline.settings import Settings
 from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery
 from pipeline.topics import fixed_topics, session_key, text_topic_pattern
+from pipeline.tracing import StageTracer, tracer_for
 
 log = logging.getLogger(__name__)
 
 READY_LINE = "voicebus-gate assigned"  # printed (JSON list of "topic:partition" after it) when ready
 RECOVERY_TIMEOUT_S = 60.0  # reading a changelog partition to its end; then the recovery is retried
 TEXT_BATCH_RECORDS = 100  # text records per batch at most: a control event waits for one batch at most
+MAX_TRACED_TURNS = 10_000  # turn trace contexts kept (tracing on); the oldest are forgotten beyond
 POSITIONS_KEY = b"\x00gate.positions"  # changelog key of a partition's text positions (no session
 # id can be it: ids have no control characters, schemas/contract.py)
 
@@ -123,6 +131,7 @@ class GateWorker:
         clock_us: Callable[[], int] = now_us,
         registry: Any = None,
         out: Any = None,
+        tracer: StageTracer | None = None,
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter
 
@@ -162,6 +171,10 @@ class GateWorker:
         self.supervisor = Supervisor("gate", registry=self.registry)
         self.ready = asyncio.Event()
         self.revoked_partitions = 0
+        self.tracer = tracer if tracer is not None else tracer_for(settings, "gate")
+        # (session, turn) -> the trace context its first text record carried (tracing on only).
+        # Shell memory, not the changelog: after a failover the turn's next record brings it again.
+        self._turn_traces: OrderedDict[tuple[str, str], Any] = OrderedDict()
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -438,6 +451,8 @@ class GateWorker:
             raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
                                  f"its record is on {record.topic}[{partition}]")
         entry = self._entry(sid, partition)
+        if self.tracer.enabled:
+            self._remember_trace(sid, event["turn_id"], record.headers)
         now = self.clock_us()
         try:
             requests = entry.session.apply(event, now)
@@ -467,7 +482,8 @@ class GateWorker:
             batch.requests.extend(more)
         partitions = {p for _, p in batch.positions} | {e.partition for e in batch.entries.values()}
         await self._send_retrying(partitions, [(self.settings.synthesis_topic, session_key(r["session_id"]),
-                                                self._encode_request(r), None) for r in batch.requests])
+                                                self._encode_request(r), None, self._request_headers(r))
+                                               for r in batch.requests])
         previous = {key: self._positions[key] for key in batch.positions}
         self._positions.update(batch.positions)
         topic = self.settings.gate_changelog_topic
@@ -582,8 +598,39 @@ class GateWorker:
         as `partition` is owned (a revoked partition's output is the new owner's job)."""
         if not requests:
             return
-        encoded = [(session_key(r["session_id"]), self._encode_request(r)) for r in requests]
-        await self._send_retrying(partition, [(self.settings.synthesis_topic, k, v, None) for k, v in encoded])
+        records = [(self.settings.synthesis_topic, session_key(r["session_id"]), self._encode_request(r), None,
+                    self._request_headers(r)) for r in requests]
+        await self._send_retrying(partition, records)
+
+    def _remember_trace(self, sid: str, turn_id: str, headers: Any) -> None:
+        """The turn's trace context, from the first of its records that carries one."""
+        key = (sid, turn_id)
+        if key in self._turn_traces:
+            return
+        context = self.tracer.context_of(headers)
+        if context is None:
+            return
+        self._turn_traces[key] = context
+        while len(self._turn_traces) > MAX_TRACED_TURNS:
+            self._turn_traces.popitem(last=False)
+
+    def _request_headers(self, request: dict) -> list[tuple[str, bytes]] | None:
+        """Tracing on: the request's ``gate.hold`` span (its sentence complete .. released, the
+        core's own stamps) under its turn's trace, and that span's context for the worker."""
+        if not self.tracer.enabled:
+            return None
+        key = (request["session_id"], request["turn_id"])
+        parent = self._turn_traces.get(key)
+        tentative, last = bool(request.get("tentative")), bool(request.get("is_last_in_turn"))
+        if last and not tentative:
+            self._turn_traces.pop(key, None)
+        released = request["released_at_us"]
+        hold = self.tracer.record(
+            tracing.GATE_HOLD, parent, request["text_complete_at_us"] or released, released,
+            **{tracing.SESSION: key[0], tracing.TURN: key[1], tracing.SENTENCE: request["sentence_seq"],
+               tracing.AGENT: request["agent_id"], "voicebus.chars": len(request["text"]),
+               "voicebus.tentative": tentative or None, "voicebus.last_in_turn": last})
+        return self.tracer.headers(hold)
 
     def _encode_request(self, request: dict) -> bytes:
         """The request encoded. One the contract refuses (a gate bug: the core splits long text)
@@ -614,17 +661,18 @@ class GateWorker:
         self._stored_positions[partition] = positions
         return json.dumps(positions, separators=(",", ":")).encode()
 
-    async def _send_retrying(self, partition: int | set[int],
-                             records: list[tuple[str, bytes, bytes | None, int | None]]) -> None:
+    async def _send_retrying(self, partition: int | set[int], records: list[tuple]) -> None:
         """Send and wait for every ack; on a failure retry the lot with backoff while every
-        partition they belong to is still owned (else `PartitionRevoked`: the new owner's job)."""
+        partition they belong to is still owned (else `PartitionRevoked`: the new owner's job).
+        A record is (topic, key, value, partition) or (topic, key, value, partition, headers)."""
         from aiokafka.errors import KafkaError
 
         partitions = {partition} if isinstance(partition, int) else partition
         backoff = 0.1
         while True:
             try:
-                futures = [await self.producer.send(t, v, key=k, partition=p) for t, k, v, p in records]
+                futures = [await self.producer.send(t, v, key=k, partition=p, headers=h[0] if h else None)
+                           for t, k, v, p, *h in records]
                 for fut in futures:
                     await fut  # acked before the state that produced it is written
                 return

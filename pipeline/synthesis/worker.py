@@ -41,7 +41,7 @@ import logging
 import os
 import socket
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -51,6 +51,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline import tracing
 from pipeline.audio_codec import audio_format
 from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.cancel import CancelRegistry
@@ -69,6 +70,7 @@ from pipeline.synthesis.scheduler import (
     SynthesisScheduler,
     synthesis_args,
 )
+from pipeline.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
 from schemas import contract
 from schemas.contract import ControlAction
 
@@ -85,6 +87,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WORKER_GROUP_SUFFIX = "-workers"
+MAX_TRACED_REQUESTS = 10_000  # request trace contexts kept (tracing on); the oldest forgotten beyond
 REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may finish before it is cut
 _END = object()
 
@@ -138,6 +141,7 @@ class SynthesisWorker:
         codec: Codec | None = None,
         warm_up: bool = True,
         on_ready: Callable[[list[int]], None] | None = None,
+        tracer: StageTracer | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -170,6 +174,11 @@ class SynthesisWorker:
         self._observations: dict[SynthesisJob, CancelObservation] = {}  # running job -> its cancel
         self._announced = False
         self._stopping = False
+        self.tracer = tracer if tracer is not None else tracer_for(settings, "worker")
+        # tracing on: a request's trace context by its origin (partition, offset), until settled;
+        # and the open synthesis span of a job being spoken
+        self._traces: OrderedDict[Any, TraceParent] = OrderedDict()
+        self._synthesis_spans: dict[SynthesisJob, LiveSpan] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "SynthesisWorker":
@@ -310,6 +319,12 @@ class SynthesisWorker:
         refuses was dead-lettered (with its reason): its offset is settled at once."""
         received_at = now_us()
         self.offsets.track(tp, record.offset)
+        if self.tracer.enabled:
+            context = self.tracer.context_of(record.headers)
+            if context is not None:
+                self._traces[(tp, record.offset)] = context
+                while len(self._traces) > MAX_TRACED_REQUESTS:
+                    self._traces.popitem(last=False)
 
         def submit(decoded: Any) -> None:
             self.scheduler.submit(decoded.message.value, received_at_us=received_at, origin=(tp, record.offset))
@@ -374,6 +389,8 @@ class SynthesisWorker:
                 self._observe_cancel_end(job)
             return Outcome.SPOKEN
         stream = None
+        if self.tracer.enabled:
+            self._open_synthesis_span(job, assembler.synthesis_started_at_us)
         try:
             stream = self.engine.stream_timed(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
                                               **synthesis_args(job, self.settings.opening_clause_min_words))
@@ -412,7 +429,35 @@ class SynthesisWorker:
                 with contextlib.suppress(ValueError, RuntimeError):
                     await loop.run_in_executor(self._executor, stream.close)
             self._observe_cancel_end(job)
+            span = self._synthesis_spans.pop(job, None)
+            if span is not None:
+                span.end(now_us(), **{"voicebus.stopped": job.stop_reason.value if job.stop_reason else None})
         return Outcome.SPOKEN
+
+    def _open_synthesis_span(self, job: SynthesisJob, started_at_us: int) -> None:
+        """Tracing on: the request's ``synthesis.queue`` span (received .. synthesis start) and
+        its ``synthesis`` span, open until the job's last chunk is published (or it stops)."""
+        parent = self._traces.get(job.origin)
+        if parent is None:
+            return
+        attributes = {tracing.SESSION: job.session_id, tracing.TURN: job.key.turn_id,
+                      tracing.SENTENCE: job.request["sentence_seq"], tracing.WORKER: self.worker_id}
+        self.tracer.record(tracing.SYNTHESIS_QUEUE, parent, job.received_at_us, started_at_us, **attributes)
+        self._synthesis_spans[job] = self.tracer.start(tracing.SYNTHESIS, parent, started_at_us,
+                                                       **attributes, **{"voicebus.chars": len(job.request["text"])})
+
+    def _chunk_trace(self, job: SynthesisJob, chunk: dict) -> tuple[LiveSpan | None, list[tuple[str, bytes]] | None]:
+        """Tracing on: a chunk's headers. The first chunk of a sentence gets a ``publish`` span
+        (audio ready .. acknowledged) and carries its context; the others carry the synthesis
+        span's (or, published after a tentative confirmation, the request's)."""
+        synthesis = self._synthesis_spans.get(job)
+        parent = synthesis.context if synthesis is not None else self._traces.get(job.origin)
+        if parent is None or chunk["chunk_seq"] != 0:
+            return None, self.tracer.headers(parent)
+        span = self.tracer.start(tracing.PUBLISH, parent, chunk.get("audio_ready_at_us") or now_us(),
+                                 **{tracing.SESSION: job.session_id, tracing.TURN: job.key.turn_id,
+                                    tracing.SENTENCE: job.request["sentence_seq"], "voicebus.bytes": len(chunk["pcm"])})
+        return span, self.tracer.headers(span.context)
 
     def _observe_cancel_end(self, job: SynthesisJob) -> None:
         """A job stopped by a cancel has returned: record how long the cancel took to bite."""
@@ -459,13 +504,18 @@ class SynthesisWorker:
         is retried with backoff: the request stays uncommitted, nothing is skipped."""
         assert self._producer is not None
         backoff = self.settings.worker_publish_backoff_s
+        span, headers = self._chunk_trace(job, chunk) if self.tracer.enabled else (None, None)
         while True:
             if job.stop_requested or self.scheduler.is_cancelled(job):
                 job.request_stop(Outcome.STOPPED)  # keeps an earlier reason (DROPPED) if there is one
+                if span is not None:
+                    span.end(now_us(), **{"voicebus.stopped": True})
                 return False
             chunk["published_at_us"] = now_us()
             try:
-                await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", chunk)
+                await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", chunk, headers)
+                if span is not None:
+                    span.end(now_us())
                 return True
             except KafkaError as exc:
                 self.metrics.publish_retries.labels(type(exc).__name__).inc()
@@ -477,6 +527,8 @@ class SynthesisWorker:
     # --- settlement and commits --------------------------------------------------------------
     def _on_settled(self, job: SynthesisJob, outcome: Outcome) -> None:
         self.metrics.requests.labels(outcome.value).inc()
+        if self._traces:
+            self._traces.pop(job.origin, None)
         if job.origin is not None and outcome in COMMITTABLE:
             tp, offset = job.origin
             self._settle_offset(tp, offset)
@@ -552,6 +604,8 @@ class SynthesisWorker:
         await self._commit_pending()
         self.assigned -= revoked
         self.offsets.forget(revoked)
+        for origin in [o for o in self._traces if o[0] in revoked]:
+            del self._traces[origin]
         for tp in revoked:
             self._to_commit.pop(tp, None)
         log.info("partitions revoked: %s (%d queued dropped, %d running cut)",

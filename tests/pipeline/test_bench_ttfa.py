@@ -79,3 +79,27 @@ def test_without_a_browser_nothing_audible_is_reported():
     md = markdown_table(r)
     assert "audible" not in md and "browser" not in md
     assert "| 1 sentence(s) | 210 / " in md
+
+
+def test_a_traced_lane_adds_the_tracing_difference():
+    """`--tracing`: samples of a third mode, "traced", give its TTFA and overhead beside the
+    untraced incremental lane's and their difference; the buffered comparison is unchanged."""
+    samples = _samples(False) + [_sample("traced", n, t) | {"overhead_ms": 8.5} for n in (1, 4) for t in (201.0, 221.0)]
+    r = summarise(samples, _conc(False), _cancels(False), META)
+    assert r["traced"]["ttfa_ms"]["n"] == 4
+    assert r["tracing_delta_ms"]["ttfa_p50"] == pytest.approx(1.0)
+    assert r["tracing_delta_ms"]["overhead_p50"] == pytest.approx(0.5)
+    assert r["ratio_p50"] == pytest.approx(summarise(_samples(False), _conc(False), _cancels(False), META)["ratio_p50"])
+    r["tracing_path_cost_us"] = {"n": 10, "p50": 400.0, "p95": 900.0, "mean": 450.0}
+    r["tracing_path_cpu_us"] = {"n": 10, "p50": 300.0, "p95": 350.0, "mean": 310.0}
+    r["tracing_off_path_cost_us"] = {"n": 10, "p50": 1.5, "p95": 2.0, "mean": 1.6}
+    md = markdown_table(r)
+    assert "Tracing A/B" in md and "(+1.0 ms)" in md and "(+0.5 ms)" in md and "p50 400 µs" in md and "CPU time p50 300 µs" in md and "p50 1.5 µs" in md
+
+
+def test_the_tracing_path_cost_is_measured_on_and_off():
+    from pipeline.bench.ttfa import tracing_path_cost_us
+
+    on, off = tracing_path_cost_us(50), tracing_path_cost_us(50, enabled=False)
+    assert len(on["wall"]) == len(on["cpu"]) == len(off["wall"]) == 50 and all(c > 0 for c in on["cpu"])
+    assert sorted(off["wall"])[25] < sorted(on["wall"])[25]
