@@ -52,13 +52,17 @@ class Settings:
     synthesis_topic: str = "voicebus.synthesis"
     """Sentences released by the gate, read by the synthesis workers (one group)."""
     audio_topic: str = "voicebus.audio"
-    """Audio chunks from the workers, read by every edge."""
+    """Audio chunks from the workers. Edges share it by partition: each reads only the partitions
+    it owns (docs/edge.md, "Sharded edges")."""
     playback_topic: str = "voicebus.playback"
     """Playback reports from the players (audible start, end, underruns), published by the edge."""
     heard_topic: str = "voicebus.heard"
     """What the listener heard of each turn (TurnHeard), published by the edge for the agents."""
     deadletter_topic: str = "voicebus.deadletter"
     """Records a stage could not handle, unchanged, with the reason in ``voicebus.error.*`` headers."""
+    edges_topic: str = "voicebus.edges"
+    """The edge directory (compacted, keyed by edge id): each edge's public URL and the partitions it
+    owns, written and read on partition 0 only so the latest claim of a partition is the last one."""
     gate_changelog_topic: str = "voicebus-gate-gate_sessions-changelog"
     """The changelog of the gate's session table (compacted, keyed by session)."""
     max_text_bytes: int = LIMITS.max_text_bytes
@@ -224,6 +228,26 @@ class Settings:
     from the furthest report; with every player reported it publishes at once."""
     edge_cancel_lookback_s: float = 60.0
     """A starting edge applies the cancels of this many seconds back before it serves audio."""
+
+    # --- edge: sharding (docs/edge.md, "Sharded edges") -------------------------------------------
+    edge_group_id: str = ""
+    """The consumer group of the edges that share one audio topic (they own its partitions, and
+    so its sessions, between them). Empty: ``voicebus-edge.<audio_topic>``."""
+    edge_id: str = ""
+    """This edge's name in the edge directory. Empty: ``<host name>-<pid>-<random>``, new each start."""
+    edge_public_url: str = ""
+    """Where players reach this edge's ``/ws``, as redirects name it: an absolute ``ws://`` or
+    ``wss://`` URL, or a path (``/edge-1/ws``) the player resolves against its page's origin (an
+    edge behind a proxy). Empty: ``ws://<edge_host>:<edge_port>/ws``."""
+    edge_session_timeout_ms: int = 10_000
+    """Consumer-group session timeout of the edges: how soon a dead edge's sessions move to the
+    others (the broker's minimum is 6000 by default)."""
+    edge_resume_lookback_s: float = 120.0
+    """A player that resumes on an edge holding nothing of its session (the session moved here) is
+    served from the audio of this many seconds back, re-read from the session's partition."""
+    edge_owner_wait_s: float = 5.0
+    """A hello for a session whose partition no edge owns right now (a rebalance) waits this long
+    for an owner, then is refused with close 1013 ``no-owner``."""
 
     # --- edge ----------------------------------------------------------------------------------
     edge_host: str = "127.0.0.1"

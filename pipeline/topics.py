@@ -138,7 +138,8 @@ def topic_map(settings: Settings) -> list[TopicSpec]:
         TopicSpec(s.control_topic, "session_id", "ControlEvent",
                   "edge (barge-in), agents, CLI", "gate, synthesis workers, edge"),
         TopicSpec(s.synthesis_topic, "session_id", "SynthesisRequest", "gate", "synthesis workers (one group)"),
-        TopicSpec(s.audio_topic, "session_id", "AudioChunk", "synthesis workers", "edge", retention=AUDIO_RETENTION),
+        TopicSpec(s.audio_topic, "session_id", "AudioChunk", "synthesis workers",
+                  "edges (one group: each reads the partitions it owns)", retention=AUDIO_RETENTION),
         TopicSpec(s.playback_topic, "session_id", "PlaybackReport", "edge", "benchmarks, recorders"),
         TopicSpec(s.heard_topic, "session_id", "TurnHeard", "edge (from the players' heard reports)",
                   "agents (SDK `HeardFollower`, OpenAI adapter), recorders", retention=HEARD_RETENTION),
@@ -146,6 +147,9 @@ def topic_map(settings: Settings) -> list[TopicSpec]:
                   "every consumer", "operators", retention=DEADLETTER_RETENTION),
         TopicSpec(s.agents_topic, "agent_id", "registry record (JSON: agent id, text topic)",
                   "agents (SDK, when it creates or first uses its topic)", "gate (every worker, from the beginning)",
+                  retention=COMPACTED, compacted=True),
+        TopicSpec(s.edges_topic, "edge_id", "edge directory record (JSON: edge id, public URL, partitions owned)",
+                  "edges (after each rebalance; a tombstone when one stops)", "edges (every edge, from the beginning)",
                   retention=COMPACTED, compacted=True),
         TopicSpec(s.gate_changelog_topic, "session_id (and one reserved key per partition)",
                   "gate state (JSON) and text positions", "gate", "gate (recovery of a partition)",
@@ -180,3 +184,13 @@ def compacted_topics(settings: Settings) -> set[str]:
 
 def session_key(session_id: str) -> bytes:
     return session_id.encode("utf-8")
+
+
+def partition_of(session_id: str, partitions: int) -> int:
+    """The partition of `session_id` in a topic of `partitions` partitions: Kafka's default
+    partitioner (murmur2) on the session key, what every voicebus producer uses. Topics with the
+    same count are co-partitioned: a session is on the same partition number in all of them."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    every = list(range(partitions))
+    return DefaultPartitioner()(session_key(session_id), every, every)

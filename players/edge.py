@@ -27,18 +27,23 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from aiohttp import WSMsgType, web
+from aiokafka.abc import ConsumerRebalanceListener
 
 from pipeline import tracing
 from pipeline.clock import now_us
 from pipeline.codecs import codec_for
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
+from pipeline.topics import partition_of, session_key
 from pipeline.tracing import StageTracer, tracer_for
 from players import protocol
 from players.auth import TokenError, verify_token
 from players.heard import HEARD_KINDS, Rendered
 from players.metrics import EdgeMetrics
 from players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
+from players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_key, directory_record,
+                           edge_group_id,
+                           new_edge_id, public_url)
 from schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
@@ -130,53 +135,126 @@ def host_allowed(host: str | None, secret: str) -> bool:
     return is_loopback_host(hostname)
 
 
+class EdgeStartError(RuntimeError):
+    """The edge cannot shard its audio topic as configured (its partition count differs from the
+    control topic's: sessions would not be co-partitioned)."""
+
+
+class NoOwner(Exception):
+    """No edge owns the session's partition now (a rebalance): the player should try again soon."""
+
+    code = "no-owner"
+    close_code = protocol.CLOSE_TRY_AGAIN_LATER
+
+
 class KafkaLink:
-    """The edge's Kafka clients, owned by the app's cleanup_ctx: an audio consumer (no group:
-    every edge sees every session), a `ControlFollower` with its own consumer (control never waits
-    behind audio), and one producer for cancels, playback reports and dead letters.
+    """The edge's Kafka clients, owned by the app's cleanup_ctx (docs/edge.md, "Sharded edges"):
+
+    * a **membership** consumer in the edges' consumer group (`players.shard.edge_group_id`),
+      subscribed to the control topic with its partitions paused: owning control partition p means
+      owning every session on p (the gate's mechanism, docs/gate.md);
+    * an **audio** consumer without a group, assigned partition p of the audio topic for every owned
+      p (at the end of a partition it just took, where it was for one it kept);
+    * a `ControlFollower` with its own consumer of every control partition (control never waits
+      behind audio, and a session that moves here finds its cancels applied already);
+    * a **directory** follower (`players.shard.EdgeDirectory`) and one producer for cancels,
+      playback reports, the directory claims and dead letters.
 
     Every record goes through one `RecordPolicy` (stage ``edge``): a record that cannot be decoded,
     breaks the contract (a negative sentence_seq, ...) or makes the router raise is dead-lettered
-    with its reason and the edge goes on with the next one. The consume and follow tasks run under
-    a `Supervisor`: a task that dies anyway is restarted, and ``/healthz`` says so."""
+    with its reason and the edge goes on with the next one. The tasks run under a `Supervisor`:
+    a task that dies anyway is restarted, and ``/healthz`` says so."""
 
     def __init__(self, settings: Settings, router: SessionRouter, metrics: EdgeMetrics,
                  tracer: StageTracer | None = None) -> None:
         self.settings, self.router, self.metrics = settings, router, metrics
         self.tracer = tracer if tracer is not None else tracer_for(settings, "edge")
         self.codec = codec_for(settings)
+        self.edge_id = new_edge_id(settings)
+        self.url = public_url(settings)
+        self.group = edge_group_id(settings)
+        self.directory = EdgeDirectory(self.group)
+        self.owned: set[int] = set()
+        self.partitions = 0
         self.producer: Any = None
-        self.consumer: Any = None
+        self.consumer: Any = None  # the audio consumer
+        self.membership: Any = None
+        self.directory_consumer: Any = None
         self.policy: RecordPolicy | None = None
         self.follower: ControlFollower | None = None
         self.supervisor = Supervisor("edge", registry=metrics.registry)
-        self._positions: dict[Any, int] = {}  # audio partition -> next offset to read
+        self._positions: dict[Any, int] = {}  # owned audio partition -> next offset to route
+        self._lock = asyncio.Lock()  # one audio batch, reassignment or backfill hand-over at a time
+        self._deferred: dict[bytes, list] = {}  # session key -> live records held while its backfill runs
+        self._backfills: dict[str, asyncio.Task] = {}
+        self._backfill_slots = asyncio.Semaphore(4)
+        self._changed = asyncio.Event()  # replaced on every change of ownership or of the directory
+        self._assigned = asyncio.Event()
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+
         from pipeline.bus import ensure_topics, make_producer
 
         s = self.settings
-        await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.heard_topic, s.deadletter_topic])
+        await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.heard_topic,
+                                s.deadletter_topic, s.edges_topic])
         self.producer = make_producer(s)
         await self.producer.start()
+        self.partitions = len(await self.producer.partitions_for(s.audio_topic))
+        control = len(await self.producer.partitions_for(s.control_topic))
+        if control != self.partitions:
+            raise EdgeStartError(f"{s.audio_topic} has {self.partitions} partitions and {s.control_topic} {control}: "
+                                 f"edges own sessions by partition number and need both co-partitioned")
         self.policy = RecordPolicy("edge", s, self.codec, self.producer, on_error=self._on_bad_record,
                                    registry=self.metrics.registry)
         # Cancels first: caught up to the end of the control topic before any audio is read.
         self.follower = ControlFollower(s, self.policy, self.router.apply_control, lookback_s=s.edge_cancel_lookback_s)
         await self.follower.start()
         await self._open_consumer()
+        await self._open_directory()
+        session_ms = s.edge_session_timeout_ms
+        self.membership = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=self.group, enable_auto_commit=False,
+            auto_offset_reset="latest", session_timeout_ms=session_ms,
+            heartbeat_interval_ms=max(300, session_ms // 5), rebalance_timeout_ms=max(session_ms, 10_000),
+            fetch_max_wait_ms=s.fetch_max_wait_ms)
+        await self.membership.start()
+        self.membership.subscribe([s.control_topic], listener=_Membership(self))
+        self.supervisor.start("membership", self._membership_loop)
+        async with asyncio.timeout(max(30.0, 3 * session_ms / 1000)):
+            await self._assigned.wait()  # this edge knows what it owns (maybe nothing: more edges than partitions)
         self.supervisor.start("control", self.follower.follow)
         self.supervisor.start("audio", self._consume)
+        self.supervisor.start("directory", self._follow_directory)
         self.supervisor.start("heard", self._heard_loop)
         self.ready.set()
-        log.info("edge consuming %s and %s from %s", s.audio_topic, s.control_topic, s.bootstrap)
+        log.info("edge %s (%s) owns %s of %s, follows %s, from %s", self.edge_id, self.url, sorted(self.owned),
+                 s.audio_topic, s.control_topic, s.bootstrap)
 
     async def stop(self) -> None:
         await self.supervisor.stop()
+        for task in list(self._backfills.values()):
+            task.cancel()
+        if self.membership is not None:
+            membership, self.membership = self.membership, None
+            with contextlib.suppress(Exception):
+                await membership.stop()  # leaves the group: the others take its partitions now
+        if self.producer is not None and self.ready.is_set():
+            from aiokafka.errors import KafkaError
+
+            try:  # out of the directory: no player is sent to a stopped edge
+                await self.producer.send_and_wait(self.settings.edges_topic, None, key=directory_key(self.group, self.edge_id),
+                                                  partition=DIRECTORY_PARTITION)
+            except KafkaError as exc:
+                log.warning("edge %s: could not leave the directory: %s", self.edge_id, exc)
         if self.follower is not None:
             await self.follower.stop()
         await self._close_consumer()
+        if self.directory_consumer is not None:
+            consumer, self.directory_consumer = self.directory_consumer, None
+            await consumer.stop()
         if self.producer is not None:
             await self.producer.stop()
 
@@ -192,33 +270,154 @@ class KafkaLink:
         """Per task: running, restarts, last error (for ``/healthz``)."""
         return self.supervisor.health()
 
+    def shard(self) -> dict[str, Any]:
+        """This edge's share, for ``/healthz``: its id, URL, owned partitions and the directory."""
+        owners = {}
+        for p in range(self.partitions):
+            claim = self.directory.owner(p)
+            owners[str(p)] = claim.edge_id if claim else None
+        return {"edge_id": self.edge_id, "url": self.url, "owned": sorted(self.owned), "partitions": self.partitions,
+                "owners": owners}
+
     async def _on_bad_record(self, failure: RecordFailure) -> None:
         self.metrics.bad_records.inc()
         assert self.policy is not None
         await self.policy.dead_letter(failure)
 
-    async def _open_consumer(self) -> None:
-        """The audio consumer: no consumer group (every edge sees every session: clients of a
-        session may be on any edge), at the end of each partition the first time, then where the
-        previous consumer stopped (a restart after the task died)."""
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # --- ownership -------------------------------------------------------------------------------
+    def partition_of(self, session_id: str) -> int:
+        return partition_of(session_id, self.partitions)
+
+    async def owner_url(self, session_id: str) -> str | None:
+        """None when this edge owns the session (serve it); else the public URL of the edge that
+        does. Waits up to `edge_owner_wait_s` while nobody else is known to own it (a rebalance),
+        then raises `NoOwner`."""
+        p = self.partition_of(session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.edge_owner_wait_s
+        while True:
+            changed = self._changed
+            if p in self.owned:
+                return None
+            claim = self.directory.owner(p)
+            if claim is not None and claim.edge_id != self.edge_id:
+                return claim.url
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise NoOwner(f"no edge owns partition {p} of session {session_id!r} now (a rebalance?); try again")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    async def _membership_loop(self) -> None:
+        """Keep the membership consumer polling (its partitions are paused: nothing is fetched);
+        rebalances run in its callbacks (`_Membership`)."""
+        while True:
+            await self.membership.getmany(timeout_ms=1000)
+
+    async def _reassign(self, partitions: set[int]) -> None:
+        """(The membership's assignment.) Read the audio of the owned partitions; tell the players
+        of sessions that moved away to reconnect; claim the partitions in the directory."""
+        async with self._lock:
+            moved_out, moved_in = self.owned - partitions, partitions - self.owned
+            self.owned = set(partitions)
+            await self._assign_audio(fresh=moved_in)
+            for tp in [tp for tp in self._positions if tp.partition not in self.owned]:
+                del self._positions[tp]
+            if moved_out:
+                closed = self.router.move_out(lambda sid: self.partition_of(sid) in moved_out)
+                self.metrics.moved.inc(len(closed))
+                for key in [k for k in self._deferred if partition_of(k.decode("utf-8", "replace"), self.partitions)
+                            in moved_out]:
+                    self._deferred.pop(key, None)
+        self.metrics.owned_partitions.set(len(self.owned))
+        log.info("edge %s: owns %s of %s (took %s, gave up %s)", self.edge_id, sorted(self.owned),
+                 self.settings.audio_topic, sorted(moved_in), sorted(moved_out))
+        await self._claim()
+        self._assigned.set()
+        self._notify()
+
+    async def _claim(self) -> None:
+        """Write this edge's directory record (its URL and owned partitions), retrying a failure."""
+        from aiokafka.errors import KafkaError
+
+        key, value = directory_record(self.group, self.edge_id, self.url, self.owned)
+        backoff = 0.1
+        for _ in range(20):
+            try:
+                await self.producer.send_and_wait(self.settings.edges_topic, value, key=key, partition=DIRECTORY_PARTITION)
+                return
+            except KafkaError as exc:
+                log.warning("edge %s: directory claim failed (%s); retrying in %.1f s", self.edge_id, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+
+    async def _assign_audio(self, fresh: set[int] = frozenset()) -> None:
+        """(Under the lock.) Assign partition p of the audio topic for every owned p: a partition
+        just taken (or never read) from its end, a kept one where this edge stopped."""
         from aiokafka import TopicPartition
 
-        from pipeline.bus import make_consumer
+        if self.consumer is None:
+            return
+        tps = [TopicPartition(self.settings.audio_topic, p) for p in sorted(self.owned)]
+        self.consumer.assign(tps)  # replaces the assignment and forgets positions: seek every one
+        for tp in tps:
+            if tp.partition in fresh or tp not in self._positions:
+                await self.consumer.seek_to_end(tp)
+                # resolved now, so "owned" means nothing published from here on is missed
+                self._positions[tp] = await self.consumer.position(tp)
+            else:
+                self.consumer.seek(tp, self._positions[tp])
+
+    # --- the directory -----------------------------------------------------------------------------
+    async def _open_directory(self) -> None:
+        """Read the edge directory from its beginning to its end (then `_follow_directory`)."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
 
         s = self.settings
-        self.consumer = make_consumer(s, group_id=None)
+        tp = TopicPartition(s.edges_topic, DIRECTORY_PARTITION)
+        self.directory_consumer = consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            fetch_max_wait_ms=s.fetch_max_wait_ms)
+        await consumer.start()
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        async with asyncio.timeout(15):
+            while await consumer.position(tp) < end:
+                self._apply_directory(await consumer.getmany(tp, timeout_ms=200))
+
+    async def _follow_directory(self) -> None:
+        while True:
+            if self._apply_directory(await self.directory_consumer.getmany(timeout_ms=1000)):
+                self._notify()
+
+    def _apply_directory(self, batch: dict) -> bool:
+        applied = False
+        for records in batch.values():
+            for record in records:
+                try:
+                    self.directory.apply(record.key, record.value, record.offset)
+                    applied = True
+                except DirectoryRecordError as exc:
+                    log.warning("edge %s: ignoring %s", self.edge_id, exc)
+        return applied
+
+    # --- audio -------------------------------------------------------------------------------------
+    async def _open_consumer(self) -> None:
+        """The audio consumer: no consumer group (the membership consumer says which partitions
+        are this edge's), assigned the owned partitions where the previous consumer stopped (a
+        restart after the task died)."""
+        from pipeline.bus import make_consumer
+
+        self.consumer = make_consumer(self.settings, group_id=None)
         await self.consumer.start()
         try:
-            tps = [TopicPartition(s.audio_topic, p) for p in sorted(await self.producer.partitions_for(s.audio_topic))]
-            self.consumer.assign(tps)
-            new = [tp for tp in tps if tp not in self._positions]
-            if new:  # (seek_to_end() without partitions would move every one)
-                await self.consumer.seek_to_end(*new)
-            for tp in tps:
-                if tp in self._positions:
-                    self.consumer.seek(tp, self._positions[tp])
-                # resolved now, so "ready" means nothing published from here on is missed
-                self._positions[tp] = await self.consumer.position(tp)
+            async with self._lock:
+                await self._assign_audio()
         except BaseException:
             await self._close_consumer()
             raise
@@ -229,25 +428,109 @@ class KafkaLink:
             await consumer.stop()
 
     async def _consume(self) -> None:
-        """Route audio records until cancelled. Each record's failure is the policy's; if the
-        loop itself dies (its consumer failed), the Supervisor restarts it with a new consumer."""
+        """Route audio records of the owned partitions until cancelled. Each record's failure is
+        the policy's; if the loop itself dies (its consumer failed), the Supervisor restarts it with
+        a new consumer."""
         assert self.policy is not None
         if self.consumer is None:
             await self._open_consumer()
         try:
             while True:
+                if not self.consumer.assignment():
+                    await asyncio.sleep(0.05)  # nothing owned: no fetch to wait in
+                    continue
                 batches = await self.consumer.getmany(timeout_ms=100)
                 consumed_ns, received_us = time.perf_counter_ns(), now_us()
-                for tp, records in batches.items():
-                    for record in records:
-                        self.metrics.consumed_bytes.inc(len(record.value or b""))
-                        await self.policy.process(
-                            record, "AudioChunk",
-                            lambda d: self.router.route(d.message.value, consumed_ns, received_us, self._trace_of(d, record)))
-                        self._positions[tp] = record.offset + 1
+                async with self._lock:
+                    for tp, records in batches.items():
+                        if tp.partition not in self.owned:
+                            continue  # fetched before it moved away
+                        for record in records:
+                            if record.offset < self._positions.get(tp, 0):
+                                continue  # routed already (a seek back after a reassignment)
+                            self.metrics.consumed_bytes.inc(len(record.value or b""))
+                            self._positions[tp] = record.offset + 1
+                            held = self._deferred.get(record.key)
+                            if held is not None:  # its backfill runs: routed after the older records
+                                held.append(record)
+                                continue
+                            await self._route(record, consumed_ns, received_us)
         except BaseException:
             await self._close_consumer()
             raise
+
+    async def _route(self, record: Any, consumed_ns: int, received_us: int) -> None:
+        await self.policy.process(
+            record, "AudioChunk",
+            lambda d: self.router.route(d.message.value, consumed_ns, received_us, self._trace_of(d, record)))
+
+    async def backfill(self, session_id: str) -> None:
+        """Before a player resumes a session this edge holds nothing of (it moved here, or the
+        player comes from an edge that died): re-read the last `edge_resume_lookback_s` of the
+        session's partition and route its records, so the replay buffer holds what the old owner's
+        did. Live records of the session that arrive meanwhile wait and follow, in order. Several
+        players of one session share one backfill."""
+        task = self._backfills.get(session_id)
+        if task is None:
+            task = self._backfills[session_id] = asyncio.create_task(self._backfill(session_id),
+                                                                     name=f"edge-backfill-{session_id}")
+            task.add_done_callback(lambda _t: self._backfills.pop(session_id, None))
+        await asyncio.shield(task)
+
+    async def _backfill(self, session_id: str) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        s = self.settings
+        key = session_key(session_id)
+        tp = TopicPartition(s.audio_topic, self.partition_of(session_id))
+        async with self._backfill_slots:
+            async with self._lock:
+                stop = self._positions.get(tp)
+                if stop is None or not self.router.hold(session_id):
+                    return  # not ours, or its state is here already
+                self._deferred[key] = []
+            consumer = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
+                                        fetch_max_wait_ms=s.fetch_max_wait_ms,
+                                        max_partition_fetch_bytes=s.max_message_bytes)
+            routed = 0
+            try:
+                await consumer.start()
+                consumer.assign([tp])
+                since_ms = now_us() // 1000 - int(s.edge_resume_lookback_s * 1000)
+                found = (await consumer.offsets_for_times({tp: since_ms})).get(tp)
+                consumer.seek(tp, min(found.offset, stop) if found is not None else stop)
+                async with asyncio.timeout(15):
+                    while await consumer.position(tp) < stop:
+                        for record in (await consumer.getmany(tp, timeout_ms=200)).get(tp, []):
+                            if record.offset >= stop:
+                                break
+                            if record.key != key:
+                                continue
+                            self.metrics.backfill_bytes.inc(len(record.value or b""))
+                            async with self._lock:
+                                if await self._replay_record(record):
+                                    routed += 1
+            except (asyncio.TimeoutError, Exception) as exc:  # noqa: BLE001 - the player is served from now on
+                log.warning("edge %s: re-reading session %s from %s failed (%r); serving it from now on",
+                            self.edge_id, session_id, tp, exc)
+            finally:
+                await consumer.stop()
+                async with self._lock:
+                    for record in self._deferred.pop(key, []):
+                        await self._route(record, time.perf_counter_ns(), now_us())
+            log.info("edge %s: session %s re-read from %s (%d chunks, up to offset %d)", self.edge_id, session_id,
+                     tp, routed, stop)
+
+    async def _replay_record(self, record: Any) -> bool:
+        """(Under the lock.) One re-read record to the router; a bad one was dead-lettered when it
+        was first read, so here it is only skipped."""
+        try:
+            decoded = self.policy.decode(record, "AudioChunk")
+            self.router.route(decoded.message.value, time.perf_counter_ns(), now_us())
+            return True
+        except Exception as exc:  # noqa: BLE001 - one bad record costs itself only
+            log.debug("edge: skipping re-read record %s[%s]@%s: %r", record.topic, record.partition, record.offset, exc)
+            return False
 
     def _trace_of(self, decoded: Any, record: Any) -> Any:
         """Tracing on: the trace context of a sentence's first chunk (the one the edge's send span hangs under)."""
@@ -279,6 +562,28 @@ class KafkaLink:
             for heard in self.router.heard.due(now_us()):
                 await self.publish_heard(heard)
             await asyncio.sleep(0.05)
+
+
+class _Membership(ConsumerRebalanceListener):
+    """The membership consumer's rebalance callbacks. aiokafka's protocol is eager (every partition
+    is revoked, then the new assignment is given): the edge goes on serving its partitions through
+    the revoke and acts on the assignment only, so a partition that stays costs nothing."""
+
+    def __init__(self, link: KafkaLink) -> None:
+        self.link = link
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        link = self.link
+        if link.membership is not None and assigned:
+            link.membership.pause(*assigned)  # membership only: control is followed by the ControlFollower
+        try:
+            await link._reassign({tp.partition for tp in assigned})
+        except Exception:  # noqa: BLE001 - aiokafka would swallow it; the edge must not be left half-assigned
+            log.exception("edge %s: taking the assignment %s failed", link.edge_id, sorted(tp.partition for tp in assigned))
+            raise
 
 
 def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRouter | None = None,
@@ -375,6 +680,8 @@ async def _healthz(request: web.Request) -> web.Response:
     body = {"status": "ok" if kafka != "down" else "degraded", "kafka": kafka,
             "clients": len(request.app[CLIENTS_KEY]), "protocol": protocol.PROTOCOL_VERSION,
             "tasks": {} if link is None else link.health()}
+    if link is not None:
+        body["shard"] = link.shard()
     return web.json_response(body, status=200 if kafka != "down" else 503)
 
 
@@ -447,6 +754,23 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         await _fail(request, ws, exc, protocol.CLOSE_UNAUTHORIZED)
         return ws
     resume = hello.get("resume") if isinstance(hello.get("resume"), dict) else None
+    link = app[LINK_KEY]
+    if link is not None:
+        # Sharded edges (docs/edge.md): only the owner of the session's partition serves it.
+        try:
+            owner = await link.owner_url(session_id)
+        except NoOwner as exc:
+            await _fail(request, ws, exc, exc.close_code)
+            return ws
+        if owner is not None:
+            router.metrics.redirects.inc()
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_str(protocol.encode_control(protocol.REDIRECT, url=owner, session=session_id,
+                                                          partition=link.partition_of(session_id)))
+            await ws.close(code=protocol.CLOSE_REDIRECT, message=b"redirect")
+            return ws
+        if resume is not None and not router.served(session_id):
+            await link.backfill(session_id)  # it moved here: the replay comes from the partition
     try:
         channel = router.connect(session_id, resume=resume)
     except ConnectionRefused as exc:
@@ -454,9 +778,10 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         await _fail(request, ws, exc, exc.close_code)
         return ws
     app[CLIENTS_KEY].add(ws)
+    shard = {} if link is None else {"edge": link.edge_id, "edges": link.directory.urls() or [link.url]}
     await ws.send_str(protocol.encode_control(
         protocol.READY, session=session_id, client_id=channel.client_id, server_time_us=now_us(),
-        queue_frames=channel.max_frames,
+        queue_frames=channel.max_frames, **shard,
     ))
     if app[TRACER_KEY].enabled:
         channel.on_timeline_sent = lambda frame, sent_at_us: _trace_sent(app, channel, frame, sent_at_us)
@@ -480,8 +805,17 @@ async def _send_loop(request: web.Request, ws: web.WebSocketResponse, channel: C
         closed = channel.closed
         if closed is None or closed.code == protocol.CLOSE_NORMAL:
             raise
-        # The edge closed this client (too slow): interrupting its blocked send is the point.
+        # The edge closed this client (too slow, or its session moved): interrupting its blocked send is the point.
         asyncio.current_task().uncancel()
+        if closed.code == protocol.CLOSE_SERVICE_RESTART:
+            log.info("client %s of session %s: its session moved to another edge, told to reconnect",
+                     channel.client_id, channel.session_id)
+            transport = request.transport
+            if transport is not None and transport.get_write_buffer_size() == 0:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await ws.send_str(protocol.encode_control(protocol.RECONNECT, reason=closed.reason))
+            await _close_socket(request, ws, closed.code, closed.reason, "")
+            return
         log.warning("closing client %s of session %s: %s", channel.client_id, channel.session_id, closed.reason)
         await _close_socket(request, ws, closed.code, "too-slow", closed.reason)
     except (ConnectionError, RuntimeError):

@@ -59,8 +59,17 @@ class EdgeMetrics:
             registry=r)
         self.refused = Counter("voicebus_edge_refused_total", "Client requests refused by a limit", ["reason"], registry=r)
         self.consumed_bytes = Counter("voicebus_edge_consumed_bytes_total",
-                                      "Bytes of audio records this edge fetched from the bus (every session's, served or not)",
+                                      "Bytes of audio records this edge fetched live from the bus (the partitions it owns)",
                                       registry=r)
+        self.backfill_bytes = Counter("voicebus_edge_backfill_bytes_total",
+                                      "Bytes of audio records re-read for players resuming a session that moved here",
+                                      registry=r)
+        self.redirects = Counter("voicebus_edge_redirects_total",
+                                 "Players sent to the edge that owns their session", registry=r)
+        self.moved = Counter("voicebus_edge_moved_clients_total",
+                             "Players told to reconnect because their session moved to another edge", registry=r)
+        self.owned_partitions = Gauge("voicebus_edge_owned_partitions",
+                                      "Audio partitions (and so sessions) this edge owns", registry=r)
         self.bad_records = Counter("voicebus_edge_bad_records_total", "Records the edge dead-lettered (any reason)", registry=r)
         self.overhead_samples: deque[float] | None = deque(maxlen=keep_overhead_samples) if keep_overhead_samples else None
 

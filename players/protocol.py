@@ -58,6 +58,8 @@ WORDS = "words"
 SKIP = "skip"
 PONG = "pong"
 ERROR = "error"
+REDIRECT = "redirect"
+RECONNECT = "reconnect"
 # client -> server
 HELLO = "hello"
 CANCEL = "cancel"
@@ -65,7 +67,7 @@ PING = "ping"
 REPORT = "report"
 
 CLIENT_MESSAGE_TYPES = frozenset({HELLO, CANCEL, PING, REPORT})
-SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, WORDS, SKIP, PONG, ERROR})
+SERVER_MESSAGE_TYPES = frozenset({READY, TURN_START, TURN_END, STOP, TIMELINE, WORDS, SKIP, PONG, ERROR, REDIRECT, RECONNECT})
 REPORT_KINDS = frozenset(PlaybackKind)
 MAX_TEXT_FRAME_BYTES = 16 * 1024  # a longer client text frame (UTF-8 bytes) is refused: 4400 malformed-frame
 # The WebSocket layer's limit on one message from a client: above it the edge closes with 1009
@@ -82,7 +84,9 @@ CLOSE_FORBIDDEN_ORIGIN = 4403  # a browser page of an origin the edge does not a
 CLOSE_HELLO_TIMEOUT = 4408  # no hello within the deadline
 CLOSE_UNSUPPORTED_VERSION = 4426  # the client speaks another protocol version
 CLOSE_TOO_SLOW = 4429  # the client could not keep up (see the slow-client policy)
-CLOSE_TRY_AGAIN_LATER = 1013  # connection limit reached: this edge (edge-full) or this session (session-full)
+CLOSE_TRY_AGAIN_LATER = 1013  # connection limit reached (edge-full, session-full), or no edge owns the session now (no-owner)
+CLOSE_SERVICE_RESTART = 1012  # the session moved to another edge (a rebalance): reconnect, with resume
+CLOSE_REDIRECT = 4307  # this edge does not own the session: the redirect message names the one that does
 
 
 class ProtocolError(ValueError):

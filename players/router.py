@@ -383,6 +383,36 @@ class SessionRouter:
                 channel.push(OutFrame(self._turn_end(turn)))
         return channel
 
+    def hold(self, session_id: str) -> bool:
+        """Keep state for `session_id` from now on, as if its last player had just left (its grace
+        window starts now), so the chunks routed next are framed and kept for replay: what the edge
+        does before it re-reads the audio of a session that moved here, for a player that resumes.
+        Returns False when the session had state already."""
+        self._expire_idle()
+        if session_id in self._sessions:
+            return False
+        self._sessions[session_id] = _Session()
+        self._idle[session_id] = self.clock()
+        self.metrics.sessions.set(len(self._sessions))
+        return True
+
+    def move_out(self, moved: Callable[[str], bool], reason: str = "moved") -> list[ClientChannel]:
+        """Sessions this edge no longer owns (`moved(session_id)`): each of their players is closed
+        with 1012 (the sender tells it to reconnect first) and their state is forgotten: the new
+        owner serves them. Returns the closed channels."""
+        closed: list[ClientChannel] = []
+        for session_id in [sid for sid in self._sessions if moved(sid)]:
+            session = self._sessions[session_id]
+            for channel in list(session.clients.values()):
+                channel.close(protocol.CLOSE_SERVICE_RESTART, reason)
+                closed.append(channel)
+            for _ in list(session.clients):
+                self.n_clients -= 1
+                self.metrics.clients.dec()
+            session.clients.clear()
+            self._drop_session(session_id)
+        return closed
+
     def disconnect(self, channel: ClientChannel) -> None:
         session = self._sessions.get(channel.session_id)
         if session is not None and session.clients.pop(channel.client_id, None) is not None:

@@ -140,6 +140,7 @@ def _settings_factory(bootstrap: str, port: int, controller_port: int,
             heard_topic=f"t{uid}.heard",
             deadletter_topic=f"t{uid}.deadletter",
             agents_topic=f"t{uid}.agents",
+            edges_topic=f"t{uid}.edges",
             gate_app_id=f"gate-{uid}",
             gate_changelog_topic=f"gate-{uid}-gate_sessions-changelog",
         )

@@ -1,0 +1,111 @@
+"""Sharded edges: which edge owns which session, and how a player finds the one that does.
+
+The mechanism is the gate's (docs/gate.md, "Co-partitioning by number"): the control and audio
+topics have the same partition count and every record is keyed by session id, so a session is on
+the same partition number p in both. Edges form one consumer group (`Settings.edge_group_id`)
+subscribed to the **control topic**; owning control partition p means owning every session on p,
+and the edge then reads partition p of the audio topic with a group-less consumer (`assign`), as
+the gate reads its text topics. The group consumer itself only holds the membership: its
+partitions are paused, because every edge follows every control partition anyway
+(`pipeline.shell.ControlFollower`: control is a few events per turn, and a session that moves to
+an edge finds its cancels there already).
+
+Players are sent to the owner through the **edge directory** (`Settings.edges_topic`): after
+each rebalance an edge writes ``{edge_id, url, partitions}`` under its id (a tombstone when it
+stops; keyed ``<group>/<edge id>``), always to partition 0, so the order of claims is the log's order. Every edge follows the
+directory from its beginning; the owner of p is the edge of the **latest** record claiming p
+(`EdgeDirectory`, pure). A dead edge's claim stands until its partitions' new owner writes its
+own, one session timeout later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from pipeline.settings import Settings
+
+DIRECTORY_PARTITION = 0  # every directory record goes here: one log, one order
+
+
+def edge_group_id(settings: Settings) -> str:
+    """The consumer group of the edges sharing ``settings.audio_topic``."""
+    return settings.edge_group_id or f"voicebus-edge.{settings.audio_topic}"
+
+
+def new_edge_id(settings: Settings) -> str:
+    return settings.edge_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def public_url(settings: Settings) -> str:
+    """Where players reach this edge's ``/ws`` (an absolute ws(s) URL or a path)."""
+    return settings.edge_public_url or f"ws://{settings.edge_host}:{settings.edge_port}/ws"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One edge's directory record: the partitions it owned as of the record at `offset`."""
+
+    edge_id: str
+    url: str
+    partitions: frozenset[int]
+    offset: int
+
+
+class DirectoryRecordError(ValueError):
+    """A directory record that is not ``{"edge_id", "url", "partitions": [int]}``."""
+
+
+def directory_record(group: str, edge_id: str, url: str, partitions: set[int] | frozenset[int]) -> tuple[bytes, bytes]:
+    """The directory record of one edge of `group`: (key, value). The key is ``<group>/<edge_id>``,
+    so edges of other groups (another audio topic, e.g. the demo's second lane) can share the topic."""
+    value = {"edge_id": edge_id, "url": url, "partitions": sorted(partitions)}
+    return directory_key(group, edge_id), json.dumps(value, separators=(",", ":")).encode("utf-8")
+
+
+def directory_key(group: str, edge_id: str) -> bytes:
+    return f"{group}/{edge_id}".encode("utf-8")
+
+
+class EdgeDirectory:
+    """The edges of one group and the partitions they own, from the directory records in log order (pure)."""
+
+    def __init__(self, group: str) -> None:
+        self.prefix = f"{group}/"
+        self.claims: dict[str, Claim] = {}
+
+    def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+        """One directory record; a tombstone (None) removes its edge; another group's is ignored.
+        Raises `DirectoryRecordError`."""
+        if key is None:
+            raise DirectoryRecordError("a directory record without a key")
+        name = key.decode("utf-8", "replace")
+        if not name.startswith(self.prefix):
+            return
+        edge_id = name[len(self.prefix):]
+        if value is None:
+            self.claims.pop(edge_id, None)
+            return
+        try:
+            body = json.loads(value)
+            url, partitions = body["url"], frozenset(int(p) for p in body["partitions"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DirectoryRecordError(f"directory record of {edge_id!r}: {exc!r}") from None
+        if not isinstance(url, str) or not url:
+            raise DirectoryRecordError(f"directory record of {edge_id!r} has no url")
+        self.claims[edge_id] = Claim(edge_id, url, partitions, offset)
+
+    def owner(self, partition: int) -> Claim | None:
+        """The edge of the latest record that claims `partition`, or None."""
+        best: Claim | None = None
+        for claim in self.claims.values():
+            if partition in claim.partitions and (best is None or claim.offset > best.offset):
+                best = claim
+        return best
+
+    def urls(self) -> list[str]:
+        """The public URL of every edge in the directory, the latest record first."""
+        return [c.url for c in sorted(self.claims.values(), key=lambda c: -c.offset)]
