@@ -21,6 +21,17 @@ from players import protocol
 from players.auth import issue_token
 
 
+MAX_REDIRECTS = 4
+
+
+def resolve_edge_url(current: str, target: str) -> str:
+    """A redirect's URL: absolute (``ws://edge-2:8765/ws``) or a path (``/edge-2/ws``) on the
+    current edge's origin (edges behind one proxy)."""
+    from urllib.parse import urljoin
+
+    return urljoin(current, target)
+
+
 @dataclass
 class HeardTurn:
     turn_id: str
@@ -113,6 +124,9 @@ class Listener:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task | None = None
         self._turn_seen = asyncio.Event()
+        self.redirects: list[str] = []  # the URLs it was redirected to, in order
+        self.ws_url: str | None = None  # the /ws it is connected to
+        self.ready: dict = {}
 
     async def __aenter__(self) -> "Listener":
         await self.start()
@@ -122,12 +136,22 @@ class Listener:
         await self.stop()
 
     async def start(self) -> None:
+        """Connect and say hello. An edge that does not own the session answers ``redirect`` with
+        the owner's URL (docs/protocol.md, *Sharded edges*): followed, up to `MAX_REDIRECTS` hops."""
         self._http = aiohttp.ClientSession()
-        self._ws = await self._http.ws_connect(self.edge_url + "/ws", max_msg_size=protocol.MAX_AUDIO_FRAME_BYTES)
-        await self._ws.send_str(protocol.encode_control(protocol.HELLO, session=self.session_id, token=self._token))
-        ready = await self._ws.receive_json(timeout=10)
+        url = self.edge_url + "/ws"
+        for _ in range(MAX_REDIRECTS + 1):
+            self._ws = await self._http.ws_connect(url, max_msg_size=protocol.MAX_AUDIO_FRAME_BYTES)
+            await self._ws.send_str(protocol.encode_control(protocol.HELLO, session=self.session_id, token=self._token))
+            ready = await self._ws.receive_json(timeout=10)
+            if ready.get("type") != protocol.REDIRECT:
+                break
+            await self._ws.close()
+            url = resolve_edge_url(url, ready["url"])
+            self.redirects.append(url)
         if ready.get("type") != protocol.READY:
             raise ConnectionError(f"edge refused the listener: {ready}")
+        self.ws_url, self.ready = url, ready
         self._reader = asyncio.create_task(self._read(), name=f"listener-{self.session_id}")
 
     async def stop(self) -> None:
