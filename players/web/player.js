@@ -24,8 +24,15 @@ const player = (window.voicebusPlayer = {
   state: "idle",
   clientId: null,
   clock: { offsetUs: 0, rttUs: Infinity, samples: 0 },
-  turns: new Map(), // turn number -> {turnId, timeline: {...}, audibleAtUs, words: Map(sentence -> [{text, start, end}])}
-  turnIds: new Map(), // turn id -> turn number
+  turns: new Map(), // page turn number -> {turnId, timeline: {...}, audibleAtUs, words: Map(sentence -> [{text, start, end}])}
+  turnIds: new Map(), // turn id -> page turn number (the same turn keeps its number across edges)
+  connTurns: new Map(), // this connection's turn number -> page turn number (each edge numbers its own)
+  turnCount: 0,
+  received: new Map(), // turn id -> Set of "sentence:chunk" received: a replay after a reconnect adds only what is missing
+  duplicates: 0, // frames dropped because they had been received already (a resume's replay)
+  // Sharded edges (docs/protocol.md, "Sharded edges"): the page's own edge, the one connected to,
+  // every edge the last ready listed (tried in turn when the connected one is gone), the redirects followed.
+  edges: { entry: null, url: null, known: [], redirects: [], connections: [] },
   current: null, // {turn, sentence} being played
   reports: [],
   bargeIns: [], // server-clock µs of each barge-in click
@@ -136,11 +143,32 @@ function report(kind, turn, sentence, atUs, rendered) {
   send("report", r);
 }
 
+// Each edge numbers the turns of its connection; the page keeps one number per turn id.
+function pageTurn(connTurn) {
+  return player.connTurns.has(connTurn) ? player.connTurns.get(connTurn) : connTurn;
+}
+
 function onAudio(buffer) {
   const view = new DataView(buffer);
   const type = view.getUint8(0), version = view.getUint8(1), flags = view.getUint8(2);
   if (type !== 1 || version !== PROTOCOL_VERSION) return;
-  const turn = view.getUint32(4, true), sentence = view.getUint32(8, true);
+  const turn = pageTurn(view.getUint32(4, true)), sentence = view.getUint32(8, true), chunk = view.getUint32(12, true);
+  const t = player.turns.get(turn);
+  if (t) {
+    // A resume replays from the start of the sentence being played: keep only what did not come yet.
+    let got = player.received.get(t.turnId);
+    if (!got) {
+      got = new Set();
+      player.received.set(t.turnId, got);
+      if (player.received.size > 8) player.received.delete(player.received.keys().next().value);
+    }
+    const key = `${sentence}:${chunk}`;
+    if (got.has(key)) {
+      player.duplicates += 1;
+      return;
+    }
+    got.add(key);
+  }
   if (view.getUint8(3) === ENCODING_OPUS) return onOpus(view, turn, sentence, flags);
   const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
   const samples = new Float32Array(pcm.length);
@@ -284,6 +312,9 @@ function onControl(msg) {
     case "ready":
       player.state = "ready";
       player.clientId = msg.client_id;
+      player.edge = msg.edge || null;
+      player.edges.redirects = [];
+      if (Array.isArray(msg.edges)) player.edges.known = msg.edges.map((u) => resolveEdgeUrl(u));
       player.clock.offsetUs = msg.server_time_us - clientNowUs();
       setStatus(`connected as ${msg.client_id} to session ${msg.session}`);
       $("bargein").disabled = false;
@@ -292,30 +323,44 @@ function onControl(msg) {
     case "pong":
       onPong(msg);
       break;
-    case "turn_start":
-      player.turns.set(msg.turn, { turnId: msg.turn_id, timeline: {}, audibleAtUs: null, words: new Map() });
-      player.turnIds.set(msg.turn_id, msg.turn);
+    case "turn_start": {
+      let number = player.turnIds.get(msg.turn_id);
+      if (number === undefined) {
+        number = ++player.turnCount;
+        player.turns.set(number, { turnId: msg.turn_id, timeline: {}, audibleAtUs: null, words: new Map() });
+        player.turnIds.set(msg.turn_id, number);
+      }
+      player.connTurns.set(msg.turn, number);
       renderTimeline();
       break;
+    }
     case "timeline": {
-      const turn = player.turns.get(msg.turn);
+      const turn = player.turns.get(pageTurn(msg.turn));
       if (turn && !turn.timeline.sent_at_us) turn.timeline = msg; // the turn's first sentence
       renderTimeline();
       break;
     }
     case "words": {
-      const turn = player.turns.get(msg.turn);
+      const turn = player.turns.get(pageTurn(msg.turn));
       if (turn) {
         const known = turn.words.get(msg.sentence_seq) || [];
+        if (known.some((w) => w.start === (msg.words[0] || {}).start)) break; // replayed: known already
         turn.words.set(msg.sentence_seq, known.concat(msg.words).sort((a, b) => a.start - b.start));
       }
       break;
     }
     case "turn_end":
-      postAfterAudio({ type: "end", turn: msg.turn });
+      postAfterAudio({ type: "end", turn: pageTurn(msg.turn) });
       break;
     case "stop":
-      player.node.port.postMessage({ type: "stop", turn: msg.turn });
+      player.node.port.postMessage({ type: "stop", turn: pageTurn(msg.turn) });
+      break;
+    case "redirect":
+      // This edge does not own the session: the close (4307) that follows sends us to the owner.
+      player.redirectTo = resolveEdgeUrl(msg.url);
+      break;
+    case "reconnect":
+      setStatus(`session moved (${msg.reason}): reconnecting`);
       break;
     case "skip":
       setStatus(`skipped sentence ${msg.sentence_seq} of ${msg.turn_id}: this player fell behind`);
@@ -327,8 +372,30 @@ function onControl(msg) {
   }
 }
 
-function connect() {
-  const url = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`;
+// A redirect's or a ready's edge URL: absolute (ws://edge-2:8765/ws) or a path on the page's
+// origin (/edge-2/ws: edges behind one proxy).
+function resolveEdgeUrl(u) {
+  const page = new URL(location.href);
+  const url = new URL(u, `${page.protocol === "https:" ? "wss" : "ws"}://${page.host}/`);
+  return url.href;
+}
+
+// After a connection is lost: the next edge to try. The one that failed goes last; the page's own
+// edge and every edge the last ready listed are tried in turn. Any of them redirects to the owner.
+function nextEdge(failed) {
+  const all = [...new Set([player.edges.entry, ...player.edges.known])];
+  const at = all.indexOf(failed);
+  return at < 0 ? all[0] : all[(at + 1) % all.length];
+}
+
+function connect(url) {
+  if (!player.edges.entry) player.edges.entry = resolveEdgeUrl("/ws");
+  url = url || player.edges.entry;
+  player.edges.url = url;
+  player.edges.connections.push(url);
+  if (player.edges.connections.length > 100) player.edges.connections.shift();
+  player.redirectTo = null;
+  player.connTurns = new Map();
   const ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
   player.ws = ws;
@@ -336,15 +403,31 @@ function connect() {
     const hello = { session: $("session").value, token: $("token").value };
     const cur = player.current && player.turns.get(player.current.turn);
     if (cur) hello.resume = { turn_id: cur.turnId, sentence_seq: player.current.sentence };
+    player.lastHello = hello;
     send("hello", hello);
   };
   ws.onmessage = (e) => (typeof e.data === "string" ? onControl(JSON.parse(e.data)) : onAudio(e.data));
   ws.onclose = (e) => {
+    if (player.ws !== ws) return;
     player.state = "closed";
     $("bargein").disabled = true;
-    if (e.code === 1006 || e.code === 1001) {
+    // Every reconnect says hello with resume: the edge replays the turn from the sentence being played.
+    if (e.code === 4307 && player.redirectTo) {
+      const to = player.redirectTo;
+      player.edges.redirects.push(to);
+      setStatus(`redirected to ${to}`);
+      // hops without a ready in between are spaced out (two edges that disagree during a rebalance)
+      setTimeout(() => connect(to), player.edges.redirects.length > 3 ? 1000 : 0);
+    } else if (e.code === 1012) {
+      setStatus("session moved to another edge; reconnecting");
+      setTimeout(() => connect(player.edges.entry), 100);
+    } else if (e.code === 1013) {
+      setStatus(`edge busy (${e.reason}); retrying`);
+      setTimeout(() => connect(url), 1000);
+    } else if (e.code === 1006 || e.code === 1001) {
       setStatus(`connection lost (${e.code}); reconnecting`);
-      setTimeout(connect, 500); // resumes the current turn from the sentence being played
+      // the edge is gone (or never answered): the next one; any edge redirects to the owner
+      setTimeout(() => connect(nextEdge(url)), 500);
     } else if (e.code !== 1000) {
       setStatus(`closed ${e.code} ${e.reason}`);
     }

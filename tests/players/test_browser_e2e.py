@@ -2,6 +2,7 @@
 its audible start comes back as a PlaybackReport on the bus, and barge-in silences it."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -132,3 +133,85 @@ async def test_an_opus_turn_is_decoded_with_webcodecs_and_plays_to_its_end(make_
             assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
         finally:
             await browser.close()
+
+
+async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played_after_its_edge_is_killed(
+        make_settings, tmp_path):
+    """Two `voicebus edge` processes share the audio topic. The page plays an Opus turn from edge A,
+    which owns its session; A is SIGKILLed mid-turn. The player reconnects to B (the other edge its
+    ready listed; B redirects it to A until the group gives B A's partitions), resumes with the
+    sentence it was playing, B re-reads that sentence from the partition and sends the turn from its
+    start, the player keeps only what it lacked, and B streams the sentences published after the kill.
+    The turn plays to its end."""
+    from playwright.async_api import async_playwright
+
+    from pipeline.bus import ensure_topics
+    from tests.players.shard_helpers import EdgeProcess, free_ports, session_on, wait_processes_settled
+
+    partitions, per_sentence = 4, 8
+    settings = make_settings(edge_secret=SECRET, audio_encoding="opus", partitions=partitions,
+                             edge_session_timeout_ms=6000)
+    await ensure_topics(settings, [settings.audio_topic, settings.control_topic])
+    port_a, port_b = free_ports(2)
+    edge_a = EdgeProcess(settings, port_a, "edge-a", tmp_path / "edge-a.log")
+    edge_b = EdgeProcess(settings, port_b, "edge-b", tmp_path / "edge-b.log")
+    try:
+        owned = await wait_processes_settled([edge_a, edge_b], partitions)
+        session = session_on(partitions, owned["edge-a"])
+        # 8 sentences x 8 chunks x 160 ms (10.24 s): 6 published before the kill, 2 after it
+        chunks = tone_turn(session, "turn-1", sentences=8, chunks_per_sentence=per_sentence,
+                           leading_silence_s=LEADING_SILENCE_S, encoding=AudioEncoding.OPUS)
+        before, after = chunks[:6 * per_sentence], chunks[6 * per_sentence:]
+        async with async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                errors = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                await page.goto(player_url(edge_a.url + "/", session, issue_token(SECRET, session, 300)))
+                await page.click("#start")
+                await wait_in_page(page, "window.voicebusPlayer.state === 'ready' && window.voicebusPlayer.clock.samples >= 3")
+                assert await page.evaluate("window.voicebusPlayer.edge") == "edge-a"
+                producer, codec = make_producer(settings), Codec()
+                await producer.start()
+                try:
+                    for chunk in before:
+                        await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+                    await wait_in_page(page, f"window.voicebusPlayer.framesReceived === {len(before)} && "
+                                             "window.voicebusPlayer.current && window.voicebusPlayer.current.sentence >= 1")
+                    edge_a.kill()  # SIGKILL: no goodbye, no LeaveGroup; B gets A's partitions one session timeout later
+                    killed_at = time.monotonic()
+                    for chunk in after:
+                        await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+                finally:
+                    await producer.stop()
+                await wait_in_page(page, "window.voicebusPlayer.edge === 'edge-b' && window.voicebusPlayer.state === 'ready'",
+                                   timeout_ms=60000)
+                failover_s = time.monotonic() - killed_at
+                hello = await page.evaluate("window.voicebusPlayer.lastHello")
+                assert hello["resume"]["turn_id"] == "turn-1", hello
+                resumed_at = hello["resume"]["sentence_seq"]
+                assert 1 <= resumed_at <= 5, hello  # the sentence being played when it said hello to B
+                await wait_in_page(page, f"window.voicebusPlayer.framesReceived === {len(chunks)}", timeout_ms=30000)
+                # B sent the turn again from the start of the sentence being played: the player had
+                # those frames (A sent them before it died) and dropped exactly them
+                assert await page.evaluate("window.voicebusPlayer.duplicates") == (6 - resumed_at) * per_sentence
+                reports = await read_topic(settings, settings.playback_topic, "PlaybackReport",
+                                           lambda v: any(r["kind"] == "PLAYBACK_END" for r in v), timeout=60)
+                end = next(r for r in reports if r["kind"] == "PLAYBACK_END")
+                assert end["turn_id"] == "turn-1" and end["session_id"] == session
+                connections = await page.evaluate("window.voicebusPlayer.edges.connections")
+                print(f"on edge-b {failover_s:.1f} s after edge-a was killed ({len(connections) - 1} connection attempts), "
+                      f"resumed at sentence {resumed_at}")
+                assert connections[0] == f"ws://127.0.0.1:{port_a}/ws" and connections[-1] == f"ws://127.0.0.1:{port_b}/ws"
+                assert not errors and not [e for e in await page.evaluate("window.voicebusPlayer.errors")
+                                           if e.get("code") != "no-owner"]
+            finally:
+                await browser.close()
+    except BaseException:
+        for name in ("edge-a", "edge-b"):
+            print(f"--- {name} log ---\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        edge_a.stop()
+        edge_b.stop()
