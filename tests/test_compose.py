@@ -18,7 +18,9 @@ from pipeline.topics import durability
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
-VOICEBUS_SERVICES = {"gate": "gate", "worker": "worker", "edge": "edge"}
+EDGES = ("edge-1", "edge-2", "edge-3")
+VOICEBUS_SERVICES = {"gate": "gate", "worker": "worker", **{edge: "edge" for edge in EDGES}}
+NGINX_CONF = ROOT / "deploy" / "nginx.conf"
 TEST_SECRET = "compose-test-secret-0123456789abcdef"
 
 
@@ -55,16 +57,50 @@ def test_compose_requires_the_edge_secret_to_be_set(secret):
     assert "set VOICEBUS_EDGE_SECRET to a long random string" in proc.stderr
 
 
-def test_the_compose_edge_passes_the_edges_own_exposure_check(compose):
-    """The edge service listens on 0.0.0.0 with the secret the user set: the edge accepts that
+@pytest.mark.parametrize("name", EDGES)
+def test_the_compose_edges_pass_the_edges_own_exposure_check(compose, name):
+    """Each edge service listens on 0.0.0.0 with the secret the user set: the edge accepts that
     (and would refuse the same service with the public default)."""
     from players.edge import InsecureEdgeConfig, check_exposure
 
-    edge = Settings.from_env({k: str(v) for k, v in compose["services"]["edge"]["environment"].items()})
+    edge = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
     assert edge.edge_host == "0.0.0.0" and edge.edge_secret == TEST_SECRET
     check_exposure(edge)
     with pytest.raises(InsecureEdgeConfig):
         check_exposure(edge.replace(edge_secret=Settings().edge_secret))
+
+
+def test_the_edges_share_one_group_and_the_proxy_routes_to_each_by_its_public_url(compose):
+    """Several edges behind nginx (docs/edge.md, "Behind a proxy"): one consumer group on one audio
+    topic, a distinct id each; the proxy is the only published port, balances /ws over every edge,
+    and routes each edge's public URL (what its redirects name) to that edge alone."""
+    import re
+
+    from players.shard import edge_group_id
+
+    edges = {name: Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
+             for name in EDGES}
+    assert len({edge_group_id(s) for s in edges.values()}) == 1
+    assert len({s.audio_topic for s in edges.values()}) == 1 and len({s.edges_topic for s in edges.values()}) == 1
+    assert sorted(s.edge_id for s in edges.values()) == sorted(EDGES)
+    for name in EDGES:
+        assert "ports" not in compose["services"][name], f"{name} is reached through the proxy only"
+    proxy = compose["services"]["proxy"]
+    port = proxy["ports"][0]
+    assert proxy["image"].startswith("nginx:") and (port == "8765:8765" or int(port["published"]) == 8765), port
+    assert set(proxy["depends_on"]) == set(EDGES)
+    mounts = [tuple(v.split(":")[:2]) if isinstance(v, str) else (v["source"], v["target"]) for v in proxy["volumes"]]
+    assert (str(NGINX_CONF), "/etc/nginx/conf.d/default.conf") in mounts, mounts
+    conf = NGINX_CONF.read_text()
+    upstream = re.search(r"upstream voicebus_edges \{(.*?)\}", conf, re.S).group(1)
+    assert sorted(re.findall(r"server ([\w-]+):8765", upstream)) == sorted(EDGES)
+    for name, s in edges.items():
+        path = s.edge_public_url
+        assert path.startswith("/") and path.endswith("/ws")
+        prefix = path[: -len("ws")]
+        assert re.search(rf"location {re.escape(prefix)} \{{ proxy_pass http://{name}:{s.edge_port}/; \}}", conf), name
+    assert re.search(r"location / \{\s*proxy_pass http://voicebus_edges;", conf)
+    assert "proxy_set_header Upgrade $http_upgrade;" in conf and "proxy_set_header Host $http_host;" in conf
 
 
 def test_an_unknown_option_fails_validation(tmp_path):
