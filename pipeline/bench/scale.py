@@ -2,21 +2,25 @@
 
 Tone audio (no model) through the real broker: for each encoding (PCM16, Opus) x edges x
 sessions, N edge processes (the real `players.edge` app with its Kafka link, each in its own
-process as deployed) and one process of WebSocket players, one player per session, session i on
-edge i % N (what a round-robin load balancer does). This process publishes every session's turn
-in real time (one chunk per session every chunk period, as many workers would), waits until the
-players got every frame, then asks each edge for:
+process as deployed, one consumer group sharing the audio topic's partitions) and one process of
+WebSocket players, one player per session. Player i first reaches edge i % N (what a round-robin
+load balancer does); an edge that does not own the session redirects it to the owner. This process
+waits until the edges agree who owns which partition, publishes every session's turn in real time
+(one chunk per session every chunk period, as many workers would), waits until the players got
+every frame, then asks each edge for:
 
-- ``bytes_per_edge``: bytes of audio records the edge fetched (``voicebus_edge_consumed_bytes_total``);
-- ``frames_per_edge``: audio frames it built and sent (only its own players' sessions);
+- ``bytes_per_edge``: bytes of audio records the edge fetched (``voicebus_edge_consumed_bytes_total``):
+  with sharding, the partitions it owns only (``bytes_max_over_mean``: the fullest edge's share);
+- ``frames_per_edge``: audio frames it built and sent (its own sessions);
+- ``sessions_held_per_edge``: sessions it keeps any state for (``voicebus_edge_sessions``);
 - ``rss_mb_per_edge``: the edge process's peak resident memory (``ru_maxrss``);
 - ``frame_p50_ms`` / ``frame_p99_ms``: chunk consumed -> frame sent, over every frame of every edge;
 - ``bus_bytes_per_session_s``: what one speaking session puts on the audio topic per second;
 - ``publisher_behind_ms``: how far this process fell behind publishing in real time (above a
   chunk period the machine, not the edge, is the limit: the grid stops there).
 
-Edges are not sharded yet (every edge reads every partition): bytes per edge do not fall with
-edges; these runs are the baseline sharding is measured against (docs/benchmarks.md).
+The topics of a run have ``--partitions`` partitions (default 12: an even share for 1, 2, 3, 4 and
+6 edges; a session's partition is the hash of its id, so shares are even only on average).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pipeline.latency import percentile
 
 CHUNK_MS = 160  # whole 20 ms Opus frames; PCM uses the same, so the two grids match chunk for chunk
 QUICK = {"edges": [1, 2], "sessions": [10]}
+PARTITIONS = 12
 
 
 def register(bench_subparsers) -> None:
@@ -45,6 +50,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--sessions", default="100,1000", help="comma-separated session counts (default 100,1000)")
     p.add_argument("--encodings", default="pcm16,opus", help="comma-separated: pcm16, opus (default both)")
     p.add_argument("--seconds", type=float, default=3.0, help="audio each session speaks per run (default 3)")
+    p.add_argument("--partitions", type=int, default=PARTITIONS,
+                   help=f"partitions of the run's topics, shared by the edges (default {PARTITIONS})")
     p.add_argument("--quick", action="store_true", help=f"the smallest grid: edges {QUICK['edges']}, "
                                                          f"sessions {QUICK['sessions']}, 2 s")
     p.add_argument("--json", type=Path, help="also write the runs as JSON to this file")
@@ -58,15 +65,16 @@ def run(args: argparse.Namespace, settings) -> int:
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     runs = []
     print(f"bench scale: {seconds:g} s of tone per session, {CHUNK_MS} ms chunks, broker {settings.bootstrap}")
-    print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'bus KB/s/session':>16} {'MB/edge':>8} "
+    print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'bus KB/s/session':>16} {'MB/edge':>8} {'max/mean':>8} "
           f"{'frames/edge':>11} {'RSS MB/edge':>11} {'p50 ms':>7} {'p99 ms':>7} {'complete':>8} {'behind ms':>9}")
     for encoding in encodings:
         for n_sessions in sessions:
             for n_edges in edges:
-                r = asyncio.run(_one(settings, encoding, n_edges, n_sessions, seconds))
+                r = asyncio.run(_one(settings.replace(partitions=getattr(args, "partitions", PARTITIONS)),
+                                     encoding, n_edges, n_sessions, seconds))
                 runs.append(r)
                 print(f"{encoding:>8} {n_edges:>5} {n_sessions:>8} {r['bus_bytes_per_session_s'] / 1e3:>16.2f} "
-                      f"{r['bytes_per_edge'] / 1e6:>8.2f} {r['frames_per_edge']:>11.0f} {r['rss_mb_per_edge']:>11.1f} "
+                      f"{r['bytes_per_edge'] / 1e6:>8.2f} {r['bytes_max_over_mean']:>8.2f} {r['frames_per_edge']:>11.0f} {r['rss_mb_per_edge']:>11.1f} "
                       f"{r['frame_p50_ms']:>7.2f} {r['frame_p99_ms']:>7.2f} {r['frames_received'] / r['frames_expected']:>8.0%} {r['publisher_behind_ms']:>9.0f}",
                       flush=True)
     pcm = [r for r in runs if r["encoding"] == "pcm16"]
@@ -96,17 +104,28 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
     from pipeline.codecs import codec_for
     from players.auth import issue_token
 
+    from pipeline.daemon import free_port
+
     run_id = uuid.uuid4().hex[:8]
     s = settings.replace(audio_topic=f"voicebus.bench.scale.{run_id}.audio",
                          control_topic=f"voicebus.bench.scale.{run_id}.control",
                          playback_topic=f"voicebus.bench.scale.{run_id}.playback",
                          deadletter_topic=f"voicebus.bench.scale.{run_id}.deadletter",
+                         edges_topic=f"voicebus.bench.scale.{run_id}.edges",
+                         edge_group_id=f"voicebus-bench-scale-{run_id}",
                          audio_encoding=encoding, edge_max_clients=max(1000, n_sessions))
-    await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.deadletter_topic])
+    await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.deadletter_topic, s.edges_topic])
+    edge_ports: list[int] = []
+    while len(edge_ports) < n_edges:
+        port = free_port()
+        if port not in edge_ports:
+            edge_ports.append(port)
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
     results = ctx.Queue()
-    edges = [ctx.Process(target=_edge_main, args=(s, i, stop, results), daemon=True) for i in range(n_edges)]
+    edges = [ctx.Process(target=_edge_main, args=(s.replace(edge_port=edge_ports[i], edge_id=f"bench-edge-{i}",
+                                                            edge_public_url=f"ws://127.0.0.1:{edge_ports[i]}/ws"),
+                                                 i, stop, results), daemon=True) for i in range(n_edges)]
     for p in edges:
         p.start()
     ports: dict[int, int] = {}
@@ -118,6 +137,7 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
             kind, index, value = await asyncio.to_thread(results.get, True, 120)
             if kind == "port":
                 ports[index] = value
+        await _settled([ports[i] for i in range(n_edges)], s.partitions)
         template = _turn_template(encoding, seconds)
         expected = n_sessions * len(template)
         sessions = [f"s{i}" for i in range(n_sessions)]
@@ -168,6 +188,11 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
         "edges": n_edges, "sessions": n_sessions, "encoding": encoding,
         "bus_bytes_per_session_s": bus_bytes / (len(template) * CHUNK_MS / 1000),
         "bytes_per_edge": statistics.mean(st["consumed_bytes"] for st in stats) if stats else 0,
+        "bytes_max_over_mean": (max(st["consumed_bytes"] for st in stats)
+                                / max(1.0, statistics.mean(st["consumed_bytes"] for st in stats))) if stats else 0,
+        "sessions_held_per_edge": statistics.mean(st["sessions_held"] for st in stats) if stats else 0,
+        "sessions_held_by_edge": [st["sessions_held"] for st in stats],
+        "partitions": s.partitions,
         "frames_per_edge": statistics.mean(st["frames_sent"] for st in stats) if stats else 0,
         "rss_mb_per_edge": statistics.mean(st["rss_mb"] for st in stats) if stats else 0,
         "frame_p50_ms": statistics.median(samples) * 1e3 if samples else float("nan"),
@@ -179,6 +204,28 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
         "frames_received": received,
         "edges_reporting": len(stats),
     }
+
+
+async def _settled(ports: list[int], partitions: int, timeout_s: float = 120.0) -> None:
+    """Until every edge's /healthz says the same edge owns each partition, and each one once."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while True:
+            shards = []
+            for port in ports:
+                async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
+                    shards.append((await response.json()).get("shard") or {})
+            owned = {sh.get("edge_id"): set(sh.get("owned", ())) for sh in shards}
+            every = sorted(p for o in owned.values() for p in o)
+            agreed = all(owner is not None and int(p) in owned.get(owner, ())
+                         for sh in shards for p, owner in sh.get("owners", {}).items())
+            if every == list(range(partitions)) and agreed:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"edges did not settle their shares in {timeout_s:.0f} s: {shards}")
+            await asyncio.sleep(0.2)
 
 
 def _edge_main(settings, index: int, stop, results) -> None:
@@ -197,16 +244,17 @@ async def _edge(settings, index: int, stop, results) -> None:
     app = make_app(settings, router=router)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", settings.edge_port)
     await site.start()
     while not app[LINK_KEY].healthy:
         await asyncio.sleep(0.05)
-    results.put(("port", index, runner.addresses[0][1]))
+    results.put(("port", index, settings.edge_port))
     while not stop.is_set():
         await asyncio.sleep(0.05)
     stats = {
         "consumed_bytes": metrics.registry.get_sample_value("voicebus_edge_consumed_bytes_total") or 0,
         "frames_sent": metrics.registry.get_sample_value("voicebus_edge_frames_sent_total") or 0,
+        "sessions_held": metrics.registry.get_sample_value("voicebus_edge_sessions") or 0,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "overhead_s": list(metrics.overhead_samples or ()),
     }
@@ -233,10 +281,18 @@ async def _players(sessions: list, expected: int, ready, stop, done) -> None:
                     all_in.set()
 
     async def connect(session: str, url: str, token: str):
-        ws = await http.ws_connect(url, max_msg_size=0)
-        await ws.send_str(json.dumps({"type": "hello", "v": 1, "session": session, "token": token}))
-        msg = await ws.receive()  # "ready": the edge has registered this player
-        assert msg.type == aiohttp.WSMsgType.TEXT and json.loads(msg.data)["type"] == "ready", msg
+        from urllib.parse import urljoin
+
+        for _ in range(4):  # an edge that does not own the session names the one that does
+            ws = await http.ws_connect(url, max_msg_size=0)
+            await ws.send_str(json.dumps({"type": "hello", "v": 1, "session": session, "token": token}))
+            msg = await ws.receive()  # "ready": the edge has registered this player
+            reply = json.loads(msg.data) if msg.type == aiohttp.WSMsgType.TEXT else {}
+            if reply.get("type") != "redirect":
+                break
+            await ws.close()
+            url = urljoin(url, reply["url"])
+        assert reply.get("type") == "ready", msg
         sockets.append(ws)
         readers.append(asyncio.create_task(drain(ws)))  # read at once: the edge's pings need answers
 
