@@ -148,7 +148,7 @@ def topic_map(settings: Settings) -> list[TopicSpec]:
         TopicSpec(s.agents_topic, "agent_id", "registry record (JSON: agent id, text topic)",
                   "agents (SDK, when it creates or first uses its topic)", "gate (every worker, from the beginning)",
                   retention=COMPACTED, compacted=True),
-        TopicSpec(s.edges_topic, "edge_id", "edge directory record (JSON: edge id, public URL, partitions owned)",
+        TopicSpec(s.edges_topic, "<edge group>/<edge id>", "edge directory record (JSON: edge id, public URL, partitions owned)",
                   "edges (after each rebalance; a tombstone when one stops)", "edges (every edge, from the beginning)",
                   retention=COMPACTED, compacted=True),
         TopicSpec(s.gate_changelog_topic, "session_id (and one reserved key per partition)",
