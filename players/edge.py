@@ -1,8 +1,12 @@
 """The player edge: an aiohttp app that streams each session's audio to its WebSocket players.
 
-`make_app(settings)` builds the app. Its `cleanup_ctx` owns the Kafka side (`KafkaLink`: one
-consumer of the audio and control topics, one producer for cancels and playback reports) and
-stops it on shutdown; each WebSocket connection owns one sender task. Routing, cancel, slow-client
+`make_app(settings)` builds the app. Its `cleanup_ctx` owns the Kafka side (`KafkaLink`: the
+edge's membership in the edges' consumer group, a consumer of the audio partitions it owns, a
+follower of every control partition and of the edge directory, one producer for cancels,
+playback reports and directory claims) and stops it on shutdown; each WebSocket connection owns
+one sender task. Sharded edges (docs/edge.md): a player whose session another edge owns is
+redirected there after its hello; when a rebalance moves a session away its players are told to
+reconnect; a resume of a session that moved here is served from its partition, re-read. Routing, cancel, slow-client
 and replay logic live in the pure `players.router.SessionRouter`; this module is the thin shell.
 
 Routes: ``/`` (the web player), ``/web/*`` (its files), ``/ws`` (the protocol of
