@@ -14,6 +14,9 @@ every frame, then asks each edge for:
 - ``frames_per_edge``: audio frames it built and sent (its own sessions);
 - ``sessions_held_per_edge``: sessions it keeps any state for (``voicebus_edge_sessions``);
 - ``rss_mb_per_edge``: the edge process's peak resident memory (``ru_maxrss``);
+- ``peak_queued_frames_by_edge``, ``peak_replay_mb_by_edge``: the most frames waiting in its
+  players' outboxes at once (a player process that cannot keep up fills them, each bounded) and
+  the most bytes in its replay buffers (sampled every 50 ms);
 - ``frame_p50_ms`` / ``frame_p99_ms``: chunk consumed -> frame sent, over every frame of every edge;
 - ``bus_bytes_per_session_s``: what one speaking session puts on the audio topic per second;
 - ``publisher_behind_ms``: how far this process fell behind publishing in real time (above a
@@ -192,6 +195,8 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
                                 / max(1.0, statistics.mean(st["consumed_bytes"] for st in stats))) if stats else 0,
         "sessions_held_per_edge": statistics.mean(st["sessions_held"] for st in stats) if stats else 0,
         "sessions_held_by_edge": [st["sessions_held"] for st in stats],
+        "peak_queued_frames_by_edge": [st["peak_queued_frames"] for st in stats],
+        "peak_replay_mb_by_edge": [st["peak_replay_mb"] for st in stats],
         "partitions": s.partitions,
         "frames_per_edge": statistics.mean(st["frames_sent"] for st in stats) if stats else 0,
         "rss_mb_per_edge": statistics.mean(st["rss_mb"] for st in stats) if stats else 0,
@@ -249,12 +254,19 @@ async def _edge(settings, index: int, stop, results) -> None:
     while not app[LINK_KEY].healthy:
         await asyncio.sleep(0.05)
     results.put(("port", index, settings.edge_port))
+    peak_queued = peak_replay = 0
     while not stop.is_set():
         await asyncio.sleep(0.05)
+        # what the edge holds for its players: their outboxes (bounded per player) and the replay buffers
+        peak_queued = max(peak_queued, sum(len(c.outbox) for sid in list(router._sessions)
+                                            for c in router.clients_of(sid)))
+        peak_replay = max(peak_replay, router.replay_bytes)
     stats = {
         "consumed_bytes": metrics.registry.get_sample_value("voicebus_edge_consumed_bytes_total") or 0,
         "frames_sent": metrics.registry.get_sample_value("voicebus_edge_frames_sent_total") or 0,
         "sessions_held": metrics.registry.get_sample_value("voicebus_edge_sessions") or 0,
+        "peak_queued_frames": peak_queued,
+        "peak_replay_mb": peak_replay / 1e6,
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "overhead_s": list(metrics.overhead_samples or ()),
     }
