@@ -107,5 +107,10 @@ class EdgeDirectory:
         return best
 
     def urls(self) -> list[str]:
-        """The public URL of every edge in the directory, the latest record first."""
-        return [c.url for c in sorted(self.claims.values(), key=lambda c: -c.offset)]
+        """The public URL of every edge that owns a partition now (the latest claim of it), the
+        latest record first. An edge killed without its tombstone drops out once its partitions
+        are claimed by others; its record stays (one per edge id: give each deployment slot a
+        stable ``VOICEBUS_EDGE_ID`` so a restart overwrites it)."""
+        owners = {claim.edge_id for p in {p for c in self.claims.values() for p in c.partitions}
+                  if (claim := self.owner(p)) is not None}
+        return [c.url for c in sorted(self.claims.values(), key=lambda c: -c.offset) if c.edge_id in owners]

@@ -23,6 +23,9 @@ def test_the_owner_of_a_partition_is_the_edge_of_the_latest_claim():
     assert d.urls() == ["ws://a/ws", "ws://b/ws"]
     d.apply(directory_key("g", "b"), None, offset=3)  # b stopped: its tombstone
     assert d.owner(2) is None and d.urls() == ["ws://a/ws"]
+    # c took everything from a, which was killed (no tombstone): a is no longer listed to players
+    d.apply(*directory_record("g", "c", "ws://c/ws", {0, 1, 2, 3}), offset=4)
+    assert d.urls() == ["ws://c/ws"] and "a" in d.claims
 
 
 def test_another_groups_records_are_ignored_and_a_bad_one_is_refused():
