@@ -224,6 +224,10 @@ class Settings:
     from the furthest report; with every player reported it publishes at once."""
     edge_cancel_lookback_s: float = 60.0
     """A starting edge applies the cancels of this many seconds back before it serves audio."""
+    edge_audio_lookback_s: float = 30.0
+    """A starting edge reads the audio of this many seconds back into its replay buffers before it
+    serves players, so a player that reconnects to a restarted edge with ``resume`` gets the rest
+    of its turn, including what was published while no edge ran (0: start at the end, as before)."""
 
     # --- edge ----------------------------------------------------------------------------------
     edge_host: str = "127.0.0.1"

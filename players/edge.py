@@ -199,8 +199,10 @@ class KafkaLink:
 
     async def _open_consumer(self) -> None:
         """The audio consumer: no consumer group (every edge sees every session: clients of a
-        session may be on any edge), at the end of each partition the first time, then where the
-        previous consumer stopped (a restart after the task died)."""
+        session may be on any edge). The first time, `edge_audio_lookback_s` back in each
+        partition (its end with 0), and that audio is read into the router's replay buffers
+        (`_prime`) before the edge serves anyone; later, where the previous consumer stopped (a
+        restart after the task died)."""
         from aiokafka import TopicPartition
 
         from pipeline.bus import make_consumer
@@ -214,14 +216,50 @@ class KafkaLink:
             new = [tp for tp in tps if tp not in self._positions]
             if new:  # (seek_to_end() without partitions would move every one)
                 await self.consumer.seek_to_end(*new)
+            ends = {tp: await self.consumer.position(tp) for tp in new}
+            if new and s.edge_audio_lookback_s > 0:
+                since_ms = now_us() // 1000 - int(s.edge_audio_lookback_s * 1000)
+                found = await self.consumer.offsets_for_times({tp: since_ms for tp in new})
+                for tp in new:
+                    hit = found.get(tp)
+                    if hit is not None and hit.offset < ends[tp]:
+                        self.consumer.seek(tp, hit.offset)
             for tp in tps:
                 if tp in self._positions:
                     self.consumer.seek(tp, self._positions[tp])
                 # resolved now, so "ready" means nothing published from here on is missed
                 self._positions[tp] = await self.consumer.position(tp)
+            await self._prime({tp: end for tp, end in ends.items() if self._positions[tp] < end})
         except BaseException:
             await self._close_consumer()
             raise
+
+    async def _prime(self, ends: dict) -> None:
+        """Read each partition up to `ends` (its end when the edge started) into the router as
+        audio of sessions nobody listens to yet (`SessionRouter.route(prime=True)`: kept like a
+        session whose last player just left, for `edge_session_grace_s`). A player that was
+        connected to an edge that died and reconnects here with ``resume`` gets its turn from the
+        sentence it was playing, with what was published while no edge ran; no player is served
+        before this is done (the edge listens only once the Kafka link has started)."""
+        assert self.policy is not None and self.consumer is not None
+        primed = 0
+        while ends:
+            batches = await self.consumer.getmany(*ends, timeout_ms=200)
+            for tp, records in batches.items():
+                for record in records:
+                    if record.offset >= ends.get(tp, 0):
+                        continue  # live audio: the consume loop reads it again from _positions
+                    await self.policy.process(record, "AudioChunk", lambda d: self.router.route(d.message.value, prime=True))
+                    self._positions[tp] = record.offset + 1
+                    primed += 1
+            for tp in list(ends):
+                if self._positions[tp] >= ends[tp]:
+                    del ends[tp]
+        for tp, position in self._positions.items():
+            self.consumer.seek(tp, position)
+        if primed:
+            log.info("edge read %d audio records of the last %g s into its replay buffers", primed,
+                     self.settings.edge_audio_lookback_s)
 
     async def _close_consumer(self) -> None:
         consumer, self.consumer = self.consumer, None

@@ -443,13 +443,18 @@ class SessionRouter:
         return protocol.encode_control(protocol.TURN_END, **fields)
 
     def route(self, chunk: dict, consumed_ns: int | None = None, edge_received_at_us: int | None = None,
-              trace: Any = None) -> int:
+              trace: Any = None, *, prime: bool = False) -> int:
         """Queue one decoded AudioChunk for the clients of its session; returns how many got it.
 
         Each (turn, sentence_seq, chunk_seq) reaches a client once: a copy of a chunk already
         forwarded (a producer retry, a worker that re-speaks a sentence after a restart) is
         dropped, so a re-spoken sentence contributes only the chunks the first attempt had not
-        delivered (docs/edge.md, "Each chunk once")."""
+        delivered (docs/edge.md, "Each chunk once").
+
+        ``prime``: audio a starting edge reads back from the bus (`edge_audio_lookback_s`): a
+        session nobody is served for yet gets state as if its last player had just left (the grace
+        window starts now), so a player reconnecting with ``resume`` finds its turn; not counted
+        in the latency metrics (it is old)."""
         consumed_ns = consumed_ns or time.perf_counter_ns()
         edge_received_at_us = edge_received_at_us or now_us()
         session_id, turn_id = chunk["session_id"], chunk["turn_id"]
@@ -466,9 +471,14 @@ class SessionRouter:
                                   f"outside 0..{LIMITS.max_seq}")
         # Only chunks the edge accepts count in the latency histograms: a rejected one says nothing
         # about the pipeline's speed and would skew the per-stage counts.
-        self.metrics.observe_chunk(chunk, edge_received_at_us)
+        if not prime:
+            self.metrics.observe_chunk(chunk, edge_received_at_us)
         self._expire_idle()
         session = self._sessions.get(session_id)
+        if session is None and prime:
+            session = self._sessions[session_id] = _Session()
+            self._idle[session_id] = self.clock()
+            self.metrics.sessions.set(len(self._sessions))
         if session is None:  # nobody listens to this session here: no frame, no replay, no state
             self.metrics.unserved_chunks.inc()
             return 0
