@@ -341,13 +341,6 @@ def score_turn(frames: list[Frame], expected: int) -> dict[str, Any]:
             "unexpected": sum(1 for s in by_sentence if s >= expected), "max_gap_ms": gap_us / 1000}
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summarise_kind(scored: list[dict], recoveries: list[float]) -> dict[str, Any]:
     """The JSON row of one fault kind, exactly the keys the issue names."""
     return {
@@ -357,12 +350,15 @@ def summarise_kind(scored: list[dict], recoveries: list[float]) -> dict[str, Any
         "heard_twice": sum(s["heard_twice"] for s in scored),
         "out_of_order": sum(s["out_of_order"] for s in scored),
         "max_gap_ms": round(max((s["max_gap_ms"] for s in scored), default=0.0), 1),
-        "recovery_ms": {"p50": _round(percentile(recoveries, 0.5)), "p95": _round(percentile(recoveries, 0.95))},
+        "recovery_ms": {"p50": _percentile(recoveries, 50), "p95": _percentile(recoveries, 95)},
     }
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
+def _percentile(values: list[float], q: float) -> float | None:
+    """`pipeline.latency.percentile` (every benchmark's), None without a sample."""
+    from pipeline.latency import percentile
+
+    return round(percentile(values, q), 1) if values else None
 
 
 # --- the run ----------------------------------------------------------------------------------------
@@ -375,7 +371,7 @@ class ChaosPlan:
     sessions: int = 3
     every: int = 4  # a fault in every `every`-th turn of a kind (the first in its second turn)
     sentences: int = 3  # per turn
-    token_ms: float = 20.0
+    token_ms: float = 40.0
     tiny: bool = True
     turn_timeout_s: float = 150.0
 
@@ -449,12 +445,15 @@ class ChaosRun:
         self._turn_no += 1
         return [SENTENCES[(start + i) % len(SENTENCES)] for i in range(n)]
 
-    async def _speak(self, session: str, turn_id: str, sentences: list[str]) -> None:
+    async def _speak(self, session: str, turn_id: str, sentences: list[str], first_sent: asyncio.Event) -> None:
         words = " ".join(sentences).split(" ")
+        first = len(sentences[0].split(" "))
         try:
             async with self.publisher.turn(session, turn_id) as turn:
                 for i, word in enumerate(words):
                     await turn.token(word + (" " if i < len(words) - 1 else ""))
+                    if i + 1 == first:
+                        first_sent.set()
                     await asyncio.sleep(self.plan.token_ms / 1000)
         except Exception as exc:  # noqa: BLE001 - the agent's own failure is reported, the run goes on
             self.agent_errors += 1
@@ -466,10 +465,11 @@ class ChaosRun:
         turn_ids = {s: f"{tag}-{i}" for i, s in enumerate(self.sessions)}
         for listener in self.listeners:
             listener.record(turn_ids[listener.session_id])
-        speakers = [asyncio.create_task(self._speak(s, turn_ids[s], texts)) for s in self.sessions]
+        first_sent = asyncio.Event()
+        speakers = [asyncio.create_task(self._speak(s, turn_ids[s], texts, first_sent)) for s in self.sessions]
         fault_task = None
         if fault is not None:
-            fault_task = asyncio.create_task(self._fault_when_heard(turn_ids, fault))
+            fault_task = asyncio.create_task(self._fault_mid_turn(kind, turn_ids, first_sent, fault))
         await asyncio.gather(*speakers)
         ends = [asyncio.create_task(listener.turns[turn_ids[listener.session_id]].ended.wait())
                 for listener in self.listeners]
@@ -486,16 +486,21 @@ class ChaosRun:
             scored.append(row)
         return scored
 
-    async def _fault_when_heard(self, turn_ids: dict[str, str], fault: Callable[[], Any]) -> None:
-        """Inject the fault in the middle of the round's turns: once any listener has the round's
-        first audio (and a little more of it)."""
+    async def _fault_mid_turn(self, kind: str, turn_ids: dict[str, str], first_sent: asyncio.Event,
+                              fault: Callable[[], Any]) -> None:
+        """Inject the fault in the middle of the round's turns. The gate and the brokers: once the
+        agent has sent its first sentence (the rest of the text, the requests and all the audio
+        still to come); the worker and the edge: once a listener heard the round's first audio
+        (the worker is then synthesizing, the edge forwarding)."""
         def heard() -> bool:
             return any(listener.turns[turn_ids[listener.session_id]].frames for listener in self.listeners)
 
-        deadline = time.monotonic() + self.plan.turn_timeout_s
-        while not heard() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(first_sent.wait(), self.plan.turn_timeout_s)
+        if kind in ("worker", "edge"):
+            deadline = time.monotonic() + self.plan.turn_timeout_s
+            while not heard() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
         await fault()
 
     # --- the faults ---------------------------------------------------------------------------------
@@ -504,6 +509,8 @@ class ChaosRun:
             stage = self.stages[kind]
             self.faults[kind].append(now_us())
             await stage.kill()
+            if kind == "edge":  # down until audio was published while no edge ran (what a new edge must not lose)
+                await self._audio_published(10.0)
             await stage.start()
 
         async def kill_broker(node_id: int) -> None:
@@ -519,6 +526,27 @@ class ChaosRun:
             await kill_broker(1)
 
         return {"broker_leader": broker_leader, "broker_single": broker_single}.get(kind, kill_restart_stage)
+
+    async def _audio_published(self, timeout_s: float) -> bool:
+        """Wait until a record is published on the audio topic from now on (or `timeout_s`)."""
+        from aiokafka import TopicPartition
+
+        from pipeline.bus import make_consumer
+
+        s = self.settings
+        consumer = make_consumer(s, group_id=None)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(s.audio_topic, p) for p in range(s.partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_end(*tps)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if any((await consumer.getmany(timeout_ms=100)).values()):
+                    return True
+            return False
+        finally:
+            await consumer.stop()
 
     def leader_of_sessions(self) -> int:
         """The node that leads most of the sessions' partitions (text, synthesis, audio, control)."""
