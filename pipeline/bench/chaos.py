@@ -25,11 +25,12 @@ sentences short enough that the gate releases each one whole). Per kind: ``turns
 arrived after a later one of its turn), ``max_gap_ms`` (the longest silence inside a turn, a
 player starting at the turn's first frame: a frame that arrives after the audio before it has
 finished playing) and ``recovery_ms`` p50/p95 (from the kill to the next *new* audio any
-listener received: the first chunk of a sentence published after the kill; audio already in
-flight does not count). A reconnect with ``resume`` restarts the sentence the listener was
-playing, by design of the protocol (docs/edge.md, "Reconnect"): the listener drops its partial
-copy of that sentence first (as a player starts it again), so that restart is counted apart
-(``restarted_sentences`` in ``details``), never as heard twice.
+listener received: the first chunk of a sentence published after the kill, or any audio on a
+connection opened after it; audio already in flight does not count). A reconnect with
+``resume`` restarts the sentence the listener was playing, by design of the protocol
+(docs/edge.md, "Reconnect"): the listener drops its partial copy of that sentence first (as a
+player starts it again), so that restart is counted apart (``restarted_sentences`` in
+``details``), never as heard twice.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ class Frame:
     chunk: int
     last_in_sentence: bool
     samples: int
+    connection: int = 0  # the listener's connection it came on (0, 1, ... after each reconnect)
 
 
 @dataclass
@@ -214,6 +216,7 @@ class ChaosListener:
         self.turns: dict[str, HeardRecord] = {}
         self.current: str | None = None  # the turn being played
         self.connections = 0
+        self.connected_at_us: list[int] = []  # when each connection was ready
         self.connected = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -265,6 +268,8 @@ class ChaosListener:
         if ready.get("type") != protocol.READY:
             raise ConnectionError(f"edge refused the listener: {ready}")
         self.connections += 1
+        self.connected_at_us.append(now_us())
+        connection = len(self.connected_at_us) - 1
         self.connected.set()
         numbers: dict[int, str] = {}  # this connection's turn numbers (per edge)
         async for msg in ws:
@@ -276,7 +281,7 @@ class ChaosListener:
                     continue
                 rec = self.record(turn_id)
                 rec.frames.append(Frame(received, frame.sentence, frame.chunk, frame.last_in_sentence,
-                                        len(frame.pcm) // 2))
+                                        len(frame.pcm) // 2, connection))
                 if frame.chunk == 0:
                     rec.first_frame_us.setdefault(frame.sentence, received)
             elif msg.type == aiohttp.WSMsgType.TEXT:
@@ -299,9 +304,13 @@ class ChaosListener:
                 break
 
     def first_new_audio_after(self, t_us: int) -> int | None:
-        """When this listener received the first chunk of a sentence published at or after `t_us`."""
+        """When this listener received new audio after a fault at `t_us`: the first chunk of a
+        sentence published at or after `t_us` (its timeline says when), or any frame on a
+        connection opened after `t_us` (the edge died: what the new one sends, its replay too)."""
         hits = [rec.first_frame_us[s] for rec in self.turns.values() for s, p in rec.published_us.items()
                 if p >= t_us and s in rec.first_frame_us]
+        hits += [f.received_us for rec in self.turns.values() for f in rec.frames
+                 if self.connected_at_us[f.connection] >= t_us]
         return min(hits, default=None)
 
 
