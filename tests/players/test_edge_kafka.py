@@ -244,3 +244,31 @@ async def test_a_cancel_published_before_the_edge_started_still_drops_its_turn(m
     finally:
         await producer.stop()
     assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"] and len(audio(got)) == 1
+
+
+async def test_a_player_resuming_on_a_restarted_edge_gets_the_rest_of_its_turn(make_settings):
+    """Issue 9 (chaos, kind ``edge``): the edge a player listened to died mid-turn; audio kept
+    coming while no edge ran. A new edge reads the recent audio back into its replay buffers
+    before it serves anyone, so the player's ``resume`` gets its turn from the sentence it was
+    playing: nothing lost, and the sentences it had heard whole are not sent again."""
+    settings = make_settings(edge_secret=SECRET, edge_resume_lookback_s=30.0)
+    turn = tone_turn("S", "t1", 3, 2)  # sentences 0, 1, 2 of two chunks each
+    producer, codec = make_producer(settings), Codec()
+    await producer.start()
+    try:
+        from pipeline.bus import ensure_topics
+
+        await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
+        # heard by the player through the edge that died: sentence 0 whole, sentence 1's first chunk;
+        # published while no edge ran: the rest of sentence 1 and sentence 2's first chunk
+        for chunk in turn[:5]:
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        async with running_edge(settings) as (app, client):
+            ws, ready = await connect(client, "S", resume={"turn_id": "t1", "sentence_seq": 1})
+            assert ready["type"] == "ready"
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", turn[5])  # live, after the restart
+            got = await collect(ws, turn_ended, timeout=15)
+    finally:
+        await producer.stop()
+    assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t1"]
+    assert [(f.sentence, f.chunk) for f in audio(got)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
