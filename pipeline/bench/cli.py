@@ -18,6 +18,7 @@ BENCH_MODULES = [
     "pipeline.bench.ttfa",
     "pipeline.bench.agents",
     "pipeline.bench.words",
+    "pipeline.bench.hostile",
 ]
 
 
