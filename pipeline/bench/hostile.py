@@ -82,6 +82,9 @@ def register(bench_subparsers) -> None:
     p.add_argument("--turns", type=int, default=None, help=f"turns per normal session (default {FULL.turns})")
     p.add_argument("--rounds", type=int, default=None, help=f"hostile rounds (default {FULL.rounds})")
     p.add_argument("--seed", type=int, default=0, help="seed of the hostile inputs (the model's seed is fixed)")
+    p.add_argument("--control", action="store_true",
+                   help="rounds without any hostile input: shows that the comparison itself is deterministic "
+                        "(0 affected expected)")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
     p.set_defaults(func=run)
 
@@ -94,8 +97,11 @@ def plan_of(args: argparse.Namespace) -> Plan:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, progress=_print))
+    results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, hostile=not args.control, progress=_print))
     summary = {k: results[k] for k in RESULT_KEYS}
+    for key in ("affected", "rss_mb", "closes", "died", "tails"):
+        if results.get(key):
+            print(f"{key}: {json.dumps(results[key], indent=1)}", file=sys.stderr)
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +249,12 @@ def _cancel(session_id: str, turn_id: str | None = None, **extra) -> dict:
 
 
 FAR_FUTURE_US = 4_102_444_800_000_000  # 2100-01-01
+KIND_HEADER = "voicebus.bench.kind"
+# kinds of records every stage must refuse (dead-letter); the others are valid records that must
+# merely do no harm (a cancel flood, a request for a voice nobody has, a seq far ahead)
+REFUSED_KINDS = ("garbage", "empty", "null-value", "null-key", "negative-seq", "oversized", "unknown-language",
+                 "bad-id", "invalid-utf8", "wrong-type", "truncated", "negative-time", "bad-speed", "odd-pcm",
+                 "bad-sample-rate", "bad-opus", "words-backwards")
 
 
 class HostileAgent:
@@ -264,7 +276,8 @@ class HostileAgent:
         return f"hostile-{uuid.uuid4().hex[:8]}"
 
     async def send(self, kind: str, topic: str, value: bytes | None, key: bytes | None, **kw: Any) -> None:
-        await self.producer.send_and_wait(topic, value, key=key, **kw)
+        # the kind in a header: an operator reading the dead-letter topic sees what the bench sent
+        await self.producer.send_and_wait(topic, value, key=key, headers=[(KIND_HEADER, kind.encode())], **kw)
         self.inputs[kind] += 1
 
     def garbage(self) -> bytes:
@@ -459,6 +472,37 @@ class HostileClients:
         self.slow.clear()
 
 
+# what each stage counts when it applies a control event (gate, worker: their own --metrics-port)
+CANCEL_COUNTERS = {"gate": "voicebus_gate_control_events_total", "worker": "voicebus_worker_cancels_seen_total",
+                   "edge": "voicebus_edge_cancels_total"}
+
+
+async def cancels_applied(stack) -> dict[str, float]:
+    """Control events each stage has applied so far, once the counts stop moving (what the
+    previous round left on the control topic is applied first)."""
+    last: dict[str, float] | None = None
+    deadline = time.monotonic() + 60
+    while True:
+        now = {stage: await stack.metric(stage, name) for stage, name in CANCEL_COUNTERS.items()}
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        await asyncio.sleep(0.5)
+
+
+async def wait_cancels_applied(stack, before: dict[str, float], n: int, timeout_s: float = 60.0) -> None:
+    """Until every stage has applied `n` more control events than `before`: a cancel sent
+    "before a turn" is one every stage applied before the turn's first token was sent."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = {stage: await stack.metric(stage, name) for stage, name in CANCEL_COUNTERS.items()}
+        if all(now[stage] >= before[stage] + n for stage in before):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"stages did not apply {n} cancels: before {before}, now {now}")
+        await asyncio.sleep(0.1)
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -471,7 +515,7 @@ class Results:
     memory_growth_mb: dict = field(default_factory=dict)
 
 
-async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0,
+async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, hostile: bool = True,
                     progress: Callable[[str], None] = lambda m: None) -> dict:
     """The whole benchmark; returns the result keys plus detail (``affected``, ``rss_mb``,
     ``closes``, ``died``)."""
@@ -506,8 +550,12 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0,
                     hostile_tasks: list[asyncio.Task] = []
 
                     async def before(session_ids: list[str]) -> None:
+                        if not hostile:
+                            return
                         round_keys.extend(sid.encode() for sid in session_ids)
+                        counts = await cancels_applied(stack)
                         await agent.far_future_cancels(session_ids)
+                        await wait_cancels_applied(stack, counts, len(session_ids))
                         await clients.slow_readers(session_ids)
                         hostile_tasks.append(asyncio.create_task(agent.records(round_keys)))
                         hostile_tasks.append(asyncio.create_task(clients.run(session_ids)))

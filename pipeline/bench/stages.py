@@ -7,7 +7,8 @@ process (`pipeline.daemon.terminate_when_parent_dies`). It waits for each stage'
 signal: the gate's ``--announce`` line, the worker's ``--announce`` line, the edge's
 ``/healthz``. It drains each child's output into a ring of recent lines (a full pipe would block
 the child), and tells for each stage whether it is still alive (`died`) and its resident memory
-(`rss_mb`, from ``/proc/<pid>/status``). `stop` terminates them in reverse order, kills one that
+(`rss_mb`, from ``/proc/<pid>/status``), and reads each stage's Prometheus ``/metrics``
+(`metric`: the gate and workers get a ``--metrics-port`` of their own). `stop` terminates them in reverse order, kills one that
 does not exit, and reaps every one. `PipelineStack` (pipeline/runtime.py) is the in-process
 variant the demo and bench ttfa use.
 """
@@ -102,6 +103,7 @@ class StageProcesses:
         self.start_timeout_s = start_timeout_s
         self.loglevel = loglevel
         self.stages: list[StageProcess] = []
+        self.metrics_urls: dict[str, str] = {}  # stage -> its Prometheus /metrics
 
     @property
     def edge_url(self) -> str:
@@ -124,12 +126,20 @@ class StageProcesses:
 
         env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
         py = sys.executable
-        gate = StageProcess("gate", [py, "-m", "pipeline.gate.app", "--announce", "--loglevel", self.loglevel],
-                            ready_line=READY_LINE)
+        host = self.settings.edge_host
+        gate_port = free_port(host)
+        self.metrics_urls["gate"] = f"http://{host}:{gate_port}/metrics"
+        gate = StageProcess("gate", [py, "-m", "pipeline.gate.app", "--announce", "--loglevel", self.loglevel,
+                                     "--metrics-port", str(gate_port)], ready_line=READY_LINE)
+        worker_ports = [free_port(host) for _ in range(self.workers)]
         workers = [StageProcess(f"worker-{i}" if self.workers > 1 else "worker",
                                 [py, "-m", "pipeline.synthesis.worker", "--announce", "--worker-id", f"bench-worker-{i}",
-                                 *(["--tiny"] if self.tiny else [])], ready_line=WORKER_READY_LINE)
+                                 "--metrics-port", str(worker_ports[i]), *(["--tiny"] if self.tiny else [])],
+                                ready_line=WORKER_READY_LINE)
                    for i in range(self.workers)]
+        for worker, port in zip(workers, worker_ports):
+            self.metrics_urls[worker.name] = f"http://{host}:{port}/metrics"
+        self.metrics_urls["edge"] = self.edge_url + "/metrics"  # loopback clients only: this one
         edge = StageProcess("edge", [py, "-m", "pipeline", "edge", "--host", self.settings.edge_host,
                                      "--port", str(self.settings.edge_port)])
         for stage in (gate, *workers):  # the edge last: it serves only once there is something to hear
@@ -163,6 +173,17 @@ class StageProcesses:
                 except (aiohttp.ClientError, asyncio.TimeoutError):
                     pass
                 await asyncio.sleep(0.2)
+
+    async def metric(self, stage: str, name: str, labels: dict[str, str] | None = None) -> float:
+        """The sum of the samples `name` (with these labels) that `stage`'s /metrics shows now."""
+        import aiohttp
+        from prometheus_client.parser import text_string_to_metric_families
+
+        async with aiohttp.ClientSession() as http:
+            async with http.get(self.metrics_urls[stage], timeout=aiohttp.ClientTimeout(total=5)) as response:
+                text = await response.text()
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()))
 
     def by_name(self) -> dict[str, StageProcess]:
         return {stage.name: stage for stage in self.stages}

@@ -154,6 +154,8 @@ class GateWorker:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._refused_counter = Counter("voicebus_gate_topics_refused", "Text topics the gate refused, by reason",
                                         ["reason"], registry=self.registry)
+        self._control_applied = Counter("voicebus_gate_control_events", "Control events applied (after the "
+                                        "record policy took them)", registry=self.registry)
         self._unencodable = Counter("voicebus_gate_requests_unencodable", "Requests sent with empty text because "
                                     "the contract refused them", registry=self.registry)
         self._pattern = re.compile(text_topic_pattern(settings))
@@ -567,7 +569,8 @@ class GateWorker:
                 raise  # the policy dead-letters it
             effects.append((entry, sid, requests, entry.session.resolution))
 
-        await self.policy.process(record, "ControlEvent", handle)
+        if await self.policy.process(record, "ControlEvent", handle):
+            self._control_applied.inc()
         for entry, sid, requests, resolution in effects:
             await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
 
