@@ -55,8 +55,9 @@ NORMAL_TEXTS = (
     "Here is a short answer. It has three sentences. This one is the last.",
 )
 HOSTILE_AGENT = "hostile"
+PARTS = ("records", "clients", "slow-readers", "far-future")
 NORMAL_AGENT = "assistant"
-TURN_TIMEOUT_S = 120.0
+TURN_TIMEOUT_S = 300.0  # a normal turn waits behind hostile synthesis on a loaded 2-core machine
 
 
 @dataclass
@@ -86,6 +87,9 @@ def register(bench_subparsers) -> None:
                    help="rounds without any hostile input: shows that the comparison itself is deterministic "
                         "(0 affected expected)")
     p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated hostile parts to run (default all: {','.join(PARTS)})")
+    p.add_argument("--logs", type=Path, default=None, help="write each stage's last output lines to DIR/<stage>.log")
     p.set_defaults(func=run)
 
 
@@ -97,8 +101,16 @@ def plan_of(args: argparse.Namespace) -> Plan:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, hostile=not args.control, progress=_print))
+    parts = set() if args.control else {p.strip() for p in args.parts.split(",") if p.strip()}
+    if parts - set(PARTS):
+        print(f"bench hostile: unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, parts=parts, progress=_print))
     summary = {k: results[k] for k in RESULT_KEYS}
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        for stage, text in results["logs"].items():
+            (args.logs / f"{stage}.log").write_text(text + "\n")
     for key in ("affected", "rss_mb", "closes", "died", "tails"):
         if results.get(key):
             print(f"{key}: {json.dumps(results[key], indent=1)}", file=sys.stderr)
@@ -131,7 +143,10 @@ def bench_settings(settings: Settings) -> Settings:
         audio_topic=f"{p}.audio", playback_topic=f"{p}.playback", heard_topic=f"{p}.heard",
         deadletter_topic=f"{p}.deadletter", agents_topic=f"{p}.agents", gate_app_id=f"{p}-gate",
         gate_changelog_topic=f"{p}-gate-gate_sessions-changelog", edge_host="127.0.0.1", edge_port=0,
-        edge_secret=secrets.token_hex(16), audio_encoding="pcm16", tracing=False)
+        edge_secret=secrets.token_hex(16), audio_encoding="pcm16", tracing=False,
+        # the segmenter's bound low enough that a run-on turn reaches it at a cost the tiny model
+        # can pay on a CPU (at the default 2048 characters one such turn is minutes of audio)
+        gate_max_buffer_chars=min(settings.gate_max_buffer_chars, 256))
 
 
 # --- normal sessions ---------------------------------------------------------------------------
@@ -185,7 +200,9 @@ async def normal_sessions(stack, publisher, plan: Plan, label: str,
                     heard.append(HeardResult((i, t), True, got.end_reason, sentence_hashes(got)))
                 except TimeoutError:
                     partial = listeners[i].turns.get(turn_id)
-                    heard.append(HeardResult((i, t), False, "", sentence_hashes(partial) if partial else []))
+                    why = ("nothing heard" if partial is None else
+                           f"{len(partial.frames)} frames, stopped={partial.stopped}, cancelled_at={partial.cancelled_at_us}")
+                    heard.append(HeardResult((i, t), False, why, sentence_hashes(partial) if partial else []))
             return heard
 
         results = await asyncio.gather(*(one_session(i) for i in range(plan.sessions)))
@@ -199,7 +216,7 @@ def affected(clean: list[HeardResult], hostile: list[HeardResult]) -> list[tuple
     for r in hostile:
         ref = reference[r.key]
         if not r.ended:
-            bad.append((r.key, "no turn_end"))
+            bad.append((r.key, f"no turn_end ({r.end_reason or 'nothing heard'})"))
         elif r.end_reason:
             bad.append((r.key, f"turn_end reason {r.end_reason!r}"))
         elif r.hashes != ref.hashes:
@@ -314,7 +331,7 @@ class HostileAgent:
             await self.send("text:truncated", t, c.encode("TextEvent", _text(sid, "t5", 0, text="Hello. "))[:-3], key)
             # valid but nasty turns, through the SDK: run-on text, an unclosed code fence,
             # events after the end, a turn that never ends, duplicated and skipped seqs
-            await self._turn("text:run-on", sid, ("word " * 500).split(" "))
+            await self._turn("text:run-on", sid, ("word " * 120).split(" "))
             await self._turn("text:unclosed-fence", self.sid(), ["Look: ```", *(["x = 1\n"] * 400)])
             await self._turn("text:emoji-and-controls", self.sid(), ["🙂🙃", " \u200b\u202e", " ok.", " ", "\t\t"])
             never = self.sid()
@@ -515,7 +532,7 @@ class Results:
     memory_growth_mb: dict = field(default_factory=dict)
 
 
-async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, hostile: bool = True,
+async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set[str] | frozenset[str] = frozenset(PARTS),
                     progress: Callable[[str], None] = lambda m: None) -> dict:
     """The whole benchmark; returns the result keys plus detail (``affected``, ``rss_mb``,
     ``closes``, ``died``)."""
@@ -550,15 +567,17 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, hostile: b
                     hostile_tasks: list[asyncio.Task] = []
 
                     async def before(session_ids: list[str]) -> None:
-                        if not hostile:
-                            return
                         round_keys.extend(sid.encode() for sid in session_ids)
-                        counts = await cancels_applied(stack)
-                        await agent.far_future_cancels(session_ids)
-                        await wait_cancels_applied(stack, counts, len(session_ids))
-                        await clients.slow_readers(session_ids)
-                        hostile_tasks.append(asyncio.create_task(agent.records(round_keys)))
-                        hostile_tasks.append(asyncio.create_task(clients.run(session_ids)))
+                        if "far-future" in parts:
+                            counts = await cancels_applied(stack)
+                            await agent.far_future_cancels(session_ids)
+                            await wait_cancels_applied(stack, counts, len(session_ids))
+                        if "slow-readers" in parts:
+                            await clients.slow_readers(session_ids)
+                        if "records" in parts:
+                            hostile_tasks.append(asyncio.create_task(agent.records(round_keys)))
+                        if "clients" in parts:
+                            hostile_tasks.append(asyncio.create_task(clients.run(session_ids)))
 
                     heard = await normal_sessions(stack, publisher, plan, f"r{round_no}", before_turns=before)
                     await asyncio.gather(*hostile_tasks)
@@ -580,6 +599,7 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, hostile: b
                     "affected": [f"{key}: {why}" for key, why in bad],
                     "rss_mb": rss, "closes": dict(sorted(clients.closes.items())), "died": died,
                     "tails": {st.name: st.tail(15) for st in stack.stages if st.died()},
+                    "logs": {st.name: st.tail(300) for st in stack.stages},
                 }
             finally:
                 await raw.stop()
