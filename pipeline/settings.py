@@ -124,7 +124,7 @@ class Settings:
 
     # --- gate ----------------------------------------------------------------------------------
     gate_app_id: str = "voicebus-gate"
-    """The gate's faust app id: its consumer group and the prefix of its internal topics."""
+    """The gate's app id: its consumer group and the prefix of its changelog topic."""
     gate_mode: str = "incremental"
     """``incremental``: each sentence goes to synthesis as soon as it is released (the point of
     voicebus). ``buffered``: the gate waits for the end of the turn and sends the whole answer

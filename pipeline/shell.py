@@ -11,6 +11,9 @@
 - `Supervisor`: owns a stage's long-running tasks. A task that dies anyway (a bug outside any one
   record, the broker gone for longer than a client retries) is restarted with backoff, the restart
   is counted, and `health()` says so for ``/healthz``.
+- `serve_health`: ``/healthz`` (the stage's `Supervisor` health: 200 while every task runs, 503
+  otherwise, with each task's restarts and last error) and ``/metrics`` on a port of the stage's
+  own, for the stages that have no web server of their own (gate, synthesis worker).
 - `ControlFollower`: the one way a stage that must see every cancel reads the control topic: a
   consumer of its own (no group) on every control partition, from ``lookback_s`` back by
   timestamp (or from the end), caught up to the topic's end before `start` returns, then followed
@@ -228,8 +231,10 @@ class Supervisor:
 
     @property
     def healthy(self) -> bool:
-        """Every task is running (a restarted one counts as running again)."""
-        return all(not t.done() for t in self._tasks.values())
+        """Every task is running: none has ended, none is dead and waiting for its restart (a
+        restarted one counts as running again). What each stage's ``/healthz`` reports."""
+        waiting = any(not h.running and h.restarts for h in self._health.values())
+        return all(not t.done() for t in self._tasks.values()) and not waiting
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
@@ -239,6 +244,34 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+
+
+async def serve_health(host: str, port: int, health: Callable[[], dict[str, Any]], registry: Any) -> Any:
+    """Serve ``/healthz`` (``health()`` as JSON; 200 when its ``healthy`` is true, else 503) and
+    ``/metrics`` (``registry``, Prometheus text) on ``host:port``. Returns the started
+    ``aiohttp.web.AppRunner``: the caller owns it and calls ``cleanup()`` when it stops."""
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        body = health()
+        return web.Response(text=json.dumps(body), content_type="application/json",
+                            status=200 if body.get("healthy") else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 # --- the control follower ----------------------------------------------------------------------

@@ -265,10 +265,7 @@ class KafkaLink:
     @property
     def healthy(self) -> bool:
         """Started, and every task is running (not dead, not waiting to be restarted)."""
-        health = self.supervisor.health()
-        # not running with restarts: dead and waiting for its restart (not yet running: just started)
-        waiting = any(not h["running"] and h["restarts"] for h in health.values())
-        return self.ready.is_set() and bool(health) and self.supervisor.healthy and not waiting
+        return self.ready.is_set() and bool(self.supervisor.health()) and self.supervisor.healthy
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per task: running, restarts, last error (for ``/healthz``)."""

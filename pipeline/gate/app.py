@@ -31,6 +31,8 @@ The pure core (`pipeline.gate.core.GateSession`) decides; this module owns every
   record is kept in memory per (session, turn); each request it releases gets a ``gate.hold``
   span (sentence complete .. released, the core's stamps) and carries that span's context in its
   headers to the worker.
+- **Health**: with ``metrics_port`` (``--metrics-port``), ``/healthz`` (`health`: ready, each
+  supervised task's restarts and last error; 503 while one is down) and ``/metrics``.
 - **Timer** (every ``timer_interval_s``): hold timeouts (`GateSession.tick`) and idle-session
   expiry (`GateSession.expire`, then a tombstone on the changelog) for owned sessions.
 
@@ -62,7 +64,7 @@ from pipeline.codecs import CodecError, codec_for
 from pipeline import tracing
 from pipeline.gate.core import GateConfig, GateSession
 from pipeline.settings import Settings
-from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery
+from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from pipeline.topics import fixed_topics, session_key, text_topic_pattern
 from pipeline.tracing import StageTracer, tracer_for
 
@@ -132,6 +134,7 @@ class GateWorker:
         registry: Any = None,
         out: Any = None,
         tracer: StageTracer | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         from prometheus_client import CollectorRegistry, Counter
 
@@ -146,9 +149,13 @@ class GateWorker:
         self.clock_us = clock_us
         self._announce = announce
         self._out = out
+        self.metrics_port = metrics_port  # /healthz and /metrics on it (pipeline.shell.serve_health)
+        self._http_runner = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self._refused_counter = Counter("voicebus_gate_topics_refused", "Text topics the gate refused, by reason",
                                         ["reason"], registry=self.registry)
+        self._control_applied = Counter("voicebus_gate_control_events", "Control events applied (after the "
+                                        "record policy took them)", registry=self.registry)
         self._unencodable = Counter("voicebus_gate_requests_unencodable", "Requests sent with empty text because "
                                     "the contract refused them", registry=self.registry)
         self._pattern = re.compile(text_topic_pattern(settings))
@@ -215,12 +222,18 @@ class GateWorker:
             self.supervisor.start("timer", self._timer_loop)
             self.supervisor.start("registry", self.discovery.follow_registry)
             self.supervisor.start("listing", self.discovery.poll_listing)
+            if self.metrics_port is not None:
+                self._http_runner = await serve_health(s.edge_host, self.metrics_port, self.health, self.registry)
+                log.info("gate metrics on http://%s:%d/metrics, health on /healthz", s.edge_host, self.metrics_port)
         except BaseException:
             await self.stop()
             raise
 
     async def stop(self) -> None:
         """Finish the event in hand, commit control positions, leave the group, stop every client."""
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+            self._http_runner = None
         async with self._lock:
             await self.supervisor.stop()
             if self.control is not None:
@@ -239,6 +252,14 @@ class GateWorker:
         if self.producer is not None:
             await self.producer.stop()
             self.producer = None
+
+    def health(self) -> dict[str, Any]:
+        """What ``/healthz`` says: healthy while ready and every supervised task runs; each task's
+        restarts and last error (a task that died and was restarted shows here)."""
+        tasks = self.supervisor.health()
+        return {"stage": "gate", "healthy": self.ready.is_set() and self.supervisor.healthy,
+                "ready": self.ready.is_set(), "restarts": sum(t["restarts"] for t in tasks.values()),
+                "tasks": tasks, "partitions": sorted(self._owned), "sessions": len(self._sessions)}
 
     def run(self, loglevel: str = "WARNING") -> int:
         """Run the worker in this process until SIGINT/SIGTERM."""
@@ -548,7 +569,8 @@ class GateWorker:
                 raise  # the policy dead-letters it
             effects.append((entry, sid, requests, entry.session.resolution))
 
-        await self.policy.process(record, "ControlEvent", handle)
+        if await self.policy.process(record, "ControlEvent", handle):
+            self._control_applied.inc()
         for entry, sid, requests, resolution in effects:
             await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
 
@@ -750,6 +772,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loglevel", default="WARNING")
     parser.add_argument("--announce", action="store_true",
                         help=f"print '{READY_LINE} [partitions]' after each rebalance, once recovered")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                        help="serve Prometheus metrics on http://<edge_host>:P/metrics and health on /healthz "
+                             "(200 while every task runs; restarts and last errors per task)")
 
 
 def gate_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -757,7 +782,7 @@ def gate_command(args: argparse.Namespace, settings: Settings) -> int:
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_gate_worker(
         settings, commit_interval_s=args.commit_interval, session_timeout_s=args.session_timeout,
-        announce=args.announce, loglevel=args.loglevel,
+        announce=args.announce, loglevel=args.loglevel, metrics_port=args.metrics_port,
     )
 
 

@@ -49,7 +49,6 @@ from aiohttp import web
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline import tracing
 from pipeline.audio_codec import audio_format
@@ -58,7 +57,7 @@ from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, CodecError, codec_for
 from pipeline.settings import Settings
-from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
+from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
 from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
 from pipeline.synthesis.metrics import CancelObservation, WorkerMetrics
 from pipeline.synthesis.scheduler import (
@@ -645,23 +644,7 @@ class SynthesisWorker:
             self._update_depth()
 
     async def _start_http_server(self, port: int) -> None:
-        async def metrics(_request: web.Request) -> web.Response:
-            body = generate_latest(self.metrics.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        async def healthz(_request: web.Request) -> web.Response:
-            health = self.health()
-            return web.Response(text=json.dumps(health), content_type="application/json",
-                                status=200 if health["healthy"] else 503)
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", healthz)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        self._http_runner = runner
-        site = web.TCPSite(runner, self.settings.edge_host, port)
-        await site.start()
+        self._http_runner = await serve_health(self.settings.edge_host, port, self.health, self.metrics.registry)
         log.info("worker metrics on http://%s:%d/metrics, health on /healthz", self.settings.edge_host, port)
 
 

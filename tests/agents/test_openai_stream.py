@@ -127,3 +127,64 @@ def test_events_before_a_bad_line_in_the_same_bytes_come_out_first():
         decoder.raise_pending()
     with pytest.raises(StreamBroken):
         decoder.feed(b"data: two\n\n")  # a broken stream stays broken
+
+
+# --- fuzzing (issue 10.8): any bytes, any chunking, any JSON -------------------------------------
+
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
+
+_SSE_PIECES = st.sampled_from([b"data: ", b"data:", b": c", b"event: x", b"id: 1", b"\n", b"\r\n", b"\r", b"\n\n",
+                               b"{", b"}", b"[DONE]", b"\xff", b"\xe2\x82", b"\xac", b"x" * 40, b" "])
+_SSE_BYTES = st.lists(st.one_of(_SSE_PIECES, st.binary(max_size=12)), max_size=30).map(b"".join)
+
+
+def _decode(data: bytes, cuts: list[int], max_line_bytes: int):
+    """Payloads of `data` fed in pieces cut at `cuts`, and the StreamBroken that ended it (or None)."""
+    decoder = SseDecoder(max_line_bytes=max_line_bytes)
+    payloads: list[str] = []
+    bounds = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    try:
+        for a, b in zip(bounds, bounds[1:]):
+            payloads += decoder.feed(data[a:b])
+            assert len(decoder._buffer) <= max_line_bytes + (b - a)  # what it holds stays bounded
+        payloads += decoder.close()
+    except StreamBroken as exc:  # the only way a stream may fail
+        return payloads, exc
+    return payloads, None
+
+
+@hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_SSE_BYTES, cuts=st.lists(st.integers(0, 10_000), max_size=8), limit=st.sampled_from([16, 64, 4096]))
+def test_any_bytes_in_any_pieces_give_the_same_payloads_or_break_the_stream(data, cuts, limit):
+    whole, whole_error = _decode(data, [], limit)
+    split, split_error = _decode(data, cuts, limit)
+    assert all(isinstance(p, str) for p in whole + split)
+    # the chunking of the bytes changes neither what comes out nor whether (and why) it broke
+    assert split == whole and type(split_error) is type(whole_error)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                         st.sampled_from(["choices", "index", "delta", "content", "error", "finish_reason", "x"]),
+                         inner, max_size=4), max_leaves=12)
+
+
+@hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON)
+def test_any_json_chunk_gives_text_or_breaks_the_stream(payload):
+    try:
+        text = delta_text(payload)
+    except StreamBroken:
+        return
+    assert isinstance(text, str)
+
+
+@hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.lists(st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), min_size=1,
+                               max_size=20), max_size=6),
+       cuts=st.lists(st.integers(0, 10_000), max_size=8), crlf=st.booleans())
+def test_well_formed_events_come_out_whole_in_any_pieces(values, cuts, crlf):
+    newline = b"\r\n" if crlf else b"\n"
+    data = b"".join(b": keep-alive" + newline + b"data: " + v.encode() + newline + newline for v in values)
+    payloads, error = _decode(data, cuts, 4096)
+    assert error is None and payloads == values

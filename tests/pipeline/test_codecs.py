@@ -26,6 +26,7 @@ from pipeline.codecs import (
     OversizedText,
     UnknownFingerprint,
     WrongMessageType,
+    schema_fingerprint,
 )
 
 from schemas import contract
@@ -431,3 +432,34 @@ def test_any_avro_value_is_taken_whole_or_refused_by_the_contract_both_ways(name
         CODEC.decode(foreign.getvalue(), expect=name)
     assert on_encode.value.reason == on_decode.value.reason == "contract-violation"
     assert str(on_decode.value) == str(on_encode.value) == f"{name}: " + "; ".join(problems)
+
+
+# Every writer schema the codec reads, current and history (issue 10.8: a fuzz per decoder).
+_WRITERS = sorted((raw["name"].rsplit(".", 1)[-1], i, raw) for i, raw in
+                  enumerate([schemas.load(n) for n in sorted(schemas.CURRENT)] + schemas.load_history()))
+
+
+@pytest.mark.parametrize("name,index,raw", _WRITERS, ids=[f"{n}-{i}" for n, i, _ in _WRITERS])
+@hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_damage_to_a_record_of_each_writer_schema_decodes_or_raises_a_codec_error(name, index, raw, data):
+    """A record of each writer schema (drawn by Avro's rules, not the contract's), then damaged:
+    bytes flipped, cut, inserted. Decoding gives a value the contract accepts or a typed error."""
+    body = io.BytesIO()
+    schemaless_writer(body, parse_schema(raw), data.draw(values_of(raw)))
+    record = bytearray(MAGIC + schema_fingerprint(raw) + body.getvalue())
+    for _ in range(data.draw(st.integers(0, 4))):
+        at = data.draw(st.integers(HEADER_LEN, len(record)))
+        action = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if action == "flip" and at < len(record):
+            record[at] ^= data.draw(st.integers(1, 255))
+        elif action == "cut":
+            del record[at:]
+        else:
+            record[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        decoded = CODEC.decode(bytes(record), expect=name)
+    except CodecError as exc:
+        assert exc.reason and str(exc)
+        return
+    assert decoded.type == name and not contract.violations(name, decoded.value)

@@ -101,6 +101,22 @@ async def test_a_task_that_dies_is_restarted_with_backoff_and_reported():
     assert not supervisor.health()["flaky"]["running"]
 
 
+async def test_a_task_waiting_for_its_restart_is_not_healthy():
+    backoff = asyncio.Event()
+
+    async def held(seconds: float) -> None:
+        await backoff.wait()
+
+    async def dies() -> None:
+        raise RuntimeError("gone")
+
+    supervisor = Supervisor("test", sleep=held)
+    supervisor.start("dies", dies)
+    await eventually(lambda: supervisor.health()["dies"]["restarts"] == 1, what="the first death")
+    assert not supervisor.healthy  # dead and not yet restarted: /healthz must say 503
+    await supervisor.stop()
+
+
 @pytest.mark.kafka
 async def test_the_control_follower_applies_the_lookback_before_start_returns_then_follows(make_settings):
     settings = make_settings(partitions=3)

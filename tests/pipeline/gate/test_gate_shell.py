@@ -400,3 +400,37 @@ async def test_a_control_topic_that_cannot_be_co_partitioned_stops_the_start(mak
     with pytest.raises(GateStartError, match="3 partitions"):
         await worker.start()
     assert worker.producer is None and worker.control is None  # everything it started is stopped
+
+
+async def test_healthz_reports_a_task_that_died_and_its_restart(make_settings, workers):
+    import aiohttp
+
+    from pipeline.daemon import free_port
+
+    settings = make_settings(partitions=1)
+    port = free_port()
+    gate = await workers(settings, metrics_port=port)
+    await eventually(lambda: gate.ready.is_set(), what="the gate got its partition")
+    url = f"http://{settings.edge_host}:{port}"
+    backoff = asyncio.Event()
+
+    async def held_backoff(seconds: float) -> None:  # the test decides when the restart happens
+        await backoff.wait()
+        await asyncio.sleep(seconds)
+
+    async with aiohttp.ClientSession() as http:
+        async def status(code: int):
+            async with http.get(url + "/healthz") as response:
+                return await response.json() if response.status == code else None
+
+        body = await eventually(lambda: status(200), what="healthy at start")
+        assert body["stage"] == "gate" and body["partitions"] == [0]
+        assert {"control", "text", "timer", "registry", "listing"} <= set(body["tasks"])
+        gate.supervisor.sleep = held_backoff
+        await gate.discovery.consumer.stop()  # the registry follower's consumer is gone: its task dies
+        body = await eventually(lambda: status(503), timeout_s=15, what="/healthz reports the dead task")
+        assert body["tasks"]["registry"]["restarts"] == 1 and not body["tasks"]["registry"]["running"]
+        assert "ConsumerStoppedError" in body["tasks"]["registry"]["last_error"]
+        async with http.get(url + "/metrics") as response:
+            assert 'voicebus_task_restarts_total{stage="gate",task="registry"} 1.0' in await response.text()
+        backoff.set()
