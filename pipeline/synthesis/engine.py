@@ -251,6 +251,18 @@ def trimmed(
     return pcm[start * 2 : end * 2] + bytes(2 * max(0, end - len(samples))), start
 
 
+def sounding_span(pcm: bytes, threshold: int = SILENCE_THRESHOLD) -> tuple[int, int]:
+    """Samples ``(first, last + 1)`` of PCM16LE louder than ``threshold`` (the whole of it when
+    none is): where a piece's words may start and end (`words.place`)."""
+    import numpy as np
+
+    samples = np.frombuffer(pcm, dtype="<i2")
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
+    if loud.size == 0:
+        return 0, len(samples)
+    return int(loud[0]), int(loud[-1]) + 1
+
+
 class Piece(NamedTuple):
     """One forward pass's input: its phonemes, and how its words are timed from the durations
     the model predicts for them (`pipeline.synthesis.words`)."""
@@ -379,10 +391,11 @@ class SynthesisEngine:
             phonemes = result.phonemes[:MAX_PHONEMES]
             if not phonemes:
                 continue
+            kept = self.model.vocab.__contains__  # what `kokoro_frames.token_ids` keeps
             if result.tokens is not None:
-                timer = (lambda tokens: lambda d: english_words(tokens, d))(result.tokens)
+                timer = (lambda tokens, p: lambda d: english_words(tokens, p, d, kept))(result.tokens, phonemes)
             else:
-                timer = (lambda g, p: lambda d: phoneme_words(g, p, d, lambda w: pipeline.g2p(w)[0]))(
+                timer = (lambda g, p: lambda d: phoneme_words(g, p, d, lambda w: pipeline.g2p(w)[0], kept))(
                     result.graphemes, phonemes)
             out.append(Piece(phonemes, timer))
         return out
@@ -468,7 +481,8 @@ class SynthesisEngine:
                     return
                 voiced = self.synthesize_timed(piece.phonemes, voice, speed)
                 samples = len(voiced.pcm) // 2
-                words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken)
+                words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken,
+                              sound=sounding_span(voiced.pcm))
                 for i, chunk in enumerate(chunk_pcm(voiced.pcm, chunk_samples)):
                     if should_stop():
                         return
