@@ -265,10 +265,12 @@ def sounding_span(pcm: bytes, threshold: int = SILENCE_THRESHOLD) -> tuple[int, 
 
 class Piece(NamedTuple):
     """One forward pass's input: its phonemes, and how its words are timed from the durations
-    the model predicts for them (`pipeline.synthesis.words`)."""
+    the model predicts for them (`pipeline.synthesis.words`); English pieces also carry
+    misaki's tokens (benchmarks compare other alignments of them)."""
 
     phonemes: str
     time_words: Callable[["torch.Tensor"], list[TimedWord]]
+    tokens: list | None = None
 
 
 class Voiced(NamedTuple):
@@ -286,6 +288,16 @@ class TimedChunk(NamedTuple):
 
     pcm: bytes
     words: list[WordTiming]
+
+
+class SpokenPiece(NamedTuple):
+    """One piece of a sentence as spoken: its input, its audio, its words in samples of the
+    sentence, and the samples of the sentence before it."""
+
+    piece: Piece
+    voiced: Voiced
+    words: list[WordTiming]
+    offset: int
 
 
 @dataclass
@@ -397,7 +409,7 @@ class SynthesisEngine:
             else:
                 timer = (lambda g, p: lambda d: phoneme_words(g, p, d, lambda w: pipeline.g2p(w)[0], kept))(
                     result.graphemes, phonemes)
-            out.append(Piece(phonemes, timer))
+            out.append(Piece(phonemes, timer, result.tokens))
         return out
 
     # --- synthesis ------------------------------------------------------------------------------
@@ -469,9 +481,26 @@ class SynthesisEngine:
     ) -> Iterator[TimedChunk]:
         """`stream`, each piece's first chunk carrying the piece's words (`TimedChunk`): their
         start and end in samples from the start of this sentence's audio."""
+        chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
+        for spoken_piece in self.spoken_pieces(text, language, voice, speed, should_stop, first_clause_min_words):
+            for i, chunk in enumerate(chunk_pcm(spoken_piece.voiced.pcm, chunk_samples)):
+                if should_stop():
+                    return
+                yield TimedChunk(chunk, spoken_piece.words if i == 0 else [])
+
+    def spoken_pieces(
+        self,
+        text: str,
+        language: str,
+        voice: str,
+        speed: float = 1.0,
+        should_stop: Callable[[], bool] = lambda: False,
+        first_clause_min_words: int = 0,
+    ) -> Iterator["SpokenPiece"]:
+        """Each forward pass of one sentence as `stream_timed` speaks it: the piece, its audio and
+        its words in samples of the sentence (`SpokenPiece`)."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
-        chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
         spoken = 0  # samples of this sentence before the current piece
         for text_piece in split_for_early_audio(text, first_clause_min_words=first_clause_min_words):
             if should_stop():
@@ -483,10 +512,7 @@ class SynthesisEngine:
                 samples = len(voiced.pcm) // 2
                 words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken,
                               sound=sounding_span(voiced.pcm))
-                for i, chunk in enumerate(chunk_pcm(voiced.pcm, chunk_samples)):
-                    if should_stop():
-                        return
-                    yield TimedChunk(chunk, words if i == 0 else [])
+                yield SpokenPiece(piece, voiced, words, spoken)
                 spoken += samples
 
     def _trimmed(self, pcm: bytes) -> tuple[bytes, int]:
