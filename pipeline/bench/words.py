@@ -23,10 +23,12 @@ differences of their start times (median, p95, ms) and the median signed one (ou
 word of every piece after a sentence's first starts after a pause (the trimmed trail and lead,
 ~270 ms), so its onset is the piece's first sample above the silence threshold (-60 dBFS); each
 timing's start for that word minus that onset (ours is never before it by construction: `place`).
+``lead_sweep``: our alignment with a decoder lead of 0-4 frames instead of 3 (`LEADS`), against
+both references: how `words.ACOUSTIC_LEAD_FRAMES` was chosen.
 
 ``--json FILE`` writes ``{"en": {"words", "median_ms", "p95_ms", "bias_ms", "aligner": {...},
 "before": {"whisper": {...}, "aligner": {...}}}, "whisper_vs_aligner": {...},
-"vs_onset_after_pause": {"now", "before", "whisper", "aligner"}, ...}``.
+"vs_onset_after_pause": {"now", "before", "whisper", "aligner"}, "lead_sweep": {"0".."4": {...}}, ...}``.
 docs/benchmarks.md has the figures and the command.
 """
 
@@ -111,6 +113,19 @@ def kokoro_join_words(tokens: list, durations) -> list:
     return _group(tokens)
 
 
+def lead_words(tokens: list, phonemes: str, durations, kept, lead_frames: int) -> list:
+    """Our alignment (`words.time_tokens`) with another decoder lead: the sweep that chose 3."""
+    import copy
+
+    from pipeline.synthesis.words import _group, time_tokens
+
+    tokens = copy.deepcopy(tokens)
+    time_tokens(tokens, phonemes, durations, kept, lead_frames=lead_frames)
+    return _group(tokens)
+
+
+LEADS = (0, 1, 2, 3, 4)
+
 ALIGNER_LEAD_S = 0.5
 
 
@@ -190,11 +205,14 @@ def run(args, settings) -> int:
     before = {"whisper": Errors(), "aligner": Errors()}
     references = Errors()  # Whisper vs the aligner
     onsets = {"now": Errors(), "before": Errors(), "whisper": Errors(), "aligner": Errors()}
+    sweep = {lead: {"whisper": Errors(), "aligner": Errors()} for lead in LEADS}
+    kept = engine.model.vocab.__contains__
     spoken, unaligned = 0, 0
     print("per sentence, start error median |ours - ref| / median (ours - ref), ms: now vs Whisper, vs aligner; "
           "before vs Whisper, vs aligner")
     for text in SENTENCES[: max(1, args.sentences)]:
         pcm, words, old = b"", [], []
+        leads: dict[int, list] = {lead: [] for lead in LEADS}
         after_pause: list[tuple[int, float]] = []  # (our word index, energy onset s) of pieces after the first
         for p in engine.spoken_pieces(text, "en", voice):
             if p.offset and p.words:
@@ -203,6 +221,10 @@ def run(args, settings) -> int:
             words += p.words
             old += place(kokoro_join_words(p.piece.tokens, p.voiced.durations), engine.sample_rate,
                          p.voiced.raw_offset, len(p.voiced.pcm) // 2, p.offset)
+            for lead in LEADS:
+                leads[lead] += place(lead_words(p.piece.tokens, p.piece.phonemes, p.voiced.durations, kept, lead),
+                                     engine.sample_rate, p.voiced.raw_offset, len(p.voiced.pcm) // 2, p.offset,
+                                     sound=sounding_span(p.voiced.pcm))
         spoken += len(words)
         audio = at_16khz(pcm, engine.sample_rate)
         segments, _ = whisper.transcribe(audio, language="en", beam_size=1, word_timestamps=True)
@@ -218,6 +240,9 @@ def run(args, settings) -> int:
             before[ref].add(old_pairs)
             cells.append((_line(f"now/{ref}", pairs), _line(f"before/{ref}", old_pairs)))
         references.add(pair_starts(theirs["whisper"], theirs["aligner"]))
+        for lead, timed in leads.items():
+            for ref in ("whisper", "aligner"):
+                sweep[lead][ref].add(pair_starts([(w.text, w.start / engine.sample_rate) for w in timed], theirs[ref]))
         starts = {"now": dict(enumerate(s for _, s in ours)), "before": dict(enumerate(s for _, s in ours_before)),
                   "whisper": paired(ours, theirs["whisper"]), "aligner": paired(ours, theirs["aligner"])}
         for name, known in starts.items():
@@ -228,6 +253,7 @@ def run(args, settings) -> int:
                "before": {"whisper": before["whisper"].summary(), "aligner": before["aligner"].summary()}},
         "whisper_vs_aligner": references.summary(), "sentences_not_aligned": unaligned,
         "vs_onset_after_pause": {name: errors.summary() for name, errors in onsets.items()},
+        "lead_sweep": {str(lead): {ref: e.summary() for ref, e in refs.items()} for lead, refs in sweep.items()},
         "engine": engine.source, "voice": voice, "whisper": "tiny.en (faster-whisper, int8)",
         "aligner": "pocketsphinx en-us (forced alignment)",
         "cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 1),
@@ -241,6 +267,9 @@ def run(args, settings) -> int:
     for name, figures in result["vs_onset_after_pause"].items():
         print(f"first word after a pause, {name} start minus the energy onset: {figures['words']} words, "
               f"median |diff| {figures.get('median_ms')} ms, median {figures.get('bias_ms')} ms")
+    for lead, refs in result["lead_sweep"].items():
+        print(f"lead {lead} frames: " + ", ".join(f"vs {ref} median {f.get('median_ms')} p95 {f.get('p95_ms')} "
+                                                   f"bias {f.get('bias_ms')} ms" for ref, f in refs.items()))
     print(f"{spoken} words spoken; engine {engine.source}, voice {voice}")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -42,3 +42,23 @@ def test_the_aligner_refuses_a_text_with_a_word_it_cannot_pronounce():
     aligner = Aligner()
     assert aligner.words_of("Hello, Dr. O'Neil's cat!") == ["hello", "dr", "o'neil's", "cat"]
     assert aligner.align(np.zeros(16000, dtype=np.float32), "hello zqxjkw") is None
+
+
+def test_the_lead_sweep_at_3_frames_is_the_published_alignment_and_before_is_kokoros_join():
+    import torch
+    from misaki.token import MToken
+
+    from pipeline.bench.words import kokoro_join_words, lead_words
+    from pipeline.synthesis.words import FRAME_S, english_words
+
+    def tokens():
+        return [MToken(text="Hello", tag="X", whitespace="", phonemes="həlˈO"),
+                MToken(text=",", tag="X", whitespace=" ", phonemes=","),
+                MToken(text="don't", tag="X", whitespace="", phonemes="dˈOnt")]
+
+    phonemes = "həlˈO, dˈOnt"
+    durations = torch.tensor([5] + [2] * 6 + [4] + [2] * 5 + [1])
+    assert lead_words(tokens(), phonemes, durations, None, 3) == english_words(tokens(), phonemes, durations)
+    assert [w.start for w in lead_words(tokens(), phonemes, durations, None, 0)] == [5 * FRAME_S, 21 * FRAME_S]
+    # kokoro's join: 3 frames early for every word, and "don't" half the space earlier still
+    assert [round(w.start / FRAME_S, 3) for w in kokoro_join_words(tokens(), durations)] == [2, 16]
