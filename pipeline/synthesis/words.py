@@ -11,8 +11,8 @@ and ends where those of its last phoneme end, both moved `ACOUSTIC_LEAD_FRAMES` 
 (`place`). The lead is the decoder's: Kokoro's decoder sounds a phoneme about 3 frames before
 the frames the duration predictor gave it (its convolutions and the F0/energy predictor see
 ahead), as the audio shows two ways (docs/synthesis.md, "Word timings"): PocketSphinx's HMM
-forced alignment of the real model's speech puts word starts 80 ms (median) before the first
-phoneme's frames, and 5 ms before those frames less 3 (the error smallest at 3 frames); the
+forced alignment of the real model's speech puts word starts 76 ms (median) before the first
+phoneme's frames, and 6 ms before those frames less 3 (the error smallest at 3 frames); the
 first sound of a piece comes 19-110 ms (median 37) before its first phoneme's frames.
 It is also kokoro's own offset for the first word (`KPipeline.join_timestamps`, which this
 module used before: it started every later word in the middle of the space before it instead,
