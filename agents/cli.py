@@ -22,6 +22,9 @@ def register(subparsers) -> None:
     p.add_argument("--sessions", type=int, default=1, metavar="N", help="N copies at once, distinct session ids")
     p.add_argument("--keep-session-ids", action="store_true",
                    help="publish under the recorded session ids (one copy only)")
+    p.add_argument("--heard-timeout", type=float, default=15.0, metavar="S",
+                   help="after the last event, wait up to S seconds for what the listeners heard of each turn "
+                        "(TurnHeard) and print it; 0: do not wait (default 15)")
     p.set_defaults(func=run_replay)
 
     p = subparsers.add_parser("say", help="stream a text as one agent turn (LLM-like tokens)")
@@ -83,8 +86,7 @@ def run_replay(args: argparse.Namespace, settings) -> int:
 
     try:
         conversation = load(_resolve_conversation_path(args.file))
-        report = asyncio.run(replay(settings, conversation.events, args.speed, args.sessions,
-                                    keep_session_ids=args.keep_session_ids))
+        report, heard_lines = asyncio.run(_replay_and_listen(settings, conversation, args))
     except (FileNotFoundError, ConversationFormatError, ReplayError) as exc:
         print(f"voicebus replay: {exc}", file=sys.stderr)
         return 2
@@ -92,7 +94,37 @@ def run_replay(args: argparse.Namespace, settings) -> int:
           f"max lateness {report.max_lateness_ms:.1f} ms")
     for copy in report.copies:
         print("  " + ", ".join(f"{old} -> {new}" for old, new in copy.session_ids.items()))
+    if heard_lines:
+        print("what the listeners heard (TurnHeard):")
+        print("\n".join(heard_lines))
     return 0
+
+
+async def _replay_and_listen(settings, conversation, args: argparse.Namespace):
+    """The replay, and (unless ``--heard-timeout 0``) the TurnHeard of each replayed turn: the
+    follower starts before the first event, so no report is missed."""
+    import uuid
+
+    from agents.replay import HeardCollector, describe_heard, plan_replay, replay, replayed_turns
+    from agents.sdk import HeardFollower, Publisher
+    from pipeline.clock import now_us
+
+    async with Publisher(settings) as agent:
+        if not args.heard_timeout > 0:
+            report = await replay(settings, conversation.events, args.speed, args.sessions, publisher=agent,
+                                  keep_session_ids=args.keep_session_ids)
+            return report, []
+        run_id = uuid.uuid4().hex[:8]
+        _, copies = plan_replay(conversation.events, args.sessions, run_id, args.keep_session_ids)
+        turns = replayed_turns(copies)
+        collector = HeardCollector(turns, since_us=now_us())
+        async with HeardFollower(agent, on_heard=collector) as _follower:
+            report = await replay(settings, conversation.events, args.speed, args.sessions, publisher=agent,
+                                  run_id=run_id, keep_session_ids=args.keep_session_ids)
+            print(f"replayed; waiting up to {args.heard_timeout:g} s for what the listeners heard "
+                  "(--heard-timeout 0: do not wait)", flush=True)
+            heard = await collector.wait(args.heard_timeout)
+        return report, describe_heard(turns, heard, args.heard_timeout)
 
 
 def run_say(args: argparse.Namespace, settings) -> int:

@@ -160,3 +160,57 @@ async def _run(publisher: Publisher, copies: list[ReplayCopy], run_id: str, spee
     results = await asyncio.gather(*(run_copy(c) for c in copies))
     await asyncio.gather(*(f for deliveries in results for f in deliveries))
     return report
+
+
+# --- what the listeners heard of a replay ---------------------------------------------------------
+
+
+def replayed_turns(copies: Sequence[ReplayCopy]) -> list[tuple[str, str]]:
+    """(session id as published, turn id) of every turn of every copy, in the order they start."""
+    return list(dict.fromkeys((e.value["session_id"], e.value["turn_id"]) for c in copies for e in c.schedule
+                              if e.value.get("turn_id")))
+
+
+class HeardCollector:
+    """A `HeardFollower` callback keeping the TurnHeard of the given turns published at or after
+    ``since_us`` (a replay under recorded session ids must not report an earlier run's turn)."""
+
+    def __init__(self, turns: Sequence[tuple[str, str]], since_us: int) -> None:
+        self.turns = list(dict.fromkeys(turns))
+        self.since_us = since_us
+        self.heard: dict[tuple[str, str], dict] = {}
+        self._all = asyncio.Event()
+        if not self.turns:
+            self._all.set()
+
+    def __call__(self, record: dict) -> None:
+        key = (record["session_id"], record["turn_id"])
+        if key in self.turns and int(record.get("published_at_us") or 0) >= self.since_us:
+            self.heard[key] = record
+            if len(self.heard) == len(self.turns):
+                self._all.set()
+
+    async def wait(self, timeout_s: float) -> dict[tuple[str, str], dict]:
+        """The TurnHeard records collected once every turn has one or ``timeout_s`` passed."""
+        try:
+            await asyncio.wait_for(self._all.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        return dict(self.heard)
+
+
+def describe_heard(turns: Sequence[tuple[str, str]], heard: dict[tuple[str, str], dict], timeout_s: float) -> list[str]:
+    """One line per turn: what its listeners heard (TurnHeard), or that no player reported it."""
+    lines = []
+    for session_id, turn_id in turns:
+        record = heard.get((session_id, turn_id))
+        if record is None:
+            lines.append(f"  {session_id} {turn_id}: no TurnHeard within {timeout_s:g} s "
+                         "(no player on the session, or none that reports what it rendered)")
+            continue
+        unheard = list(record.get("unheard_words") or [])
+        how = "interrupted, heard" if record.get("interrupted") else "heard whole"
+        tail = (f" ({len(unheard)} words not heard: {' '.join(unheard[:8])}{' ...' if len(unheard) > 8 else ''})"
+                if unheard else "")
+        lines.append(f"  {session_id} {turn_id}: {how}: {record.get('heard_text', '')!r}{tail}")
+    return lines

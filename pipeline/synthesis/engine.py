@@ -251,12 +251,26 @@ def trimmed(
     return pcm[start * 2 : end * 2] + bytes(2 * max(0, end - len(samples))), start
 
 
+def sounding_span(pcm: bytes, threshold: int = SILENCE_THRESHOLD) -> tuple[int, int]:
+    """Samples ``(first, last + 1)`` of PCM16LE louder than ``threshold`` (the whole of it when
+    none is): where a piece's words may start and end (`words.place`)."""
+    import numpy as np
+
+    samples = np.frombuffer(pcm, dtype="<i2")
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
+    if loud.size == 0:
+        return 0, len(samples)
+    return int(loud[0]), int(loud[-1]) + 1
+
+
 class Piece(NamedTuple):
     """One forward pass's input: its phonemes, and how its words are timed from the durations
-    the model predicts for them (`pipeline.synthesis.words`)."""
+    the model predicts for them (`pipeline.synthesis.words`); English pieces also carry
+    misaki's tokens (benchmarks compare other alignments of them)."""
 
     phonemes: str
     time_words: Callable[["torch.Tensor"], list[TimedWord]]
+    tokens: list | None = None
 
 
 class Voiced(NamedTuple):
@@ -274,6 +288,16 @@ class TimedChunk(NamedTuple):
 
     pcm: bytes
     words: list[WordTiming]
+
+
+class SpokenPiece(NamedTuple):
+    """One piece of a sentence as spoken: its input, its audio, its words in samples of the
+    sentence, and the samples of the sentence before it."""
+
+    piece: Piece
+    voiced: Voiced
+    words: list[WordTiming]
+    offset: int
 
 
 @dataclass
@@ -371,7 +395,7 @@ class SynthesisEngine:
 
     def pieces(self, text: str, language: str) -> list[Piece]:
         """`phonemize`, each phoneme string with the timing of its words: English from misaki's
-        tokens (kokoro's alignment), the espeak languages from the phoneme groups."""
+        tokens, the espeak languages from the phoneme groups (`pipeline.synthesis.words`)."""
         code = resolve_language(language)
         pipeline = self._pipeline(code)
         out = []
@@ -379,12 +403,13 @@ class SynthesisEngine:
             phonemes = result.phonemes[:MAX_PHONEMES]
             if not phonemes:
                 continue
+            kept = self.model.vocab.__contains__  # what `kokoro_frames.token_ids` keeps
             if result.tokens is not None:
-                timer = (lambda tokens: lambda d: english_words(tokens, d))(result.tokens)
+                timer = (lambda tokens, p: lambda d: english_words(tokens, p, d, kept))(result.tokens, phonemes)
             else:
-                timer = (lambda g, p: lambda d: phoneme_words(g, p, d, lambda w: pipeline.g2p(w)[0]))(
+                timer = (lambda g, p: lambda d: phoneme_words(g, p, d, lambda w: pipeline.g2p(w)[0], kept))(
                     result.graphemes, phonemes)
-            out.append(Piece(phonemes, timer))
+            out.append(Piece(phonemes, timer, result.tokens))
         return out
 
     # --- synthesis ------------------------------------------------------------------------------
@@ -456,9 +481,26 @@ class SynthesisEngine:
     ) -> Iterator[TimedChunk]:
         """`stream`, each piece's first chunk carrying the piece's words (`TimedChunk`): their
         start and end in samples from the start of this sentence's audio."""
+        chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
+        for spoken_piece in self.spoken_pieces(text, language, voice, speed, should_stop, first_clause_min_words):
+            for i, chunk in enumerate(chunk_pcm(spoken_piece.voiced.pcm, chunk_samples)):
+                if should_stop():
+                    return
+                yield TimedChunk(chunk, spoken_piece.words if i == 0 else [])
+
+    def spoken_pieces(
+        self,
+        text: str,
+        language: str,
+        voice: str,
+        speed: float = 1.0,
+        should_stop: Callable[[], bool] = lambda: False,
+        first_clause_min_words: int = 0,
+    ) -> Iterator["SpokenPiece"]:
+        """Each forward pass of one sentence as `stream_timed` speaks it: the piece, its audio and
+        its words in samples of the sentence (`SpokenPiece`)."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
-        chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
         spoken = 0  # samples of this sentence before the current piece
         for text_piece in split_for_early_audio(text, first_clause_min_words=first_clause_min_words):
             if should_stop():
@@ -468,11 +510,9 @@ class SynthesisEngine:
                     return
                 voiced = self.synthesize_timed(piece.phonemes, voice, speed)
                 samples = len(voiced.pcm) // 2
-                words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken)
-                for i, chunk in enumerate(chunk_pcm(voiced.pcm, chunk_samples)):
-                    if should_stop():
-                        return
-                    yield TimedChunk(chunk, words if i == 0 else [])
+                words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken,
+                              sound=sounding_span(voiced.pcm))
+                yield SpokenPiece(piece, voiced, words, spoken)
                 spoken += samples
 
     def _trimmed(self, pcm: bytes) -> tuple[bytes, int]:

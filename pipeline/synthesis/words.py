@@ -5,9 +5,21 @@ pads included; `kokoro_frames.Frames.durations`) into the start and end of every
 agent wrote it (whitespace-separated: "Hello," and "don't" are one word each, so captions and
 the heard text match the answer).
 
-- English: misaki's tokens (``MToken``: text, phonemes, whitespace) are timed by kokoro's own
-  `KPipeline.join_timestamps` (the alignment kokoro's pipeline gives its users), then the tokens
-  of each whitespace word are joined (`english_words`).
+**The alignment** (`time_tokens`): a word starts where the frames of its first phoneme start
+and ends where those of its last phoneme end, both moved `ACOUSTIC_LEAD_FRAMES` (3 frames,
+75 ms) earlier, and never before the piece's audio first sounds nor after it last sounds
+(`place`). The lead is the decoder's: Kokoro's decoder sounds a phoneme about 3 frames before
+the frames the duration predictor gave it (its convolutions and the F0/energy predictor see
+ahead), as the audio shows two ways (docs/synthesis.md, "Word timings"): PocketSphinx's HMM
+forced alignment of the real model's speech puts word starts 76 ms (median) before the first
+phoneme's frames, and 6 ms before those frames less 3 (the error smallest at 3 frames); the
+first sound of a piece comes 19-110 ms (median 37) before its first phoneme's frames.
+It is also kokoro's own offset for the first word (`KPipeline.join_timestamps`, which this
+module used before: it started every later word in the middle of the space before it instead,
+half a space early, and put the first word of a piece before the audio had any sound).
+
+- English: misaki's tokens (``MToken``: text, phonemes, whitespace) are found in the piece's
+  phoneme string in order, then the tokens of each whitespace word are joined (`english_words`).
 - Spanish and Portuguese (espeak G2P, no tokens): the phoneme string has one space-separated
   group per spoken word; each group becomes a token timed the same way and is mapped to the
   written word it came from (`phoneme_words`). When the groups and the words do not pair up
@@ -15,9 +27,11 @@ the heard text match the answer).
   phonemized alone to learn how many groups it makes; failing that, groups are spread over the
   words in proportion to their letters.
 
+Phoneme symbols the model's vocabulary lacks are dropped before the model sees them (as
+`kokoro_frames.token_ids` does); ``kept`` says which ones are kept so the frames stay in step.
 Times come out in seconds from the start of the piece's *raw* audio (before silence trimming);
 the engine shifts them by what it trimmed and by the pieces before (`place`). Pure apart from
-kokoro's ``join_timestamps`` and misaki's ``MToken`` (no model, no I/O).
+misaki's ``MToken`` (no model, no I/O).
 """
 
 from __future__ import annotations
@@ -51,10 +65,45 @@ class WordTiming:
         return {"text": self.text, "start": self.start, "end": self.end}
 
 
-def _join(tokens: list, durations: "torch.Tensor") -> None:
-    from kokoro import KPipeline
+FRAME_S = 600 / 24000
+"""One Kokoro frame: 600 samples at 24 kHz (`kokoro_frames.SAMPLES_PER_FRAME`)."""
 
-    KPipeline.join_timestamps(tokens, durations.detach().cpu().long().reshape(-1))
+ACOUSTIC_LEAD_FRAMES = 3
+"""How many frames before its predicted frames a phoneme sounds in Kokoro's decoded audio (see
+the module docstring; measured in docs/synthesis.md, "Word timings")."""
+
+
+def time_tokens(tokens: Sequence, phonemes: str, durations: "torch.Tensor | Sequence[int]",
+                kept: Callable[[str], bool] | None = None, lead_frames: int = ACOUSTIC_LEAD_FRAMES) -> None:
+    """Set ``start_ts`` and ``end_ts`` (seconds of the piece's raw audio) on every token whose
+    phonemes are found, in order, in ``phonemes`` (the string the model spoke, ``durations``
+    its frames per symbol with a pad on each side): from the first frame of its first phoneme
+    to the last frame of its last one, both ``lead_frames`` earlier. A token not found (past a
+    truncation, or phonemes the string lacks) is left untimed (None)."""
+    frames = [int(d) for d in (durations.detach().cpu().reshape(-1).tolist() if hasattr(durations, "detach") else durations)]
+    starts = [0]  # starts[k]: the first frame of model symbol k (0 is the leading pad)
+    for d in frames:
+        starts.append(starts[-1] + d)
+    symbol: dict[int, int] = {}  # position in `phonemes` -> the model symbol it became
+    k = 1
+    for position, char in enumerate(phonemes):
+        if kept is None or kept(char):
+            symbol[position] = k
+            k += 1
+    at = 0
+    for token in tokens:
+        token.start_ts = token.end_ts = None
+        if not token.phonemes:
+            continue
+        found = phonemes.find(token.phonemes, at)
+        if found < 0:
+            continue
+        at = found + len(token.phonemes)
+        mine = [symbol[p] for p in range(found, at) if p in symbol]
+        if not mine or mine[-1] + 1 >= len(starts):
+            continue
+        token.start_ts = max(0, starts[mine[0]] - lead_frames) * FRAME_S
+        token.end_ts = max(0, starts[mine[-1] + 1] - lead_frames) * FRAME_S
 
 
 def _group(tokens: Sequence, texts: Sequence[str] | None = None) -> list[TimedWord]:
@@ -83,9 +132,10 @@ def _group(tokens: Sequence, texts: Sequence[str] | None = None) -> list[TimedWo
     return words
 
 
-def english_words(tokens: list, durations: "torch.Tensor") -> list[TimedWord]:
-    """The whitespace words of one English piece from misaki's tokens, timed by kokoro."""
-    _join(tokens, durations)
+def english_words(tokens: list, phonemes: str, durations: "torch.Tensor",
+                  kept: Callable[[str], bool] | None = None) -> list[TimedWord]:
+    """The whitespace words of one English piece from misaki's tokens (`time_tokens`)."""
+    time_tokens(tokens, phonemes, durations, kept)
     return _group(tokens)
 
 
@@ -113,9 +163,10 @@ def _pair(words: list[str], groups: list[str], phonemize_word: Callable[[str], s
 
 
 def phoneme_words(text: str, phonemes: str, durations: "torch.Tensor",
-                  phonemize_word: Callable[[str], str] | None = None) -> list[TimedWord]:
+                  phonemize_word: Callable[[str], str] | None = None,
+                  kept: Callable[[str], bool] | None = None) -> list[TimedWord]:
     """The whitespace words of one piece whose phoneme string has a space between spoken words
-    (espeak's output), timed by kokoro's alignment of those groups."""
+    (espeak's output), each group timed as a token (`time_tokens`)."""
     from misaki.token import MToken
 
     words = text.split()
@@ -132,7 +183,7 @@ def phoneme_words(text: str, phonemes: str, durations: "torch.Tensor",
             tokens.append(MToken(text=word, tag="X", whitespace=" ", phonemes=""))
     if tokens:
         tokens[-1].whitespace = ""
-    _join(tokens, durations)
+    time_tokens(tokens, phonemes, durations, kept)
     # group per written word: a word's tokens are consecutive; join them by the word boundaries
     out: list[TimedWord] = []
     i = 0
@@ -149,14 +200,19 @@ def phoneme_words(text: str, phonemes: str, durations: "torch.Tensor",
 
 
 def place(words: Sequence[TimedWord], sample_rate: int, raw_offset: int, piece_samples: int,
-          sentence_offset: int) -> list[WordTiming]:
+          sentence_offset: int, sound: tuple[int, int] | None = None) -> list[WordTiming]:
     """Words of one piece in samples of the sentence: shifted by the samples trimmed off the
-    piece's raw audio (`raw_offset`), clamped to the piece's `piece_samples`, moved by the
-    sentence's samples before the piece (`sentence_offset`)."""
+    piece's raw audio (`raw_offset`), kept within ``sound`` (the piece's first and one past its
+    last sounding sample, default the whole piece: no word starts before the audio sounds, nor
+    ends in the silence after it), moved by the sentence's samples before the piece
+    (`sentence_offset`)."""
+    first, last = sound if sound is not None else (0, piece_samples)
+    first, last = max(0, min(first, piece_samples)), max(0, min(last, piece_samples))
+    last = max(first, last)
     out = []
     for w in words:
-        start = min(piece_samples, max(0, round(w.start * sample_rate) - raw_offset))
-        end = min(piece_samples, max(start, round(w.end * sample_rate) - raw_offset))
+        start = min(last, max(first, round(w.start * sample_rate) - raw_offset))
+        end = min(last, max(start, round(w.end * sample_rate) - raw_offset))
         out.append(WordTiming(w.text, sentence_offset + start, sentence_offset + end))
     return out
 

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from agents.conversation_file import load
+from agents.corpus import corpus_path
 from pipeline.cli import build_parser
 from pipeline.topics import text_topic
 from tests.agents.bus_helpers import TopicReader, count_kind
@@ -34,9 +35,11 @@ def test_say_then_record_and_replay_commands(make_settings, tmp_path, capsys):
     assert _run(settings, "record", str(out), "--duration", "1") == 0
     assert load(out).events == []
 
-    assert _run(settings, "replay", "support", "--speed", "20", "--sessions", "2") == 0
+    assert _run(settings, "replay", "support", "--speed", "20", "--sessions", "2", "--heard-timeout", "0.5") == 0
     printed = capsys.readouterr().out
     assert "replayed 126 events in 2 copies" in printed and printed.count("support-1 -> support-1.") == 2
+    # nobody listened: each turn of each copy says so
+    assert printed.count("no TurnHeard within 0.5 s") == 2 * len(load(corpus_path("support")).turns())
     assert _run(settings, "replay", "no-such-conversation") == 2
 
 
@@ -70,3 +73,37 @@ def test_say_prints_the_turn_id_first_while_the_turn_is_still_being_spoken(make_
     first, got = asyncio.run(run())
     turn_id = got[0].value["turn_id"]
     assert first == f"turn {turn_id} of session s1 (agent bot)\n"
+
+
+def test_replay_of_the_interrupted_conversation_prints_what_was_heard(make_settings, capsys):
+    """`voicebus replay interrupted` waits for each turn's TurnHeard (here published as the edge
+    would, once the replayed turn is on the bus) and prints it; a TurnHeard of the same session
+    and turn from before the replay (an earlier run) is not taken for this one."""
+    import threading
+
+    from tests.agents.test_heard_kafka import publish_heard, turn_heard
+
+    settings = make_settings()
+    asyncio.run(publish_heard(settings, *({**turn_heard("barge-1", t, "an earlier run", True, []), "published_at_us": 1}
+                                         for t in ("t1", "t2"))))
+    codes = []
+    command = threading.Thread(target=lambda: codes.append(_run(
+        settings, "replay", "interrupted", "--keep-session-ids", "--speed", "5", "--heard-timeout", "60")))
+    command.start()
+
+    async def edge_reports_what_was_heard():
+        async with TopicReader(settings, [text_topic(settings, "assistant")]) as reader:
+            await reader.wait_for(count_kind("END_OF_TURN"), timeout_s=60)  # t2 replayed: both turns are out
+        await publish_heard(
+            settings, turn_heard("barge-1", "t1", "There are three ways", True, ["to", "pay", "your", "bill."]),
+            turn_heard("barge-1", "t2", "Sure, card works.", False, []))
+
+    try:
+        asyncio.run(edge_reports_what_was_heard())
+    finally:
+        command.join(90)
+    assert codes == [0]
+    printed = capsys.readouterr().out
+    assert "barge-1 t1: interrupted, heard: 'There are three ways' (4 words not heard: to pay your bill.)" in printed
+    assert "barge-1 t2: heard whole: 'Sure, card works.'" in printed
+    assert "an earlier run" not in printed

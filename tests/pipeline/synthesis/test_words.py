@@ -1,4 +1,4 @@
-"""Word timings: kokoro's alignment joined into written words, the espeak languages' phoneme
+"""Word timings: the frames of each word's phonemes (less the decoder's lead) joined into written words, the espeak languages' phoneme
 groups paired with their words, placement in the sentence, and the words on the chunks."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from misaki.token import MToken
 
 from pipeline.codecs import Codec
 from pipeline.synthesis.scheduler import ChunkAssembler, SynthesisJob, synthesis_args
-from pipeline.synthesis.words import TimedWord, WordTiming, english_words, heard_words, phoneme_words, place
+from pipeline.synthesis.words import (ACOUSTIC_LEAD_FRAMES, FRAME_S, TimedWord, WordTiming, english_words, heard_words,
+                                      phoneme_words, place)
 
 SR = 24000
 
@@ -23,11 +24,31 @@ def test_english_tokens_are_joined_into_the_words_as_written():
     tokens = [tok("Hello", "həlˈO", ""), tok(",", ","), tok("don't", "dˈOnt", ""), tok(".", ".", "")]
     phonemes = "həlˈO, dˈOnt."
     durations = torch.tensor([5] + [2] * len(phonemes) + [1])  # pads on both sides
-    words = english_words(tokens, durations)
+    words = english_words(tokens, phonemes, durations)
     assert [w.text for w in words] == ["Hello,", "don't."]
     assert words[0].start < words[0].end <= words[1].start < words[1].end
-    # kokoro's convention: 1/80 s per half frame, the lead pad minus 3 frames before the first word
-    assert words[0].start == pytest.approx(2 * (5 - 3) / 80)
+    # the first word: where its first phoneme's frames start (after the 5-frame pad), less the lead
+    assert ACOUSTIC_LEAD_FRAMES == 3 and words[0].start == pytest.approx((5 - 3) * FRAME_S)
+
+
+def test_a_later_word_starts_at_its_first_phonemes_frames_not_in_the_space_before_it():
+    """kokoro's join_timestamps starts "don't" in the middle of the 4-frame space (16 frames);
+    its first phoneme 'd' starts at frame 5 + 6 * 2 + 4 = 21, so with the lead: 18."""
+    tokens = [tok("Hello", "həlˈO", ""), tok(",", ","), tok("don't", "dˈOnt", ""), tok(".", ".", "")]
+    phonemes = "həlˈO, dˈOnt."
+    durations = torch.tensor([5] + [2] * 6 + [4] + [2] * 6 + [1])
+    hello, dont = english_words(tokens, phonemes, durations)
+    assert dont.start == pytest.approx((21 - 3) * FRAME_S)
+    assert hello.end == pytest.approx((5 + 12 - 3) * FRAME_S)  # the comma's frames are the word's, not the space
+    assert dont.end == pytest.approx((21 + 12 - 3) * FRAME_S)
+
+
+def test_symbols_the_model_drops_do_not_shift_the_frames():
+    # "X" is not in the model's vocabulary: the model never saw it, so it has no frames
+    tokens = [tok("ab", "aXb"), tok("cd", "cd", "")]
+    durations = torch.tensor([4, 2, 2, 3, 2, 2, 1])  # pad a b space c d pad
+    ab, cd = english_words(tokens, "aXb cd", durations, kept=lambda c: c != "X")
+    assert (ab.start, cd.start) == pytest.approx(((4 - 3) * FRAME_S, (4 + 4 + 3 - 3) * FRAME_S))
 
 
 def test_espeak_groups_pair_one_to_one_with_the_words():
@@ -51,6 +72,14 @@ def test_place_moves_by_the_trimmed_samples_and_the_pieces_before_and_clamps():
     words = [TimedWord("a", 0.0, 0.1), TimedWord("b", 0.1, 5.0)]
     placed = place(words, SR, raw_offset=1200, piece_samples=6000, sentence_offset=10_000)
     assert placed == [WordTiming("a", 10_000, 11_200), WordTiming("b", 11_200, 16_000)]
+
+
+def test_no_word_starts_before_the_piece_sounds_nor_ends_in_the_silence_after_it():
+    """The trimmed piece keeps a margin of silence before its first sound (480 samples here):
+    the first word starts where the sound does, not at the start of the margin."""
+    words = [TimedWord("a", 0.0, 0.1), TimedWord("b", 0.1, 5.0)]
+    placed = place(words, SR, raw_offset=1200, piece_samples=6000, sentence_offset=10_000, sound=(480, 5000))
+    assert placed == [WordTiming("a", 10_480, 11_200), WordTiming("b", 11_200, 15_000)]
 
 
 def test_heard_words_counts_a_word_in_progress():
