@@ -97,6 +97,35 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
             await asyncio.sleep(min(1.0, 0.1 * attempt))
 
 
+async def await_group_coordinator(settings: Settings, group_id: str, timeout_s: float = 60.0) -> bool:
+    """Wait (quietly) until the cluster has a coordinator for `group_id`; whether it has one.
+
+    On a new cluster Kafka creates ``__consumer_offsets`` on the first group request and answers
+    GroupCoordinatorNotAvailable until that topic's partitions have leaders (a second or so).
+    aiokafka's group consumer logs each such retry at ERROR, so a stage started first on a fresh
+    broker would print errors although nothing is wrong. Every stage with a consumer group asks
+    here first (start in any order, issue 16.3); after `timeout_s` it goes on and lets the
+    consumer retry (and log) as usual."""
+    from aiokafka.errors import KafkaError
+
+    deadline = time.monotonic() + timeout_s
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
+    await admin.start()
+    try:
+        while True:
+            try:
+                await admin.find_coordinator(group_id)
+                return True
+            except (KafkaError, asyncio.TimeoutError) as exc:
+                if not getattr(exc, "retriable", isinstance(exc, asyncio.TimeoutError)) \
+                        or time.monotonic() >= deadline:
+                    log.info("no coordinator for group %s yet (%r): the consumer will retry", group_id, exc)
+                    return False
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+
+
 async def _ensure_topics_once(settings: Settings, names: list[str], partitions: int | None) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
     await admin.start()

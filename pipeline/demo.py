@@ -10,6 +10,8 @@ otherwise) and the edge. Then, in one of two modes:
 * ``--batch`` (the default otherwise: CI, scripts, tests): replays the shipped conversations;
   prints the player URL with a session token for each session; writes each turn's audio to WAV;
   and prints a per-stage latency table of each turn's first audio.
+
+``--llm`` instead asks a real LLM on this machine and speaks its answers (`pipeline.demo_llm`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def register(subparsers) -> None:
     mode.add_argument("--batch", dest="mode", action="store_const", const="batch",
                       help="replay the conversations, write WAVs and the latency table, exit "
                            "(default when stdin is not a terminal)")
+    p.add_argument("--llm", action="store_true",
+                   help="ask a real LLM (llama-cpp-python server, SmolLM2-135M; extra voicebus[llm]) and speak its "
+                        "answers (pipeline.demo_llm)")
+    p.add_argument("--ask", action="append", metavar="Q",
+                   help="--llm: a question to ask (repeatable; default: read them from the terminal, else three "
+                        "shipped ones)")
     p.set_defaults(func=run_demo, mode=None)
 
 
@@ -77,6 +85,10 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
     except InsecureEdgeConfig as exc:
         console.print(f"[red]voicebus demo: {exc}")
         return 2
+    if args.llm:
+        from pipeline.demo_llm import run_llm_demo
+
+        return run_llm_demo(args, settings, console, interactive=demo_mode(args.mode, sys.stdin) == "console")
     if demo_mode(args.mode, sys.stdin) == "console":
         from pipeline.demo_console import run_console_demo
 

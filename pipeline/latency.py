@@ -70,3 +70,31 @@ def summary(values: Iterable[float]) -> dict[str, float]:
         "p95": percentile(data, 95),
         "mean": statistics.fmean(data) if data else float("nan"),
     }
+
+
+def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], settings=None) -> list[float]:
+    """Release latency of each sentence of one turn (issue 16's measure): from the moment the text
+    event that completed the sentence was produced (``produced_at_us``; the event the gate's pure
+    core releases the sentence on, found by replaying the turn's events offline through
+    `GateSession` with the gate's config) to the request's ``released_at_us``. `events` are the
+    turn's TextEvents, `requests` its SynthesisRequests (any order). Requests whose text differs
+    from the replay's (a config that differs from the gate's) and empty end-of-turn requests are
+    left out."""
+    from pipeline.gate.core import GateConfig, GateSession
+
+    ordered = sorted(events, key=lambda e: e["seq"])
+    if not ordered:
+        return []
+    config = GateConfig() if settings is None else GateConfig.from_settings(settings)
+    core = GateSession(ordered[0]["session_id"], config)
+    released_by: list[tuple[int, str]] = []  # (producing time of the releasing event, text) per request
+    for event in ordered:
+        released_by += [(event["produced_at_us"], r["text"]) for r in core.apply(event, 0)]
+    by_seq = {r["sentence_seq"]: r for r in requests}
+    out = []
+    for seq, (produced_us, text) in enumerate(released_by):
+        request = by_seq.get(seq)
+        if request is None or not text or request["text"] != text:
+            continue
+        out.append((request["released_at_us"] - produced_us) / 1000)
+    return out

@@ -21,8 +21,9 @@ settings pointed at it.
 
 Mark tests that use them ``@pytest.mark.kafka`` (and ``@pytest.mark.registry`` for the registry).
 
-Tests marked ``soak`` (long loops that show a race is gone) are left out unless the ``-m``
-expression names them: ``pytest -m soak tests/...`` runs them.
+Tests marked ``soak`` (long loops that show a race is gone) or ``llm`` (a real LLM server, which
+needs the ``voicebus[llm]`` extra and its ~5 minute build) are left out unless the ``-m``
+expression names them: ``pytest -m soak tests/...``, ``pytest -m llm tests/...`` run them.
 """
 
 from __future__ import annotations
@@ -181,10 +182,15 @@ def screenshot_path(request: pytest.FixtureRequest, tmp_path) -> Callable[[str],
     return path
 
 
+OPT_IN_MARKERS = ("soak", "llm")  # deselected unless the -m expression names them
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if "soak" in (config.getoption("markexpr") or ""):
-        return
-    soak = [item for item in items if item.get_closest_marker("soak")]
-    if soak:
-        config.hook.pytest_deselected(items=soak)
-        items[:] = [item for item in items if not item.get_closest_marker("soak")]
+    expression = config.getoption("markexpr") or ""
+    for marker in OPT_IN_MARKERS:
+        if marker in expression:
+            continue
+        left_out = [item for item in items if item.get_closest_marker(marker)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker(marker)]

@@ -127,7 +127,14 @@ async def joiners(settings: Settings, phase_s: float, rate_per_min: float, uid: 
     return {"joined": k, "sent": [[s, t, times, sent.kind[(s, t)]] for (s, t), times in sent.releasing_sent_us.items()]}
 
 
-async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per_min: float, n_others: int) -> dict:
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per_min: float, n_others: int,
+                    progress=_stderr) -> dict:
+    """The benchmark (module doc). `progress` gets one line as each block starts (it runs for
+    minutes: 3 blocks a round), stderr by default, so stdout keeps only the JSON."""
     from pipeline.bus import ensure_topics, make_consumer
     from pipeline.codecs import Codec
     from pipeline.gate.app import READY_LINE, start_gate_subprocess
@@ -175,9 +182,13 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
         unseen = settings.replace(text_topic_prefix=f"bench{uid}.unseen.", agents_topic=f"bench{uid}.unseen-agents",
                                   synthesis_topic=f"bench{uid}.unseen-synthesis")
         k = 0
+        bench_started = time.monotonic()
         # Blocks of each phase in turn, so the machine's drifting load falls on all three alike.
         for block in range(rounds):
-            for name, joiner_settings in (("quiet", None), ("churn", settings), ("churn_unseen", unseen)):
+            for b, (name, joiner_settings) in enumerate((("quiet", None), ("churn", settings), ("churn_unseen", unseen))):
+                done = 3 * block + b
+                progress(f"bench agents: block {done + 1}/{3 * rounds} (round {block + 1}/{rounds}, {name}, "
+                         f"{block_s:g} s); {k} agents joined so far, {time.monotonic() - bench_started:.0f} s elapsed")
                 phase["name"] = name
                 if joiner_settings is None:
                     await asyncio.sleep(block_s)
@@ -197,6 +208,7 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
                         sent.kind[(session, turn)] = kind
         stop.set()
         await speaking
+        progress(f"bench agents: blocks done in {time.monotonic() - bench_started:.0f} s; collecting the last requests")
         expected = sum(len(v) for v in sent.releasing_sent_us.values())
         wait_until = time.monotonic() + 30
         while len(received) < expected and time.monotonic() < wait_until:

@@ -531,8 +531,25 @@ def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: 
             "ttfa_p50": out["traced"]["ttfa_ms"]["p50"] - out["incremental"]["ttfa_ms"]["p50"],
             "overhead_p50": out["traced"]["overhead_ms"]["p50"] - out["incremental"]["overhead_ms"]["p50"],
         }
+        # Paired: the k-th traced and the k-th untraced single-session turn are the same run and
+        # answer length, taken back to back, so the machine's drifting load falls on both alike.
+        single = [s for s in samples if s["mode"] == "incremental"]
+        diffs = [t["overhead_ms"] - i["overhead_ms"] for i, t in zip(single, traced)]
+        if diffs:
+            lo, hi = bootstrap_median_ci(diffs)
+            out["tracing_delta_ms"]["paired_overhead"] = {**summary(diffs), "ci95_p50": [lo, hi]}
     out["samples"] = samples + conc
     return out
+
+
+def bootstrap_median_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95 % percentile-bootstrap interval of the median of `values` (seeded: reproducible)."""
+    import random
+
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def _audible(samples) -> dict:
@@ -603,6 +620,10 @@ def markdown_table(results: dict) -> str:
                        f"nowhere; n = {i['ttfa_ms']['n']} / {t['ttfa_ms']['n']}): TTFA p50 {i['ttfa_ms']['p50']:.1f} vs "
                        f"{t['ttfa_ms']['p50']:.1f} ms ({d['ttfa_p50']:+.1f} ms); overhead p50 {i['overhead_ms']['p50']:.1f} vs "
                        f"{t['overhead_ms']['p50']:.1f} ms ({d['overhead_p50']:+.1f} ms)."
+                       + (f" Paired (each traced turn minus the untraced one of the same run and length): overhead "
+                          f"difference p50 {d['paired_overhead']['p50']:+.1f} ms, 95 % CI "
+                          f"[{d['paired_overhead']['ci95_p50'][0]:+.1f}, {d['paired_overhead']['ci95_p50'][1]:+.1f}] ms."
+                          if "paired_overhead" in d else "")
                        + (f" The tracing calls on one sentence's first-audio path cost p50 "
                           f"{results['tracing_path_cost_us']['p50']:.0f} µs, p95 {results['tracing_path_cost_us']['p95']:.0f} µs "
                           f"in-process, CPU time p50 {results['tracing_path_cpu_us']['p50']:.0f} µs "

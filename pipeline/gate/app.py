@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
 
-from pipeline.bus import ensure_topics, make_producer
+from pipeline.bus import await_group_coordinator, ensure_topics, make_producer
 from pipeline.clock import now_us
 from pipeline.codecs import CodecError, codec_for
 from pipeline import tracing
@@ -210,6 +210,7 @@ class GateWorker:
                 **common)
             await self.text.start()
             await self.changelog.start()
+            await await_group_coordinator(s, s.gate_app_id)  # a fresh broker: no error lines at start
             await self.control.start()
             # Known text topics first, so the first assignment already reads them.
             self.discovery = TopicDiscovery(s, self._pattern.pattern, self._on_topics, self.producer,

@@ -52,7 +52,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline import tracing
 from pipeline.audio_codec import audio_format
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
+from pipeline.bus import await_group_coordinator, ensure_topics, make_consumer, make_producer, publish
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, CodecError, codec_for
@@ -209,6 +209,7 @@ class SynthesisWorker:
                 heartbeat_interval_ms=max(100, s.worker_session_timeout_ms // 3),
                 max_poll_records=max(1, s.worker_max_in_flight))
             self._data.subscribe([s.synthesis_topic], listener=_Rebalance(self))
+            await await_group_coordinator(s, worker_group_id(s))  # a fresh broker: no error lines at start
             await self._data.start()
             if self.metrics_port is not None:
                 await self._start_http_server(self.metrics_port)

@@ -89,12 +89,14 @@ def test_a_traced_lane_adds_the_tracing_difference():
     assert r["traced"]["ttfa_ms"]["n"] == 4
     assert r["tracing_delta_ms"]["ttfa_p50"] == pytest.approx(1.0)
     assert r["tracing_delta_ms"]["overhead_p50"] == pytest.approx(0.5)
+    paired = r["tracing_delta_ms"]["paired_overhead"]  # every traced turn minus its untraced twin
+    assert paired["n"] == 4 and paired["p50"] == pytest.approx(0.5) and paired["ci95_p50"] == pytest.approx([0.5, 0.5])
     assert r["ratio_p50"] == pytest.approx(summarise(_samples(False), _conc(False), _cancels(False), META)["ratio_p50"])
     r["tracing_path_cost_us"] = {"n": 10, "p50": 400.0, "p95": 900.0, "mean": 450.0}
     r["tracing_path_cpu_us"] = {"n": 10, "p50": 300.0, "p95": 350.0, "mean": 310.0}
     r["tracing_off_path_cost_us"] = {"n": 10, "p50": 1.5, "p95": 2.0, "mean": 1.6}
     md = markdown_table(r)
-    assert "Tracing A/B" in md and "(+1.0 ms)" in md and "(+0.5 ms)" in md and "p50 400 µs" in md and "CPU time p50 300 µs" in md and "p50 1.5 µs" in md
+    assert "Tracing A/B" in md and "(+1.0 ms)" in md and "95 % CI [+0.5, +0.5] ms" in md and "(+0.5 ms)" in md and "p50 400 µs" in md and "CPU time p50 300 µs" in md and "p50 1.5 µs" in md
 
 
 def test_the_tracing_path_cost_is_measured_on_and_off():
