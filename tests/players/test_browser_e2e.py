@@ -138,7 +138,7 @@ async def test_an_opus_turn_is_decoded_with_webcodecs_and_plays_to_its_end(make_
 async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played_after_its_edge_is_killed(
         make_settings, tmp_path):
     """Two `voicebus edge` processes share the audio topic. The page plays an Opus turn from edge A,
-    which owns its session; A is SIGKILLed mid-turn. The player reconnects to B (the other edge its
+    which owns its session; A is SIGKILLed mid-turn (the player has 10 of its 12 sentences). The player reconnects to B (the other edge its
     ready listed; B redirects it to A until the group gives B A's partitions), resumes with the
     sentence it was playing, B re-reads that sentence from the partition and sends the turn from its
     start, the player keeps only what it lacked, and B streams the sentences published after the kill.
@@ -158,10 +158,11 @@ async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played
     try:
         owned = await wait_processes_settled([edge_a, edge_b], partitions)
         session = session_on(partitions, owned["edge-a"])
-        # 8 sentences x 8 chunks x 160 ms (10.24 s): 6 published before the kill, 2 after it
-        chunks = tone_turn(session, "turn-1", sentences=8, chunks_per_sentence=per_sentence,
+        # 12 sentences x 8 chunks x 160 ms (15.4 s): 10 published before the kill (more than the
+        # failover takes to play), 2 after it
+        chunks = tone_turn(session, "turn-1", sentences=12, chunks_per_sentence=per_sentence,
                            leading_silence_s=LEADING_SILENCE_S, encoding=AudioEncoding.OPUS)
-        before, after = chunks[:6 * per_sentence], chunks[6 * per_sentence:]
+        before, after = chunks[:10 * per_sentence], chunks[10 * per_sentence:]
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             try:
@@ -191,18 +192,19 @@ async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played
                 hello = await page.evaluate("window.voicebusPlayer.lastHello")
                 assert hello["resume"]["turn_id"] == "turn-1", hello
                 resumed_at = hello["resume"]["sentence_seq"]
-                assert 1 <= resumed_at <= 5, hello  # the sentence being played when it said hello to B
+                assert 1 <= resumed_at <= 9, hello  # the sentence being played when it said hello to B
                 await wait_in_page(page, f"window.voicebusPlayer.framesReceived === {len(chunks)}", timeout_ms=30000)
                 # B sent the turn again from the start of the sentence being played: the player had
                 # those frames (A sent them before it died) and dropped exactly them
-                assert await page.evaluate("window.voicebusPlayer.duplicates") == (6 - resumed_at) * per_sentence
+                assert await page.evaluate("window.voicebusPlayer.duplicates") == (10 - resumed_at) * per_sentence
                 reports = await read_topic(settings, settings.playback_topic, "PlaybackReport",
                                            lambda v: any(r["kind"] == "PLAYBACK_END" for r in v), timeout=60)
                 end = next(r for r in reports if r["kind"] == "PLAYBACK_END")
                 assert end["turn_id"] == "turn-1" and end["session_id"] == session
                 connections = await page.evaluate("window.voicebusPlayer.edges.connections")
+                underruns = [r for r in reports if r["kind"] == "UNDERRUN"]
                 print(f"on edge-b {failover_s:.1f} s after edge-a was killed ({len(connections) - 1} connection attempts), "
-                      f"resumed at sentence {resumed_at}")
+                      f"resumed at sentence {resumed_at}, {len(underruns)} underruns")
                 assert connections[0] == f"ws://127.0.0.1:{port_a}/ws" and connections[-1] == f"ws://127.0.0.1:{port_b}/ws"
                 assert not errors and not [e for e in await page.evaluate("window.voicebusPlayer.errors")
                                            if e.get("code") != "no-owner"]

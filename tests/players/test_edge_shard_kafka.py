@@ -10,11 +10,12 @@ import pytest
 from aiohttp import WSMsgType
 
 from pipeline.bus import ensure_topics, make_producer, publish
+from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.topics import partition_of
 from players import protocol
 from players.auth import issue_token
-from players.edge import LINK_KEY
+from players.edge import LINK_KEY, ROUTER_KEY
 from players.listener import Listener
 from players.tone import tone_turn
 from tests.players.edge_helpers import SECRET, audio, collect, of_type, turn_ended
@@ -65,6 +66,21 @@ async def test_a_player_on_the_wrong_edge_is_redirected_to_the_owner_and_hears_i
             await _publish(settings, tone_turn(session, "t1", 2, 3) + tone_turn(other, "t2", 2, 3))
             heard = await listener.wait_turn_end("t1", timeout=20)
             assert [(s, c) for _, s, c, _ in heard.frames] == [(s, c) for s in range(2) for c in range(3)]
+            # control still reaches every edge: an agent's cancel stops the turn at the owner, and
+            # the other edge (which follows every control partition too) has applied it as well
+            await _publish(settings, tone_turn(session, "t3", 2, 3)[:2])
+            await listener.wait_first_audio("t3", timeout=20)
+            producer, codec = make_producer(settings), Codec()
+            await producer.start()
+            try:
+                await publish(producer, codec, settings.control_topic, "ControlEvent", {
+                    "session_id": session, "turn_id": "t3", "action": "CANCEL", "reason": "agent", "source": "agent",
+                    "issued_at_us": now_us()})
+            finally:
+                await producer.stop()
+            assert (await listener.wait_turn_end("t3", timeout=20)).stopped
+            await eventually(lambda: app_a[ROUTER_KEY].cancels.is_cancelled(session, "t3"), timeout_s=10,
+                             what="the other edge applied the cancel")
         metrics_a = await (await client_a.get("/metrics")).text()
         assert "voicebus_edge_redirects_total 1.0" in metrics_a
         # each edge fetched its own partitions only: A read the other session's turn, B this one's
@@ -72,7 +88,7 @@ async def test_a_player_on_the_wrong_edge_is_redirected_to_the_owner_and_hears_i
         bytes_b = app_b[LINK_KEY].metrics.consumed_bytes._value.get()
         assert bytes_a > 0 and bytes_b > 0
         chunk_bytes = len(Codec().encode("AudioChunk", tone_turn(session, "t1", 2, 3)[0], settings.audio_topic))
-        assert bytes_a < 7 * chunk_bytes and bytes_b < 7 * chunk_bytes  # 6 chunks each, not 12
+        assert bytes_a < 7 * chunk_bytes and bytes_b < 9 * chunk_bytes  # 6 (+ 2 of t3) chunks each, not 14
         health = await (await client_b.get("/healthz")).json()
         assert health["shard"]["edge_id"] == "edge-b" and health["shard"]["owned"] == sorted(link_b.owned)
 
