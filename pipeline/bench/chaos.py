@@ -399,6 +399,7 @@ class ChaosRun:
         self.listeners: list[ChaosListener] = []
         self.sessions = [f"chaos-{uuid.uuid4().hex[:6]}-{i}" for i in range(plan.sessions)]
         self.faults: dict[str, list[int]] = {}
+        self.baselines: dict[str, list[int]] = {}
         self.scored: dict[str, list[dict]] = {}
         self.details: dict[str, dict] = {}
         self.agent_errors = 0
@@ -477,8 +478,13 @@ class ChaosRun:
         first_sent = asyncio.Event()
         speakers = [asyncio.create_task(self._speak(s, turn_ids[s], texts, first_sent)) for s in self.sessions]
         fault_task = None
-        if fault is not None:
-            fault_task = asyncio.create_task(self._fault_mid_turn(kind, turn_ids, first_sent, fault))
+        if fault is not None or kind in self.baselines:
+            # a faultless round marks the same moment: the time from it to the next new audio
+            # without a fault is the baseline the recovery is read against
+            async def mark() -> None:
+                self.baselines[kind].append(now_us())
+
+            fault_task = asyncio.create_task(self._fault_mid_turn(kind, turn_ids, first_sent, fault or mark))
         await asyncio.gather(*speakers)
         ends = [asyncio.create_task(listener.turns[turn_ids[listener.session_id]].ended.wait())
                 for listener in self.listeners]
@@ -579,8 +585,17 @@ class ChaosRun:
         if kind.startswith("broker"):
             await asyncio.to_thread(self.cluster.wait_in_sync, 180.0)
 
+    def _next_audio_ms(self, moments: list[int]) -> list[float]:
+        """Per moment: ms until the first new audio any listener received after it."""
+        out = []
+        for t_us in moments:
+            hits = [t for t in (listener.first_new_audio_after(t_us) for listener in self.listeners) if t]
+            if hits:
+                out.append((min(hits) - t_us) / 1000)
+        return out
+
     async def run_kind(self, kind: str) -> dict[str, Any]:
-        self.faults[kind], self.scored[kind] = [], []
+        self.faults[kind], self.scored[kind], self.baselines[kind] = [], [], []
         restarts_before = {n: st.starts for n, st in self.stages.items()}
         started = time.monotonic()
         for round_no in range(self.plan.turns):
@@ -593,14 +608,12 @@ class ChaosRun:
                      f"{sum(r['heard_twice'] for r in rows)} twice, {len(bad)} turn(s) not clean")
             if faulty:
                 await self._settle(kind)
-        recoveries = []
-        for fault_us in self.faults[kind]:
-            hits = [t for t in (listener.first_new_audio_after(fault_us) for listener in self.listeners) if t]
-            if hits:
-                recoveries.append((min(hits) - fault_us) / 1000)
+        recoveries, baseline = self._next_audio_ms(self.faults[kind]), self._next_audio_ms(self.baselines[kind])
         rows = self.scored[kind]
         self.details[kind] = {
             "faults": len(self.faults[kind]), "recovery_samples_ms": [round(r, 1) for r in recoveries],
+            "no_fault_next_audio_ms": {"p50": _percentile(baseline, 50), "p95": _percentile(baseline, 95),
+                                       "n": len(baseline)},
             "restarted_sentences": sum(r["restarted"] for r in rows), "unended_turns": sum(not r["ended"] for r in rows),
             "unexpected_sentences": sum(r["unexpected"] for r in rows), "sessions": self.plan.sessions,
             "stage_restarts": {n: st.starts - restarts_before[n] for n, st in self.stages.items()},
