@@ -176,26 +176,6 @@ def test_a_session_is_kept_for_the_grace_window_after_its_last_client_left_then_
     assert heard(late) == []  # past the grace window nothing of the old turn is kept
 
 
-def test_audio_a_starting_edge_reads_back_is_kept_for_the_grace_window_and_not_timed():
-    clock = FakeClock()
-    router = SessionRouter(grace_s=30.0, clock=clock)
-    chunks = tone_turn("s1", "t1", sentences=2, chunks_per_sentence=2)
-    for chunk in chunks[:3]:  # nobody listens yet: kept only because it is primed
-        assert router.route(chunk, prime=True) == 0
-    assert router.served("s1")
-    assert router.metrics.registry.get_sample_value("voicebus_edge_chunks_total") == 0.0  # old audio: not timed
-    back = router.connect("s1", resume={"turn_id": "t1", "sentence_seq": 1})
-    assert heard(back) == [(1, 0)]
-    router.route(chunks[3])
-    assert heard(back) == [(1, 0), (1, 1)]
-    router.disconnect(back)
-    assert router.route(chunks[0], prime=False) == 0 and router.served("s1")
-    router2 = SessionRouter(grace_s=30.0, clock=clock)
-    router2.route(chunks[0], prime=True)
-    clock.now += 31  # nobody came within the grace window
-    assert not router2.served("s1") and router2.replay_bytes == 0
-
-
 def test_all_replay_buffers_together_stay_under_the_byte_limit():
     frame_bytes = 20 + 2 * 3600  # 150 ms of 24 kHz PCM16 and the header
     router = SessionRouter(replay_max_bytes=50 * frame_bytes, turns_per_session=4)
