@@ -332,8 +332,8 @@ class HostileAgent:
             await self.send("text:truncated", t, c.encode("TextEvent", _text(sid, "t5", 0, text="Hello. "))[:-3], key)
             # valid but nasty turns, through the SDK: run-on text, an unclosed code fence,
             # events after the end, a turn that never ends, duplicated and skipped seqs
-            await self._turn("text:run-on", sid, ("word " * 60).split(" "))
-            await self._turn("text:unclosed-fence", self.sid(), ["Look: ```", *(["x = 1\n"] * 400)])
+            await self._turn("text:run-on", sid, [f"word{i % 10} " for i in range(50)])  # past the 256-char bound
+            await self._turn("text:unclosed-fence", self.sid(), ["Look:\n", "```", "python\n", *(["x = 1\n"] * 400)])
             await self._turn("text:emoji-and-controls", self.sid(), ["🙂🙃", " \u200b\u202e", " ok.", " ", "\t\t"])
             never = self.sid()
             await self.send("text:never-ended", t, c.encode("TextEvent", _text(never, "open", 0, text="This turn never ends")), never.encode())
