@@ -22,6 +22,12 @@ their own topics. The benchmark:
    last round minus after the first hostile round (which sets the high-water marks: the largest
    forward pass, the first use of each error path); with one round, minus after the clean run.
 
+Settings of the run (`bench_settings`): topics, edge port and secret of its own, PCM16 audio (what
+the hashes compare), and the gate's segmenter bound at 256 characters instead of 2048, so a run-on
+turn crosses it at a cost the tiny model can pay on a CPU. ``--parts`` picks the hostile parts
+(records, clients, slow-readers, far-future); ``--control`` runs none (the comparison itself must
+then find 0 affected turns).
+
 JSON (``--json FILE``): ``inputs`` (kind -> count), ``processes_died``, ``normal_turns``,
 ``normal_turns_affected``, ``memory_growth_mb`` (stage -> MB). Figures and reproduction in
 docs/benchmarks.md ("bench hostile").
@@ -42,7 +48,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -522,15 +528,6 @@ async def wait_cancels_applied(stack, before: dict[str, float], n: int, timeout_
 
 
 # --- the run -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Results:
-    inputs: Counter = field(default_factory=Counter)
-    processes_died: int = 0
-    normal_turns: int = 0
-    normal_turns_affected: int = 0
-    memory_growth_mb: dict = field(default_factory=dict)
 
 
 async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set[str] | frozenset[str] = frozenset(PARTS),
