@@ -86,6 +86,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WORKER_GROUP_SUFFIX = "-workers"
+MAX_POLL_INTERVAL_MS = 300_000  # Kafka's default max.poll.interval.ms: a full worker polls well within it
 MAX_TRACED_REQUESTS = 10_000  # request trace contexts kept (tracing on); the oldest forgotten beyond
 REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may finish before it is cut
 _END = object()
@@ -141,9 +142,13 @@ class SynthesisWorker:
         warm_up: bool = True,
         on_ready: Callable[[list[int]], None] | None = None,
         tracer: StageTracer | None = None,
+        max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        self.max_poll_interval_ms = max_poll_interval_ms
+        self.polls_while_paused = 0  # polls of a full worker (they keep it in its group)
+        self.revocations = 0  # partitions revoked from this worker, in all
         self.worker_id = worker_id or new_worker_id()
         self.metrics_port = metrics_port
         self.warm_up = warm_up
@@ -207,7 +212,7 @@ class SynthesisWorker:
                 s, group_id=worker_group_id(s), enable_auto_commit=False, auto_offset_reset="earliest",
                 session_timeout_ms=s.worker_session_timeout_ms,
                 heartbeat_interval_ms=max(100, s.worker_session_timeout_ms // 3),
-                max_poll_records=max(1, s.worker_max_in_flight))
+                max_poll_records=max(1, s.worker_max_in_flight), max_poll_interval_ms=self.max_poll_interval_ms)
             self._data.subscribe([s.synthesis_topic], listener=_Rebalance(self))
             await await_group_coordinator(s, worker_group_id(s))  # a fresh broker: no error lines at start
             await self._data.start()
@@ -299,7 +304,7 @@ class SynthesisWorker:
                 consumer.pause(*consumer.assignment())
                 self.metrics.paused.set(1)
                 self._wake.clear()
-                await self._wake.wait()
+                await self._wait_while_full(consumer)
                 continue
             paused = consumer.paused()  # asked of the consumer: right after a restart of this task too
             if paused:
@@ -313,6 +318,27 @@ class SynthesisWorker:
                     await self._take(tp, record)
             self._update_depth()
             self._wake.set()
+
+    async def _wait_while_full(self, consumer: "AIOKafkaConsumer") -> None:
+        """Until a slot frees up (or partitions change), polling every third of the poll interval.
+
+        A consumer that does not poll for ``max_poll_interval_ms`` (Kafka's max.poll.interval.ms,
+        300 s) leaves its group: its partitions move, and the work it holds is dropped and done
+        again. Eight long sentences (an agent sending 16 KiB ones, a slow CPU) take longer than
+        that: without these polls the worker left its group over and over and its sessions
+        stalled (found by `voicebus bench hostile`). A poll of paused partitions returns nothing;
+        anything it does return (a partition assigned in between) is taken, a few over the bound."""
+        interval_s = self.max_poll_interval_ms / 3000
+        while not self._wake.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval_s)
+                return
+            batch = await consumer.getmany(timeout_ms=0)
+            self.polls_while_paused += 1
+            for tp, records in batch.items():
+                for record in records:
+                    if tp in self.assigned:
+                        await self._take(tp, record)
 
     async def _take(self, tp: TopicPartition, record: Any) -> None:
         """One fetched record through the record policy into the scheduler. A record the policy
@@ -608,6 +634,7 @@ class SynthesisWorker:
             del self._traces[origin]
         for tp in revoked:
             self._to_commit.pop(tp, None)
+        self.revocations += len(revoked)
         log.info("partitions revoked: %s (%d queued dropped, %d running cut)",
                  sorted(tp.partition for tp in revoked), queued_dropped, len(running))
 

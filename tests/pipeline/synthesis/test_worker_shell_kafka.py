@@ -242,3 +242,51 @@ async def test_tentative_requests_confirmed_withdrawn_and_failed_through_the_bro
         assert end_of_t1["sentence_seq"] == 1
         [closing] = bus.of("s1", "t2")
         assert closing["is_last_chunk"] and closing["is_last_in_turn"] and closing["end_reason"] == "no-voices"
+
+
+class HeldEngine:
+    """The tiny engine, except that a sentence starting with "Held" waits until the test releases
+    it (the test decides how long a synthesis takes, as a slow CPU or a 16 KiB sentence would)."""
+
+    def __init__(self, engine) -> None:
+        import threading
+
+        self._engine = engine
+        self.held = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def stream_timed(self, *args, **kwargs):  # what the worker calls (in its synthesis thread)
+        text = kwargs.get("text", args[0] if args else "")
+        if text.startswith("Held"):
+            self.held.set()
+            self.release.wait(120)
+        yield from self._engine.stream_timed(*args, **kwargs)
+
+
+async def test_a_full_worker_stays_in_its_group_however_long_its_synthesis_takes(make_settings, engine):
+    """Found by `voicebus bench hostile`: a worker whose requests in flight took longer than
+    max.poll.interval.ms did not poll, left its group, dropped its work and did it again."""
+    settings = make_settings(worker_max_in_flight=1, partitions=1)
+    held = HeldEngine(engine)
+    worker = SynthesisWorker(settings, held, warm_up=False, max_poll_interval_ms=1500)
+    async with Bus(settings) as bus:
+        await worker.start()
+        try:
+            await eventually(lambda: worker.assigned, what="the worker got its partition")
+            await bus.requests([request("s", "t1", 0, "Held back."), request("s", "t1", 1, "Then this.", last=True)])
+            await eventually(held.held.is_set, timeout_s=60, what="the first sentence in synthesis")
+            # full (1 in flight), paused, and held for well over max.poll.interval.ms (1.5 s)
+            await eventually(lambda: worker.polls_while_paused >= 5 or worker.revocations, timeout_s=60,
+                             what="five polls while full, or the worker leaving its group")
+            assert worker.revocations == 0 and worker.assigned, "a full worker left its group"
+            held.release.set()
+            await bus.wait_for(turn_done(bus, "s", "t1"), what="the turn's last chunk")
+        finally:
+            held.release.set()
+            await worker.stop()
+    assert worker.revocations == 0  # it never left its group: each sentence spoken once, by it
+    assert complete_sentences(bus.of("s", "t1")) == {0, 1}
+    assert len({c["worker_id"] for c in bus.of("s", "t1")}) == 1
