@@ -4,7 +4,8 @@ This module owns the chaos run (the benchmark and the fault tests in
 ``tests/pipeline/test_bench_chaos.py`` are this one mechanism). A whole pipeline runs as owned
 operating-system processes on a local KRaft cluster: one gate worker, one synthesis worker (the
 tiny random-weight Kokoro by default: real Kokoro code, the test's speed) and one edge, each a
-child in its own process group that is SIGKILLed (a crash, no clean shutdown) and started again.
+child in its own process group that is SIGKILLed (a crash, no clean shutdown) and started again
+(`pipeline.bench.stages.StageProcess`, the one stage-process mechanism the benchmarks share).
 An agent (the SDK's `Publisher`, in this process) speaks turns for several sessions at once, in
 rounds (every session one turn, all turns ended, the next round); one listener per session (a
 protocol v1 WebSocket client of the edge, `ChaosListener`) hears them, and reconnects with
@@ -41,18 +42,15 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.bench.stages import StageProcess, healthz_probe, stage_env
 from pipeline.clock import now_us
 from pipeline.settings import Settings
 
@@ -62,106 +60,25 @@ PROCESS_KINDS = ("gate", "worker", "edge")
 # opening-clause split), so sentence seq k of a turn is the agent's k-th sentence.
 SENTENCES = ("The sky is blue.", "Birds fly south.", "Rain falls today.", "We are ready.",
              "Come back soon.", "Time moves on.", "Lights are green.", "Doors stay open.")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 BROKER_DOWN_S = 3.0  # a killed broker stays down this long before its restart
 
 
-class ChaosError(RuntimeError):
-    """A stage of the chaos run did not start or a cluster did not get back in sync."""
+# --- the stages, as owned processes (`pipeline.bench.stages`) ---------------------------------------
 
 
-# --- the stages, as owned processes ---------------------------------------------------------------
-
-
-class Stage:
-    """One pipeline process (gate, worker or edge) that this run owns: started in its own process
-    group (asked to die with this process), SIGKILLed by `kill`, stopped by `stop`. Its output is
-    kept (the last 200 lines) for the error message of a start that fails."""
-
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], ready_line: str | None = None,
-                 probe: Callable[[], Any] | None = None) -> None:
-        self.name, self.cmd, self.env = name, cmd, env
-        self.ready_line, self.probe = ready_line, probe
-        self.proc: subprocess.Popen | None = None
-        self.output: deque[str] = deque(maxlen=200)
-        self.starts = 0
-        self._ready = threading.Event()
-
-    async def start(self, timeout: float = 180.0) -> None:
-        from pipeline.daemon import terminate_when_parent_dies
-
-        self._ready.clear()
-        self.starts += 1
-        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                     start_new_session=True, preexec_fn=terminate_when_parent_dies)
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True, name=f"chaos-{self.name}").start()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._ready.is_set() or (self.probe is not None and await self.probe()):
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(list(self.output)[-40:])
-                raise ChaosError(f"{self.name} did not get ready (exit {self.proc.poll()}):\n{tail}")
-            await asyncio.sleep(0.1)
-
-    def _pump(self, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            self.output.append(line.rstrip())
-            if self.ready_line and line.startswith(self.ready_line):
-                self._ready.set()
-
-    async def kill(self) -> None:
-        """SIGKILL (a crash) and reap."""
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await asyncio.to_thread(proc.wait)
-
-    async def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, 20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await asyncio.to_thread(proc.wait)
-
-
-def stage_env(settings: Settings) -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(REPO_ROOT) + (os.pathsep + path if path else "")}
-
-
-def make_stages(settings: Settings, tiny: bool = True, session_timeout_s: float = 6.0) -> dict[str, Stage]:
+def make_stages(settings: Settings, tiny: bool = True, session_timeout_s: float = 6.0) -> dict[str, StageProcess]:
     """The gate, worker and edge of a chaos run (not started)."""
     from pipeline.gate.app import READY_LINE
     from pipeline.synthesis.cli import WORKER_READY_LINE
 
     env = stage_env(settings)
-    gate = Stage("gate", [sys.executable, "-m", "pipeline.gate.app", "--announce", "--loglevel", "WARNING",
-                          "--commit-interval", "1", "--session-timeout", f"{session_timeout_s:g}"], env, READY_LINE)
-    worker = Stage("worker", [sys.executable, "-m", "pipeline.synthesis.worker", "--announce", "--worker-id", "chaos-worker"]
-                   + (["--tiny"] if tiny else []), env, WORKER_READY_LINE)
-    url = f"http://{settings.edge_host}:{settings.edge_port}/healthz"
-
-    async def edge_ready() -> bool:
-        import aiohttp
-
-        try:
-            async with aiohttp.ClientSession() as http, http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
-                return r.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
-
-    edge = Stage("edge", [sys.executable, "-m", "pipeline", "edge", "--port", str(settings.edge_port)], env, probe=edge_ready)
+    gate = StageProcess("gate", [sys.executable, "-m", "pipeline.gate.app", "--announce", "--loglevel", "WARNING",
+                                 "--commit-interval", "1", "--session-timeout", f"{session_timeout_s:g}"],
+                        env, ready_line=READY_LINE)
+    worker = StageProcess("worker", [sys.executable, "-m", "pipeline.synthesis.worker", "--announce", "--worker-id",
+                                     "chaos-worker"] + (["--tiny"] if tiny else []), env, ready_line=WORKER_READY_LINE)
+    edge = StageProcess("edge", [sys.executable, "-m", "pipeline", "edge", "--port", str(settings.edge_port)], env,
+                        probe=healthz_probe(f"http://{settings.edge_host}:{settings.edge_port}/healthz"))
     return {"gate": gate, "worker": worker, "edge": edge}
 
 
@@ -523,10 +440,8 @@ class ChaosRun:
         async def kill_restart_stage() -> None:
             stage = self.stages[kind]
             self.faults[kind].append(now_us())
-            await stage.kill()
-            if kind == "edge":  # down until audio was published while no edge ran (what a new edge must not lose)
-                await self._audio_published(10.0)
-            await stage.start()
+            # the edge stays down until audio was published while no edge ran (what a new edge must not lose)
+            await stage.restart(while_down=(lambda: self._audio_published(10.0)) if kind == "edge" else None)
 
         async def kill_broker(node_id: int) -> None:
             self.faults[kind].append(now_us())
