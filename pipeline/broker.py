@@ -18,7 +18,8 @@ This module owns `voicebus kafka fetch|start [--brokers N]|status|kill N|restart
   the single `LocalKafka` above, in the layout it always had. docs/kafka.md has the details.
 * `ensure_local_kafka(settings)` is for the demo and the benchmarks: it uses a broker already
   answering at ``settings.bootstrap`` or starts a throwaway one and stops it on exit;
-  `throwaway_cluster(settings, n)` starts an N-node one for benchmarks that compare sizes.
+  `ephemeral_cluster(settings, n)` starts an N-node one on free ports for a benchmark's own use
+  (`throwaway_cluster`: the same, as settings, for benchmarks that compare sizes).
 """
 
 from __future__ import annotations
@@ -888,28 +889,39 @@ def ensure_local_kafka(settings: Settings, start_timeout: float = 90.0) -> Itera
 
 
 @contextlib.contextmanager
-def throwaway_cluster(settings: Settings, brokers: int, start_timeout: float = 240.0,
-                      jvm_options: tuple[str, ...] = DEFAULT_JVM_OPTIONS) -> Iterator[Settings]:
+def ephemeral_cluster(settings: Settings, brokers: int, start_timeout: float = 240.0,
+                      jvm_options: tuple[str, ...] = DEFAULT_JVM_OPTIONS, partitions: int | None = None,
+                      prefix: str = "ephemeral") -> Iterator[LocalCluster]:
     """Start a `brokers`-node cluster on free loopback ports in a temporary data dir under the
-    cache, yield settings pointed at all its nodes, and stop it and remove the dir on exit (for
-    benchmarks that compare cluster sizes; nothing of the machine's own broker is touched)."""
+    cache, yield it (its nodes can be killed and restarted), and stop it and remove the dir on
+    exit; nothing of the machine's own broker is touched. `partitions`: the cluster's default
+    ``num.partitions`` (`settings.partitions` when None)."""
     jars = fetch_jars(settings.kafka_dir, settings.kafka_version)
     Path(settings.kafka_dir).mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"ephemeral-{brokers}x-", dir=settings.kafka_dir))
+    root = Path(tempfile.mkdtemp(prefix=f"{prefix}-{brokers}x-", dir=settings.kafka_dir))
     ports: list[int] = []
     while len(ports) < 2 * brokers:
         port = free_port()
         if port not in ports:
             ports.append(port)
     cluster = LocalCluster(root, jars, ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)],
-                           extra_config={"num.partitions": str(settings.partitions)},
+                           extra_config={"num.partitions": str(settings.partitions if partitions is None else partitions)},
                            jvm_options=jvm_options, die_with_parent=True)
     try:
         cluster.start(start_timeout)
-        yield settings.replace(bootstrap=cluster.bootstrap)
+        yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def throwaway_cluster(settings: Settings, brokers: int, start_timeout: float = 240.0,
+                      jvm_options: tuple[str, ...] = DEFAULT_JVM_OPTIONS) -> Iterator[Settings]:
+    """An `ephemeral_cluster`, as settings pointed at all its nodes (for benchmarks that compare
+    cluster sizes)."""
+    with ephemeral_cluster(settings, brokers, start_timeout, jvm_options) as cluster:
+        yield settings.replace(bootstrap=cluster.bootstrap)
 
 
 # --- CLI -----------------------------------------------------------------------------------------

@@ -41,9 +41,7 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -573,29 +571,12 @@ async def run_on_cluster(settings: Settings, cluster: Any, plan: ChaosPlan,
     return faults, details
 
 
-@contextlib.contextmanager
 def owned_cluster(settings: Settings, brokers: int):
-    """A `brokers`-node cluster of this run on free loopback ports (a temporary data dir under the
-    cache), stopped and removed on exit."""
-    from pipeline.broker import LocalCluster, fetch_jars
-    from pipeline.daemon import free_port
+    """A `brokers`-node cluster of this run on free loopback ports, 3 partitions by default,
+    stopped and removed on exit (`pipeline.broker.ephemeral_cluster`)."""
+    from pipeline.broker import ephemeral_cluster
 
-    jars = fetch_jars(settings.kafka_dir, settings.kafka_version)
-    Path(settings.kafka_dir).mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"chaos-{brokers}x-", dir=settings.kafka_dir))
-    ports: list[int] = []
-    while len(ports) < 2 * brokers:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    cluster = LocalCluster(root, jars, ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)],
-                           extra_config={"num.partitions": "3"}, die_with_parent=True)
-    try:
-        cluster.start(240)
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    return ephemeral_cluster(settings, brokers, partitions=3, prefix="chaos")
 
 
 # --- CLI --------------------------------------------------------------------------------------------
