@@ -109,7 +109,7 @@ class LocalLlmServer:
         self.stop()
 
     def start(self) -> None:
-        from pipeline.daemon import terminate_when_parent_dies
+        from pipeline.daemon import popen_dying_with_parent
 
         check_server_installed()
         model = self.model or smollm2_model_path()
@@ -120,10 +120,10 @@ class LocalLlmServer:
         out = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         started = time.monotonic()
         try:
-            self.process = subprocess.Popen(
+            self.process = popen_dying_with_parent(
                 server_command(model, self.host, self.port, threads=self.threads, alias=self.alias),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                preexec_fn=terminate_when_parent_dies, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         finally:
             if self.log_path:
                 out.close()

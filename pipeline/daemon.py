@@ -13,6 +13,8 @@ command line, its configuration, how to tell that it answers):
 * `maven_fetch`: resolve artifacts with the machine's Maven into a staging folder under a lock
   file, then rename the finished folder into place, so concurrent callers (several test sessions)
   never use a half-copied one and a killed fetch leaves nothing that looks complete.
+* `popen_dying_with_parent`: every child asked to die with this process is forked from one
+  thread that lives as long as the process (see its docstring for why).
 * `free_port`.
 """
 
@@ -26,7 +28,9 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -63,11 +67,9 @@ class OwnedProcess:
     def launch(self, cmd: Sequence[str], log_file: Path, cwd: Path) -> int:
         """Start `cmd` without waiting for it to answer; its output goes to `log_file`."""
         with open(log_file, "ab") as out:
-            self._proc = subprocess.Popen(
-                list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=cwd, start_new_session=True,
-                preexec_fn=terminate_when_parent_dies if self.die_with_parent else None,
-            )
+            popen = popen_dying_with_parent if self.die_with_parent else subprocess.Popen
+            self._proc = popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               cwd=cwd, start_new_session=True)
         self.pid_file.write_text(f"{self._proc.pid}\n")
         return self._proc.pid
 
@@ -201,11 +203,32 @@ def maven_fetch(
 
 
 def terminate_when_parent_dies() -> None:
-    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies."""
+    """Runs in the child before exec: ask Linux to SIGTERM it when its parent dies. Use it through
+    `popen_dying_with_parent`: "parent" is the forking *thread*."""
     import ctypes
 
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def popen_dying_with_parent(args, **kwargs) -> subprocess.Popen:
+    """`subprocess.Popen` of a child that Linux SIGTERMs when this process dies.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the process: a
+    child forked from a worker thread (`asyncio.to_thread`, an executor) was killed as soon as the
+    executor retired that thread, e.g. when the event loop that owned it closed. (bench chaos
+    restarted a killed broker from `asyncio.to_thread`; the broker died with the test module's
+    loop, and the next tests found a 3-node cluster of 2.) So every such child is forked from one
+    spawner thread that lives until the process exits."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicebus-spawner")
+    return _spawner.submit(subprocess.Popen, args, preexec_fn=terminate_when_parent_dies, **kwargs).result()
 
 
 def alive(pid: int) -> bool:

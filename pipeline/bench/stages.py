@@ -4,7 +4,7 @@ bench chaos`). This module is the one home of that mechanism.
 
 `StageProcess` is one stage: its own command line (what a deployment runs), the settings passed
 through the environment (`stage_env`: `Settings.to_env`), started in a process group of its own
-and asked to die with this process (`pipeline.daemon.terminate_when_parent_dies`). `start`
+and asked to die with this process (`pipeline.daemon.popen_dying_with_parent`). `start`
 launches it and waits for its readiness signal: a line it prints (the gate's and the worker's
 ``--announce`` line) or a probe that answers true (the edge's ``/healthz``, `healthz_probe`). Its
 output is drained into a ring of recent lines (a full pipe would block the child). It tells
@@ -34,7 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from pipeline.daemon import free_port, signal_group, terminate_when_parent_dies
+from pipeline.daemon import free_port, popen_dying_with_parent, signal_group
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,9 +95,9 @@ class StageProcess:
         ready = self._ready = threading.Event()  # a new one: an old pump can never mark this start ready
         self._ended = False
         self.starts += 1
-        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=str(ROOT), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                     start_new_session=True, preexec_fn=terminate_when_parent_dies)
+        self.proc = popen_dying_with_parent(self.cmd, env=self.env, cwd=str(ROOT), stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                            start_new_session=True)
         threading.Thread(target=self._pump, args=(self.proc, ready), daemon=True,
                          name=f"stage-{self.name}-out").start()
 

@@ -62,3 +62,29 @@ def test_a_complete_folder_is_used_without_running_maven(tmp_path: Path):
     target.mkdir(parents=True)
     (target / COMPLETE_MARK).write_text("1.0\n")
     assert maven_fetch(target, tmp_path / "absent-pom.xml", [], "x", lambda d, s: None) == target  # complete: no Maven run
+
+
+def test_a_server_launched_from_a_thread_that_ends_keeps_running(tmp_path: Path):
+    """A broker restarted from `asyncio.to_thread` died when the executor retired that thread
+    (PR_SET_PDEATHSIG follows the forking thread, not the process): bench chaos's broker_leader
+    fault left the test session's 3-node cluster with 2 nodes once its module's event loop
+    closed. A server asked to die with its parent must outlive the thread that launched it."""
+    import subprocess
+    import threading
+
+    marker = f"--voicebus-test={tmp_path}"
+    owned = OwnedProcess(tmp_path / "x.pid", [marker.encode()], die_with_parent=True)
+    launched: list[int] = []
+    thread = threading.Thread(target=lambda: launched.append(
+        owned.launch(_sleeper(tmp_path, marker), tmp_path / "x.log", tmp_path)))
+    thread.start()
+    thread.join()
+    try:
+        # what must *not* happen is the parent-death SIGTERM, which comes within milliseconds of
+        # the thread's end; 2 s without it is the observation
+        with pytest.raises(subprocess.TimeoutExpired):
+            owned._proc.wait(timeout=2)
+        assert alive(launched[0])
+    finally:
+        owned.kill()
+    assert not live_pids(marker.encode())
