@@ -199,7 +199,7 @@ class KafkaLink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        from pipeline.bus import ensure_topics, make_producer
+        from pipeline.bus import await_group_coordinator, ensure_topics, make_producer
 
         s = self.settings
         await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.heard_topic,
@@ -218,6 +218,7 @@ class KafkaLink:
         await self.follower.start()
         await self._open_consumer()
         await self._open_directory()
+        await await_group_coordinator(s, self.group)  # a fresh broker: no error lines at start
         session_ms = s.edge_session_timeout_ms
         self.membership = AIOKafkaConsumer(
             bootstrap_servers=s.bootstrap, group_id=self.group, enable_auto_commit=False,
