@@ -408,6 +408,7 @@ class SynthesisEngine:
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
+            windowed=settings.windowed_decoding,
         )
 
     @classmethod

@@ -170,3 +170,39 @@ def test_a_long_sentence_is_not_cut_mid_phrase_when_the_first_audio_comes_from_a
     pieces = split_for_early_audio(long, first, rest)
     assert len(pieces) > 1 and all(p.endswith((",", ".")) for p in pieces)
     assert all(len(p.split()) <= WINDOWED_PIECE_MAX_WORDS for p in pieces)
+
+
+def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
+    """Windowed decoding: the piece's first chunk comes after one run of the generator, the
+    others after the later windows; the chunks' samples are those of all windows joined."""
+    engine = SynthesisEngine.tiny(seed=0)
+    engine.silence_margins_ms = (20, 250)  # the real engine's margins: windowed decoding on
+    assert engine.windows_decoding
+    runs = []
+    hook = engine.model.decoder.generator.conv_post.register_forward_hook(lambda *_: runs.append(1))
+    try:
+        stream = engine.stream_timed("Good morning, my friend.", "en", "af_heart", chunk_ms=100)
+        first = next(stream)
+        assert len(runs) == 1 and first.words and first.pcm
+        rest = list(stream)
+    finally:
+        hook.remove()
+    assert len(engine.last_seams) >= 1 and len(runs) == len(engine.last_seams) + 1
+    assert all(not c.words for c in rest)
+    decoded, _ = engine.last_decoded_frames
+    assert 0 < len(first.pcm) + sum(len(c.pcm) for c in rest) <= 2 * 600 * decoded
+
+
+def test_the_device_is_cuda_only_where_torch_sees_one():
+    """The cuda code path's choice, on this CPU-only machine: auto is cpu, cuda is a clear error."""
+    import torch
+
+    from pipeline.synthesis.engine import EngineError, pick_device
+
+    assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match="no CUDA device"):
+            pick_device("cuda")
+    with pytest.raises(EngineError, match="unknown device"):
+        pick_device("tpu")

