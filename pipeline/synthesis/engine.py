@@ -367,10 +367,11 @@ class SynthesisEngine:
     decode_sound_only: bool = True
     """With ``silence_margins_ms`` set: the decoder gets only the frames around the predicted
     sound (`kokoro_frames.sound_span`), not the silence that trimming would throw away."""
-    windowed: bool = True
+    windowed: bool = False
     """With sound-only decoding: the decoder's generator runs in windows of frames, the first
     short, and each window's audio is published as soon as it is decoded
-    (`kokoro_frames.decode_windows`, docs/synthesis.md "First audio from the first window")."""
+    (`kokoro_frames.decode_windows`, docs/synthesis.md "First audio from the first window").
+    Off by default (`Settings.windowed_decoding`) until its quality gate holds."""
     grad_mode: str = "inference"
     """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
     last_decoded_frames: tuple[int, int] | None = field(default=None, repr=False)

@@ -176,7 +176,8 @@ def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
     """Windowed decoding: the piece's first chunk comes after one run of the generator, the
     others after the later windows; the chunks' samples are those of all windows joined."""
     engine = SynthesisEngine.tiny(seed=0)
-    engine.silence_margins_ms = (20, 250)  # the real engine's margins: windowed decoding on
+    engine.silence_margins_ms = (20, 250)  # the real engine's margins
+    engine.windowed = True
     assert engine.windows_decoding
     runs = []
     hook = engine.model.decoder.generator.conv_post.register_forward_hook(lambda *_: runs.append(1))
