@@ -93,6 +93,8 @@ def mid_phrase_pauses(model, pcm: bytes, language: str) -> list[tuple[int, int]]
 
 
 @pytest.mark.model
+@pytest.mark.xfail(strict=True, reason="issue 11 item 7 not met yet: with windowed decoding, en and es still have one "
+                                       "silence of 310-380 ms each inside the phrase (pt none); docs/synthesis.md")
 def test_no_pause_in_the_middle_of_a_phrase_in_english_spanish_and_portuguese(real_engine, whisper_base):
     found = {}
     real_engine.windowed = True  # cut only where the model needs it (Settings.windowed_decoding)
