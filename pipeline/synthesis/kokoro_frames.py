@@ -17,6 +17,12 @@ F0 and energy (``N``) are predicted for the whole piece as kokoro does, and the 
 before the predicted energy rises to just after it falls (`sound_span`).
 
 One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per frame.
+
+Windowed decoding (issue 11 item 2; docs/synthesis.md "First audio from the first window"):
+`prepare_decoder` is `Decoder.forward` up to the generator, over a whole span, plus the
+generator's harmonic source drawn once; `generate` is `Generator.forward` on a window of that
+span; `seams` places the windows (a short first, then growing) and `decode_windows` yields each
+window's audio, crossfaded at the seams.
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ CONTEXT_FRAMES = 2
 _REQUIRED = (
     "vocab", "bert", "bert_encoder", "predictor", "text_encoder", "decoder",
     "predictor.text_encoder", "predictor.lstm", "predictor.duration_proj", "predictor.F0Ntrain",
+    # windowed decoding: the decoder's halves (`prepare_decoder`, `generate`)
+    "decoder.encode", "decoder.decode", "decoder.F0_conv", "decoder.N_conv", "decoder.asr_res",
+    "decoder.generator.m_source", "decoder.generator.f0_upsamp", "decoder.generator.stft",
+    "decoder.generator.noise_convs", "decoder.generator.noise_res", "decoder.generator.ups",
+    "decoder.generator.resblocks", "decoder.generator.conv_post", "decoder.generator.reflection_pad",
+    "decoder.generator.num_upsamples", "decoder.generator.num_kernels", "decoder.generator.post_n_fft",
 )
 
 
