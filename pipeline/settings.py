@@ -196,6 +196,11 @@ class Settings:
     """Silence kept before and after the sound of each synthesized piece. Kokoro pads each
     forward pass with ~270 ms before and ~600 ms after; the lead delays the turn's first audible
     sample and the sum is the pause between sentences. 20 + 250 ms: docs/synthesis.md."""
+    windowed_decoding: bool = False
+    """Decode each piece in growing windows of frames and publish each window's audio as soon as
+    it is decoded; sentences are then cut only where they must be (no pause mid-phrase). Off by
+    default until its quality gate holds (Whisper WER +0.037 over the whole decode, gate 0.02:
+    docs/synthesis.md); False: one window per piece, sentences cut after their 8th word."""
     worker_cancel_lookback_s: float = 300.0
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000

@@ -8,9 +8,16 @@ Engine alone, no Kafka. Each repeat runs every variant on every sentence, varian
 - **RTF**: synthesis time of the whole sentence over the duration of the audio published.
 - **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/synthesis.md).
 
-Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` is
-the engine's default (only the sounding frames decoded, 1 torch thread); the others change one
-runtime option: torch intra-op threads, ``no_grad`` instead of ``inference_mode``.
+Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` only
+the sounding frames decoded, in one window, sentences cut after their 8th word for early audio;
+``windowed`` is the engine's default (sounding frames decoded in growing windows, the first
+audio published from the first, sentences cut only where they must be: issue 11 items 2, 7); the
+others change one runtime option: torch intra-op threads, ``no_grad`` instead of
+``inference_mode``.
+
+``--quality``: the gates of windowed decoding on the 20 English sentences of
+`pipeline.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
+windowed decodes of the same prediction and excitation, and the seam measure at every seam.
 """
 
 from __future__ import annotations
@@ -38,8 +45,11 @@ def register(bench_subparsers) -> None:
     p.add_argument("--voice", default=None)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: the engine's, 1)")
-    p.add_argument("--variants", default="before,after,after-2threads,after-no_grad",
-                   help="comma-separated: before|after, each optionally -<N>thread(s) and/or -no_grad")
+    p.add_argument("--variants", default="before,after,windowed",
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s) and/or -no_grad")
+    p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
+    p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
+    p.add_argument("--quality-only", action="store_true", help="skip the timing A/B (with --quality or --seam-png)")
     p.set_defaults(func=run)
 
 
@@ -47,9 +57,10 @@ def _variant(name: str, threads: int) -> dict:
     """Engine attributes and thread count of a variant name: ``before`` or ``after``, then
     optionally ``-<N>thread(s)`` and/or ``-no_grad`` (e.g. ``after-1thread-no_grad``)."""
     base, *options = name.split("-")
-    if base not in {"before", "after"}:
+    if base not in {"before", "after", "windowed"}:
         raise SystemExit(f"unknown variant {name!r}")
-    variant = {"decode_sound_only": base == "after", "grad_mode": "inference", "threads": threads}
+    variant = {"decode_sound_only": base != "before", "windowed": base == "windowed", "grad_mode": "inference",
+               "threads": threads}
     for option in options:
         if option == "no_grad":
             variant["grad_mode"] = "no_grad"
@@ -86,6 +97,33 @@ def _frames_of(engine, text: str, language: str, voice: str) -> tuple[int, int]:
     return decoded, predicted
 
 
+def _apply(engine, variant: dict) -> None:
+    import torch
+
+    torch.set_num_threads(variant["threads"])
+    engine.decode_sound_only, engine.windowed = variant["decode_sound_only"], variant["windowed"]
+    engine.grad_mode = variant["grad_mode"]
+
+
+def _quality(engine, voice: str) -> None:
+    from pipeline.bench import seams
+
+    t0 = time.perf_counter()
+    q = seams.quality(engine, voice)
+    measures = q["seams"]
+    ok = sum(m["ok"] for m in measures)
+    print(f"quality over {q['sentences']} English sentences, {q['words']} words ({time.perf_counter() - t0:.0f} s):")
+    print(f"  Whisper tiny.en WER whole-piece {q['wer_whole']:.3f}, windowed {q['wer_windowed']:.3f} "
+          f"(difference {q['wer_windowed'] - q['wer_whole']:+.3f}; gate <= 0.02)")
+    print(f"  seams {len(measures)}: {ok} no worse than the audio around them; flux at seam median "
+          f"{statistics.median(m['seam_flux'] for m in measures):.2f} dB vs whole decode there "
+          f"{statistics.median(m['whole_flux'] for m in measures):.2f}, local p90 "
+          f"{statistics.median(m['local_p90'] for m in measures):.2f}; sample jump at seam / p99 around: max "
+          f"{max(m['jump_ratio'] for m in measures):.2f}")
+    print(f"  log-mel distance windowed vs whole (same excitation) median {statistics.median(q['distances']):.3f}, "
+          f"whole vs whole with another noise seed {statistics.median(q['seed_distances']):.3f}")
+
+
 def run(args, settings) -> int:
     import os
 
@@ -100,32 +138,40 @@ def run(args, settings) -> int:
     if args.tiny:
         engine.silence_margins_ms = (settings.max_lead_silence_ms, settings.max_trail_silence_ms)
     voice = engine.resolve_voice(args.voice or settings.default_voice)
-    for variant in variants.values():  # warm up each variant: G2P load, first-call costs
-        torch.set_num_threads(variant["threads"])
-        engine.decode_sound_only, engine.grad_mode = variant["decode_sound_only"], variant["grad_mode"]
+    for variant in ([] if args.quality_only else variants.values()):  # warm up each variant: G2P load, first-call costs
+        _apply(engine, variant)
         list(engine.stream("Warm up, please.", args.lang, voice))
 
     results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    if args.quality_only:
+        variants, args.repeats = {}, 0
     for _ in range(args.repeats):
         for sentence, text in SENTENCES.items():
             for name, variant in variants.items():
-                torch.set_num_threads(variant["threads"])
-                engine.decode_sound_only, engine.grad_mode = variant["decode_sound_only"], variant["grad_mode"]
+                _apply(engine, variant)
                 ttfa, rtf = _measure(engine, text, args.lang, voice)
                 results.setdefault((name, sentence), []).append((ttfa, rtf))
 
-    engine.decode_sound_only, engine.grad_mode = True, "inference"
-    frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
-    load = os.getloadavg()[0]
-    print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "
-          f"repeats {args.repeats}, variants interleaved")
-    print(f"{'variant':<16} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES) + f" {'ttfa p50':>9} {'rtf p50':>8}")
-    for name, variant in variants.items():
-        cells = [statistics.median(t for t, _ in results[(name, s)]) for s in SENTENCES]
-        all_ttfa = statistics.median(t for s in SENTENCES for t, _ in results[(name, s)])
-        all_rtf = statistics.median(r for s in SENTENCES for _, r in results[(name, s)])
-        print(f"{name:<16} {variant['threads']:>7} " + " ".join(f"{c:>12.3f}" for c in cells) + f" {all_ttfa:>9.3f} {all_rtf:>8.3f}")
-    print("ttfa: seconds from stream() to its first chunk, as a turn's opening sentence; rtf: synthesis time / audio published")
-    print("frames decoded / predicted with sound-only decoding: "
-          + ", ".join(f"{s} {d}/{p} ({1 - d / max(1, p):.0%} skipped)" for s, (d, p) in frames.items()))
+    engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
+    if variants:
+        frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
+        load = os.getloadavg()[0]
+        print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "
+              f"repeats {args.repeats}, variants interleaved")
+        print(f"{'variant':<16} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES) + f" {'ttfa p50':>9} {'rtf p50':>8}")
+        for name, variant in variants.items():
+            cells = [statistics.median(t for t, _ in results[(name, s)]) for s in SENTENCES]
+            all_ttfa = statistics.median(t for s in SENTENCES for t, _ in results[(name, s)])
+            all_rtf = statistics.median(r for s in SENTENCES for _, r in results[(name, s)])
+            print(f"{name:<16} {variant['threads']:>7} " + " ".join(f"{c:>12.3f}" for c in cells) + f" {all_ttfa:>9.3f} {all_rtf:>8.3f}")
+        print("ttfa: seconds from stream() to its first chunk, as a turn's opening sentence; rtf: synthesis time / audio published")
+        print("frames decoded / predicted with sound-only decoding: "
+              + ", ".join(f"{s} {d}/{p} ({1 - d / max(1, p):.0%} skipped)" for s, (d, p) in frames.items()))
+    if args.quality:
+        _quality(engine, voice)
+    if args.seam_png:
+        from pipeline.bench import seams
+
+        seams.save_seam_spectrogram(seams.decode_pair(engine, seams.ENGLISH[0], "en", voice), args.seam_png)
+        print(f"seam spectrogram: {args.seam_png}")
     return 0

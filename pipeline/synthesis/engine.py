@@ -41,6 +41,22 @@ MAX_PHONEMES = 510
 FIRST_PIECE_MAX_WORDS = 8
 PIECE_MAX_WORDS = 30
 
+# With windowed decoding (the first audio comes from a piece's first frames, however long the
+# piece) a sentence is cut only where it must be: pieces of at most this many words, cut at
+# clause punctuation when the clauses allow, so the phonemes stay far under MAX_PHONEMES
+# (about 6 symbols a word in en/es/pt: ~300 of 510). Each cut is a pause of 250-500 ms heard
+# in the middle of the sentence (issue 11 item 7).
+WINDOWED_PIECE_MAX_WORDS = 50
+
+
+def piece_limits(windowed: bool) -> tuple[int, int]:
+    """(first piece's, later pieces' most words) for `split_for_early_audio`: without windowed
+    decoding a short first piece for early audio; with it, only the phoneme-safe limit."""
+    if windowed:
+        return WINDOWED_PIECE_MAX_WORDS, WINDOWED_PIECE_MAX_WORDS
+    return FIRST_PIECE_MAX_WORDS, PIECE_MAX_WORDS
+
+
 _CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
 
 # Kokoro-82M pads every forward pass with silence: about 250-290 ms before the first sound and
@@ -263,6 +279,48 @@ def sounding_span(pcm: bytes, threshold: int = SILENCE_THRESHOLD) -> tuple[int, 
     return int(loud[0]), int(loud[-1]) + 1
 
 
+class PartTrimmer:
+    """`trimmed` for audio that comes in parts (the windows of `kokoro_frames.decode_windows`):
+    `feed` returns what can be published of each part, and the parts' outputs joined are
+    exactly ``trimmed(all parts joined, ...)``. The lead is cut on the first loud sample; the
+    quiet samples after a part's last loud one are held until the next part says whether
+    speech follows (then they are kept) or the piece ends (then the trail rule applies).
+    ``cut``: the samples cut before the output, known once `feed` has returned audio."""
+
+    def __init__(self, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD,
+                 undecoded_trail_samples: int = 0) -> None:
+        import numpy as np
+
+        self.max_lead, self.max_trail = max(0, max_lead_samples), max(0, max_trail_samples)
+        self.threshold, self.undecoded = threshold, max(0, undecoded_trail_samples)
+        self.cut = 0
+        self._started = False
+        self._held = np.empty(0, dtype="<i2")
+
+    def feed(self, pcm: bytes, last: bool) -> bytes:
+        import numpy as np
+
+        samples = np.concatenate([self._held, np.frombuffer(pcm, dtype="<i2")])
+        loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > self.threshold)
+        if not self._started:
+            if loud.size == 0:  # nothing loud yet: silent throughout so far
+                if last:
+                    self._held = samples[:0]
+                    return samples.tobytes()
+                self._held = samples
+                return b""
+            self.cut = max(0, int(loud[0]) - self.max_lead)
+            samples, loud = samples[self.cut :], loud - self.cut
+            self._started = True
+        last_loud = int(loud[-1]) if loud.size else -1  # -1: the last loud sample was before the held ones
+        if last:
+            self._held = samples[:0]
+            end = min(len(samples) + self.undecoded, last_loud + 1 + self.max_trail)
+            return samples[:end].tobytes() + bytes(2 * max(0, end - len(samples)))
+        self._held = samples[last_loud + 1 :]
+        return samples[: last_loud + 1].tobytes()
+
+
 class Piece(NamedTuple):
     """One forward pass's input: its phonemes, and how its words are timed from the durations
     the model predicts for them (`pipeline.synthesis.words`); English pieces also carry
@@ -282,6 +340,18 @@ class Voiced(NamedTuple):
     durations: "torch.Tensor"
 
 
+class VoicedPart(NamedTuple):
+    """One part of a piece's audio as it is decoded (`SynthesisEngine.voice_parts`): PCM16LE
+    to publish, and what word timing needs (the same on every part): the samples of the raw
+    output cut before the piece's PCM (known from the first part with audio), the predicted
+    frames per token, and an upper bound of the piece's published samples."""
+
+    pcm: bytes
+    raw_offset: int
+    durations: "torch.Tensor"
+    bound: int
+
+
 class TimedChunk(NamedTuple):
     """A chunk of `SynthesisEngine.stream_timed`: PCM16LE, and on the first chunk of each piece
     the piece's words in samples from the start of the sentence (empty on the others)."""
@@ -291,8 +361,9 @@ class TimedChunk(NamedTuple):
 
 
 class SpokenPiece(NamedTuple):
-    """One piece of a sentence as spoken: its input, its audio, its words in samples of the
-    sentence, and the samples of the sentence before it."""
+    """One piece of a sentence as spoken (with windowed decoding: one window of it): its input,
+    its audio, its words in samples of the sentence (on a piece's first part only), and the
+    samples of the sentence before it."""
 
     piece: Piece
     voiced: Voiced
@@ -321,10 +392,18 @@ class SynthesisEngine:
     decode_sound_only: bool = True
     """With ``silence_margins_ms`` set: the decoder gets only the frames around the predicted
     sound (`kokoro_frames.sound_span`), not the silence that trimming would throw away."""
+    windowed: bool = False
+    """With sound-only decoding: the decoder's generator runs in windows of frames, the first
+    short, and each window's audio is published as soon as it is decoded
+    (`kokoro_frames.decode_windows`, docs/synthesis.md "First audio from the first window").
+    Off by default (`Settings.windowed_decoding`) until its quality gate holds."""
     grad_mode: str = "inference"
     """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
     last_decoded_frames: tuple[int, int] | None = field(default=None, repr=False)
     """(frames decoded, frames predicted) of the latest `_decode_sound` (benchmarks, tests)."""
+    last_seams: list[int] = field(default_factory=list, repr=False)
+    """Frames (of the piece's predicted frames) where the latest `voice_parts` crossfaded two
+    windows (benchmarks, tests)."""
     _g2p: dict = field(default_factory=dict, repr=False)
     _warned_voices: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -355,6 +434,7 @@ class SynthesisEngine:
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
+            windowed=settings.windowed_decoding,
         )
 
     @classmethod
@@ -453,6 +533,60 @@ class SynthesisEngine:
         pcm, cut = trimmed(pcm, per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded_trail)
         return Voiced(pcm, start * kokoro_frames.SAMPLES_PER_FRAME + cut, frames.durations)
 
+    @property
+    def windows_decoding(self) -> bool:
+        """Whether `voice_parts` decodes in windows (then sentences are cut only where they must)."""
+        return self.silence_margins_ms is not None and self.decode_sound_only and self.windowed
+
+    def voice_parts(self, phonemes: str, voice: str, speed: float = 1.0) -> Iterator[VoicedPart]:
+        """`synthesize_timed` in parts: with windowed, sound-only decoding, one part per window
+        of frames as soon as it is decoded (the first after the prediction, the decoder's
+        frame-rate half and the first window's generator); otherwise one part. The lock is
+        held for each step, not across a yield: a consumer that stops iterating stops the
+        decoding, and other requests' forward passes may run between two windows."""
+        import torch
+
+        from pipeline.synthesis import kokoro_frames as kf
+
+        if not self.windows_decoding:
+            voiced = self.synthesize_timed(phonemes, voice, speed)
+            yield VoicedPart(voiced.pcm, voiced.raw_offset, voiced.durations, len(voiced.pcm) // 2)
+            return
+        pack = self.voice_packs[self.resolve_voice(voice)]
+        phonemes = phonemes[:MAX_PHONEMES]
+        ref_s = pack[len(phonemes) - 1].to(self.device)
+
+        def grad_off():
+            return torch.no_grad() if self.grad_mode == "no_grad" else torch.inference_mode()
+
+        lead_ms, trail_ms = self.silence_margins_ms
+        per_ms = self.sample_rate // 1000
+        with self._lock, grad_off():
+            if self.seed is not None:
+                torch.manual_seed(self.seed)
+            frames = kf.predict_frames(self.model, phonemes, ref_s, speed)
+            energy = frames.frame_energy()
+            lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kf.SAMPLES_PER_FRAME)
+            lead = max(kf.CONTEXT_FRAMES, lead_frames)
+            start, stop = kf.sound_span(energy, lead=lead)
+            whole = (start, stop) == (0, frames.count)
+            weights = None if whole else kf.stand_in_weights(start, stop, frames.count, lead, kf.CONTEXT_FRAMES)
+            prepared = kf.prepare_decoder(self.model, frames, start, stop, weights)
+            quiet = next((i for i, e in enumerate(energy[start:stop]) if e > kf.SOUND_ENERGY_THRESHOLD), 0)
+            cuts = kf.seams(prepared.count, lead=quiet)
+            self.last_decoded_frames = (stop - start, frames.count)
+            self.last_seams = [start + c for c in cuts]
+        undecoded = (frames.count - stop) * kf.SAMPLES_PER_FRAME
+        trimmer = PartTrimmer(per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded)
+        span_samples = prepared.count * kf.SAMPLES_PER_FRAME
+        parts = kf.decode_windows(self.model, prepared, cuts)
+        for k in range(len(cuts) + 1):
+            with self._lock, grad_off():
+                audio = next(parts)
+            pcm = trimmer.feed(float_to_pcm16(audio), last=k == len(cuts))
+            bound = span_samples - trimmer.cut + min(undecoded, per_ms * trail_ms)
+            yield VoicedPart(pcm, start * kf.SAMPLES_PER_FRAME + trimmer.cut, frames.durations, bound)
+
     def stream(
         self,
         text: str,
@@ -498,21 +632,37 @@ class SynthesisEngine:
         first_clause_min_words: int = 0,
     ) -> Iterator["SpokenPiece"]:
         """Each forward pass of one sentence as `stream_timed` speaks it: the piece, its audio and
-        its words in samples of the sentence (`SpokenPiece`)."""
+        its words in samples of the sentence (`SpokenPiece`). With windowed decoding, one per
+        decoded window of a piece, as soon as it is decoded; the piece's words come with its first."""
         if speed <= 0:
             raise ValueError(f"speed must be positive, got {speed}")
         spoken = 0  # samples of this sentence before the current piece
-        for text_piece in split_for_early_audio(text, first_clause_min_words=first_clause_min_words):
+        first_max, rest_max = piece_limits(self.windows_decoding)
+        for text_piece in split_for_early_audio(text, first_max, rest_max, first_clause_min_words):
             if should_stop():
                 return
             for piece in self.pieces(text_piece, language):
                 if should_stop():
                     return
-                voiced = self.synthesize_timed(piece.phonemes, voice, speed)
-                samples = len(voiced.pcm) // 2
-                words = place(piece.time_words(voiced.durations), self.sample_rate, voiced.raw_offset, samples, spoken,
-                              sound=sounding_span(voiced.pcm))
-                yield SpokenPiece(piece, voiced, words, spoken)
+                words = None  # placed with the piece's first audio
+                samples = 0
+                for part in self.voice_parts(piece.phonemes, voice, speed):
+                    if not part.pcm:
+                        continue
+                    first = words is None
+                    if first:
+                        # no word before the piece's audio sounds, nor after it; a first window
+                        # does not know where the piece's sound ends: its bound is the limit
+                        sound = sounding_span(part.pcm)
+                        if self.windows_decoding:
+                            sound = (sound[0], part.bound)
+                        words = place(piece.time_words(part.durations), self.sample_rate, part.raw_offset, part.bound,
+                                      spoken, sound=sound)
+                    yield SpokenPiece(piece, Voiced(part.pcm, part.raw_offset, part.durations),
+                                      words if first else [], spoken + samples)
+                    samples += len(part.pcm) // 2
+                    if should_stop():
+                        return
                 spoken += samples
 
     def _trimmed(self, pcm: bytes) -> tuple[bytes, int]:

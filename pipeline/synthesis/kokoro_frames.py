@@ -17,11 +17,17 @@ F0 and energy (``N``) are predicted for the whole piece as kokoro does, and the 
 before the predicted energy rises to just after it falls (`sound_span`).
 
 One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per frame.
+
+Windowed decoding (issue 11 item 2; docs/synthesis.md "First audio from the first window"):
+`prepare_decoder` is `Decoder.forward` up to the generator, over a whole span, plus the
+generator's harmonic source drawn once; `generate` is `Generator.forward` on a window of that
+span; `seams` places the windows (a short first, then growing) and `decode_windows` yields each
+window's audio, crossfaded at the seams.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +49,12 @@ CONTEXT_FRAMES = 2
 _REQUIRED = (
     "vocab", "bert", "bert_encoder", "predictor", "text_encoder", "decoder",
     "predictor.text_encoder", "predictor.lstm", "predictor.duration_proj", "predictor.F0Ntrain",
+    # windowed decoding: the decoder's halves (`prepare_decoder`, `generate`)
+    "decoder.encode", "decoder.decode", "decoder.F0_conv", "decoder.N_conv", "decoder.asr_res",
+    "decoder.generator.m_source", "decoder.generator.f0_upsamp", "decoder.generator.stft",
+    "decoder.generator.noise_convs", "decoder.generator.noise_res", "decoder.generator.ups",
+    "decoder.generator.resblocks", "decoder.generator.conv_post", "decoder.generator.reflection_pad",
+    "decoder.generator.num_upsamples", "decoder.generator.num_kernels", "decoder.generator.post_n_fft",
 )
 
 
@@ -150,6 +162,11 @@ def stand_in_weights(start: int, stop: int, count: int, lead: int, trail: int) -
     return weights
 
 
+def _norms(module, weights: "torch.Tensor | None"):
+    """`weighted_instance_norms`, or kokoro's own norms (exactly) when ``weights`` is None."""
+    return nullcontext() if weights is None else weighted_instance_norms(module, weights)
+
+
 @contextmanager
 def weighted_instance_norms(decoder, frame_weights: "torch.Tensor"):
     """Inside the block, every `InstanceNorm1d` of ``decoder`` takes its per-channel mean and
@@ -211,3 +228,157 @@ def decode_sound(model, frames: Frames, lead: int = CONTEXT_FRAMES, trail: int =
         return decode_frames(model, frames), start, stop
     weights = stand_in_weights(start, stop, frames.count, lead, trail)
     return decode_frames(model, frames, start, stop, weights), start, stop
+
+
+# --- windowed decoding: the first audio from the first frames (issue 11 item 2) ---------------
+
+# Sounding frames (25 ms each) in the first window: its audio is published before the rest of
+# the piece is decoded. 16 frames = 400 ms of speech, more than a chunk ahead of the player.
+FIRST_WINDOW_FRAMES = 16
+
+# Frames each window decodes beyond its seam (the generator's convolutions reach ~5 frames
+# at 20 steps per frame); the two windows then agree around the seam and are crossfaded there.
+SEAM_CONTEXT_FRAMES = 6
+
+# Half the crossfade at the seam, in frames: a raised-cosine fade over 2 x 2 frames (100 ms).
+CROSSFADE_FRAMES = 2
+
+# Each window after the first has ``WINDOW_GROWTH`` times the frames of all the windows
+# before it, so it is decoded while those play; none is shorter than MIN_WINDOW_FRAMES.
+WINDOW_GROWTH = 2.5
+MIN_WINDOW_FRAMES = 2 * SEAM_CONTEXT_FRAMES + 8
+
+
+@dataclass
+class DecoderInput:
+    """A span of frames run through the decoder's frame-rate half (`prepare_decoder`): what
+    its generator needs to decode any window of the span."""
+
+    x: "torch.Tensor"  # [1, 512, 2 * frames]: the generator's input
+    source: "torch.Tensor"  # [1, 600 * frames]: the harmonic source, drawn once for the span
+    style: "torch.Tensor"  # [1, 128]
+    weights: "torch.Tensor | None"  # [frames]: the frames each stands for in the norms (None: 1 each)
+
+    @property
+    def count(self) -> int:
+        return int(self.x.shape[-1]) // 2
+
+
+def prepare_decoder(model, frames: Frames, start: int = 0, stop: int | None = None, weights: "torch.Tensor | None" = None) -> DecoderInput:
+    """`kokoro.istftnet.Decoder.forward` (kokoro 0.9.4) up to, not including, the generator's
+    upsampling, for frames ``start:stop``, plus the generator's harmonic source for the span.
+
+    The frame-rate half (encode and the four decode blocks, ~7% of the decoder's time) runs
+    over the whole span at once, so every one of its instance norms has the statistics of the
+    whole span: a window of the generator starts from exactly the features a whole decode
+    would. The harmonic source (random initial phase of each overtone, random noise) is drawn
+    once for the span and sliced per window, so the two windows carry the same excitation."""
+    import torch
+
+    stop = frames.count if stop is None else stop
+    dec = model.decoder
+    asr = frames.asr[:, :, start:stop]
+    f0_curve = frames.f0[:, 2 * start : 2 * stop]
+    n = frames.n[:, 2 * start : 2 * stop]
+    s = frames.style
+    with _norms(dec, weights):
+        f0 = dec.F0_conv(f0_curve.unsqueeze(1))
+        energy = dec.N_conv(n.unsqueeze(1))
+        x = dec.encode(torch.cat([asr, f0, energy], axis=1), s)
+        asr_res = dec.asr_res(asr)
+        res = True
+        for block in dec.decode:
+            if res:
+                x = torch.cat([x, asr_res, f0, energy], axis=1)
+            x = block(x, s)
+            if block.upsample_type != "none":
+                res = False
+    gen = dec.generator
+    upsampled = gen.f0_upsamp(f0_curve[:, None]).transpose(1, 2)
+    source, _, _ = gen.m_source(upsampled)
+    return DecoderInput(x=x, source=source.transpose(1, 2).squeeze(1), style=s, weights=weights)
+
+
+def generate(model, prepared: DecoderInput, start: int = 0, stop: int | None = None) -> "torch.Tensor":
+    """`kokoro.istftnet.Generator.forward` (kokoro 0.9.4) on frames ``start:stop`` of a prepared
+    span: float audio, 600 samples a frame. The generator's instance norms take their
+    statistics over the window (weighted as the span's frames are)."""
+    import torch
+    import torch.nn.functional as F
+
+    stop = prepared.count if stop is None else stop
+    gen = model.decoder.generator
+    s = prepared.style
+    x = prepared.x[:, :, 2 * start : 2 * stop]
+    har_spec, har_phase = gen.stft.transform(prepared.source[:, SAMPLES_PER_FRAME * start : SAMPLES_PER_FRAME * stop])
+    har = torch.cat([har_spec, har_phase], dim=1)
+    with _norms(gen, None if prepared.weights is None else prepared.weights[start:stop]):
+        for i in range(gen.num_upsamples):
+            x = F.leaky_relu(x, negative_slope=0.1)
+            x_source = gen.noise_res[i](gen.noise_convs[i](har), s)
+            x = gen.ups[i](x)
+            if i == gen.num_upsamples - 1:
+                x = gen.reflection_pad(x)
+            x = x + x_source
+            xs = None
+            for j in range(gen.num_kernels):
+                if xs is None:
+                    xs = gen.resblocks[i * gen.num_kernels + j](x, s)
+                else:
+                    xs += gen.resblocks[i * gen.num_kernels + j](x, s)
+            x = xs / gen.num_kernels
+        x = F.leaky_relu(x)
+        x = gen.conv_post(x)
+        spec = torch.exp(x[:, : gen.post_n_fft // 2 + 1, :])
+        phase = torch.sin(x[:, gen.post_n_fft // 2 + 1 :, :])
+        return gen.stft.inverse(spec, phase).reshape(-1)
+
+
+def seams(count: int, first: int = FIRST_WINDOW_FRAMES, lead: int = 0, growth: float = WINDOW_GROWTH) -> list[int]:
+    """The frames where one window of a span of ``count`` frames ends and the next begins:
+    the first window has ``lead`` silent frames and ``first`` more, each later one ``growth``
+    times the frames of all before it, so a window is decoded (real-time factor well under
+    the growth) while the audio already published plays. A window that would leave a last one
+    of under ``MIN_WINDOW_FRAMES`` takes the rest. [] for a span decoded whole."""
+    cuts: list[int] = []
+    end = lead + first
+    while end + MIN_WINDOW_FRAMES <= count:
+        cuts.append(end)
+        end = int(end + growth * end)
+    return cuts
+
+
+def crossfade_weights(samples: int, device=None) -> "torch.Tensor":
+    """A raised-cosine fade-in over ``samples`` (its complement fades the other window out)."""
+    import torch
+
+    t = (torch.arange(samples, device=device, dtype=torch.float32) + 0.5) / samples
+    return 0.5 - 0.5 * torch.cos(torch.pi * t)
+
+
+def decode_windows(model, prepared: DecoderInput, cuts: list[int]):
+    """Yield the span's float audio in order, one part per window (`seams`): window ``k``
+    decodes its frames plus ``SEAM_CONTEXT_FRAMES`` on each side, and its audio is crossfaded
+    with the window before it over ``cut ± CROSSFADE_FRAMES`` at each cut. Each part ends
+    ``CROSSFADE_FRAMES`` before the next cut (the rest waits for the crossfade). The parts'
+    concatenation is as long as the span (600 samples a frame); with no cuts it is the
+    generator on the whole span at once."""
+    import torch
+
+    frame = SAMPLES_PER_FRAME
+    bounds = [0, *cuts, prepared.count]
+    held = None  # the previous window's audio over the coming crossfade
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        left = max(0, lo - SEAM_CONTEXT_FRAMES)
+        right = min(prepared.count, hi + SEAM_CONTEXT_FRAMES)
+        audio = generate(model, prepared, left, right)
+        begin = (lo - CROSSFADE_FRAMES) * frame if k else 0
+        end = (hi - CROSSFADE_FRAMES) * frame if hi < prepared.count else prepared.count * frame
+        part = audio[begin - left * frame : end - left * frame]
+        if held is not None:
+            fade_in = crossfade_weights(len(held), part.device)
+            part = torch.cat([held * (1 - fade_in) + part[: len(held)] * fade_in, part[len(held) :]])
+        if hi < prepared.count:
+            held = audio[end - left * frame : (hi + CROSSFADE_FRAMES) * frame - left * frame]
+        yield part

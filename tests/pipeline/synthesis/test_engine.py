@@ -131,3 +131,79 @@ def test_unknown_voice_falls_back(tiny_engine: SynthesisEngine):
 def test_spanish_goes_through_espeak(tiny_engine: SynthesisEngine):
     assert tiny_engine.phonemize("Hola, amigo.", "es")
     assert list(tiny_engine.stream("Hola.", "es", "ef_tiny"))
+
+
+def test_trimming_in_parts_is_trimming_the_whole():
+    """`PartTrimmer` fed a piece's audio in parts, at any cut points, publishes exactly what
+    `trimmed` makes of the whole: lead cut, quiet stretches inside kept, trail rule at the end."""
+    import random
+
+    import numpy as np
+
+    from pipeline.synthesis.engine import PartTrimmer, trimmed
+
+    rng = random.Random(4)
+    quiet, loud = np.zeros(1, "<i2"), np.full(1, 900, "<i2")
+    for case in range(60):
+        runs = [np.repeat(rng.choice([quiet, loud]), rng.randint(1, 400)) for _ in range(rng.randint(1, 8))]
+        pcm = np.concatenate(runs).tobytes()
+        undecoded = rng.choice([0, 50, 5000])
+        expected, cut = trimmed(pcm, 30, 120, undecoded_trail_samples=undecoded)
+        points = sorted(rng.sample(range(0, len(pcm) // 2), min(3, len(pcm) // 2)))
+        parts = [pcm[2 * a : 2 * b] for a, b in zip([0, *points], [*points, len(pcm) // 2])]
+        trimmer = PartTrimmer(30, 120, undecoded_trail_samples=undecoded)
+        got = b"".join(trimmer.feed(p, last=i == len(parts) - 1) for i, p in enumerate(parts))
+        assert got == expected, case
+        assert trimmer.cut == cut, case
+
+
+def test_a_long_sentence_is_not_cut_mid_phrase_when_the_first_audio_comes_from_a_window():
+    """Issue 11 item 7: with windowed decoding a sentence is cut only at clause punctuation
+    when it must be (its words over the phoneme-safe limit), never after its 8th word."""
+    from pipeline.synthesis.engine import WINDOWED_PIECE_MAX_WORDS, piece_limits
+
+    text = "The technician will call you tomorrow morning before nine to confirm the visit."
+    first, rest = piece_limits(windowed=True)
+    assert split_for_early_audio(text, first, rest) == [text]
+    assert split_for_early_audio(text, *piece_limits(windowed=False))[0].endswith("before")
+    long = ", ".join(["one two three four five six seven eight nine ten"] * 8) + "."
+    pieces = split_for_early_audio(long, first, rest)
+    assert len(pieces) > 1 and all(p.endswith((",", ".")) for p in pieces)
+    assert all(len(p.split()) <= WINDOWED_PIECE_MAX_WORDS for p in pieces)
+
+
+def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
+    """Windowed decoding: the piece's first chunk comes after one run of the generator, the
+    others after the later windows; the chunks' samples are those of all windows joined."""
+    engine = SynthesisEngine.tiny(seed=0)
+    engine.silence_margins_ms = (20, 250)  # the real engine's margins
+    engine.windowed = True
+    assert engine.windows_decoding
+    runs = []
+    hook = engine.model.decoder.generator.conv_post.register_forward_hook(lambda *_: runs.append(1))
+    try:
+        stream = engine.stream_timed("Good morning, my friend.", "en", "af_heart", chunk_ms=100)
+        first = next(stream)
+        assert len(runs) == 1 and first.words and first.pcm
+        rest = list(stream)
+    finally:
+        hook.remove()
+    assert len(engine.last_seams) >= 1 and len(runs) == len(engine.last_seams) + 1
+    assert all(not c.words for c in rest)
+    decoded, _ = engine.last_decoded_frames
+    assert 0 < len(first.pcm) + sum(len(c.pcm) for c in rest) <= 2 * 600 * decoded
+
+
+def test_the_device_is_cuda_only_where_torch_sees_one():
+    """The cuda code path's choice, on this CPU-only machine: auto is cpu, cuda is a clear error."""
+    import torch
+
+    from pipeline.synthesis.engine import EngineError, pick_device
+
+    assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert pick_device("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match="no CUDA device"):
+            pick_device("cuda")
+    with pytest.raises(EngineError, match="unknown device"):
+        pick_device("tpu")

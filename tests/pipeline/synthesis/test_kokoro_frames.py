@@ -109,3 +109,55 @@ def test_weighted_norms_with_equal_weights_are_kokoros_norms(tiny_engine):
         weighted = kokoro_frames.decode_frames(model, frames, weights=torch.full((frames.count,), 2.0))
     assert torch.allclose(plain, weighted, atol=1e-4)
     assert not any("forward" in vars(m) for m in model.decoder.modules())  # kokoro's modules restored
+
+
+# --- windowed decoding (issue 11 item 2) ---------------------------------------------------
+
+
+def test_windows_start_short_and_grow_so_each_is_decoded_while_the_ones_before_play():
+    from pipeline.synthesis.kokoro_frames import FIRST_WINDOW_FRAMES, MIN_WINDOW_FRAMES, seams
+
+    cuts = seams(300, lead=2)
+    assert cuts[0] == 2 + FIRST_WINDOW_FRAMES
+    bounds = [0, *cuts, 300]
+    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+    assert all(later >= 2 * sum(sizes[:i + 1]) for i, later in enumerate(sizes[1:-1]))
+    assert sizes[-1] >= MIN_WINDOW_FRAMES
+    assert seams(2 + FIRST_WINDOW_FRAMES + MIN_WINDOW_FRAMES - 1, lead=2) == []  # too short: decoded whole
+
+
+def test_one_window_is_kokoros_decoder_and_windows_give_audio_of_the_same_length(tiny_engine):
+    """prepare_decoder + generate with no cut is exactly `kokoro.istftnet.Decoder.forward`; the
+    windows' parts join to the span's length (600 samples a frame), the first part ending
+    before the first seam's crossfade."""
+    import torch
+
+    model = tiny_engine.model
+    phonemes = tiny_engine.phonemize("Good morning, my friend.", "en")[0]
+    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
+    with torch.inference_mode():
+        frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+        torch.manual_seed(5)
+        whole = kokoro_frames.decode_frames(model, frames)
+        torch.manual_seed(5)
+        prepared = kokoro_frames.prepare_decoder(model, frames)
+        assert torch.equal(torch.cat(list(kokoro_frames.decode_windows(model, prepared, []))), whole)
+        cuts = [kokoro_frames.seams(prepared.count)[0]]
+        parts = list(kokoro_frames.decode_windows(model, prepared, cuts))
+    frame = kokoro_frames.SAMPLES_PER_FRAME
+    assert len(parts) == 2 and sum(len(p) for p in parts) == len(whole)
+    assert len(parts[0]) == (cuts[0] - kokoro_frames.CROSSFADE_FRAMES) * frame
+    # away from the seam's context, the second window decodes what the whole span does
+    # (the generator's statistics differ a little: same excitation, close, not equal)
+    tail = slice((cuts[0] + 20) * frame, None)
+    assert torch.corrcoef(torch.stack([torch.cat(parts)[tail], whole[tail]]))[0, 1] > 0.9
+
+
+def test_the_crossfade_weights_sum_to_one_with_their_complement():
+    import torch
+
+    from pipeline.synthesis.kokoro_frames import crossfade_weights
+
+    w = crossfade_weights(2400)
+    assert 0 < w[0] < 0.01 and 0.99 < w[-1] < 1 and torch.all(w[1:] >= w[:-1])
+    assert torch.allclose(w + w.flip(0), torch.ones(2400))
