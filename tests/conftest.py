@@ -22,7 +22,8 @@ settings pointed at it.
 Mark tests that use them ``@pytest.mark.kafka`` (and ``@pytest.mark.registry`` for the registry).
 
 Tests marked ``soak`` (long loops that show a race is gone) or ``llm`` (a real LLM server, which
-needs the ``voicebus[llm]`` extra and its ~5 minute build) are left out unless the ``-m``
+needs the ``voicebus[llm]`` extra and its ~5 minute build) or ``quality`` (the real-weight quality
+gates of windowed decoding, off by default: minutes of synthesis and Whisper) are left out unless the ``-m``
 expression names them: ``pytest -m soak tests/...``, ``pytest -m llm tests/...`` run them.
 """
 
@@ -182,7 +183,7 @@ def screenshot_path(request: pytest.FixtureRequest, tmp_path) -> Callable[[str],
     return path
 
 
-OPT_IN_MARKERS = ("soak", "llm")  # deselected unless the -m expression names them
+OPT_IN_MARKERS = ("soak", "llm", "quality")  # deselected unless the -m expression names them
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
