@@ -192,6 +192,7 @@ class KafkaLink:
         self._deferred: dict[bytes, list] = {}  # session key -> live records held while its backfill runs
         self._backfills: dict[str, asyncio.Task] = {}
         self._backfill_slots = asyncio.Semaphore(4)
+        self._taken_at: dict[int, float] = {}  # owned partition -> when this edge took it (loop time)
         self._changed = asyncio.Event()  # replaced on every change of ownership or of the directory
         self._assigned = asyncio.Event()
         self.ready = asyncio.Event()
@@ -326,6 +327,9 @@ class KafkaLink:
         async with self._lock:
             moved_out, moved_in = self.owned - partitions, partitions - self.owned
             self.owned = set(partitions)
+            now = asyncio.get_running_loop().time()
+            for p in moved_in:
+                self._taken_at[p] = now
             await self._assign_audio(fresh=moved_in)
             for tp in [tp for tp in self._positions if tp.partition not in self.owned]:
                 del self._positions[tp]
@@ -465,6 +469,14 @@ class KafkaLink:
         await self.policy.process(
             record, "AudioChunk",
             lambda d: self.router.route(d.message.value, consumed_ns, received_us, self._trace_of(d, record)))
+
+    def recently_taken(self, session_id: str) -> bool:
+        """Whether this edge took the session's partition less than `edge_resume_lookback_s` ago
+        (it started, or a rebalance moved the partition here): audio published before then may
+        be a turn its player has not heard any of yet, so even a player without ``resume`` is
+        served from the partition, re-read."""
+        taken = self._taken_at.get(self.partition_of(session_id))
+        return taken is not None and asyncio.get_running_loop().time() - taken < self.settings.edge_resume_lookback_s
 
     async def backfill(self, session_id: str) -> None:
         """Before a player resumes a session this edge holds nothing of (it moved here, or the
@@ -771,8 +783,10 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
                                                           partition=link.partition_of(session_id)))
             await ws.close(code=protocol.CLOSE_REDIRECT, message=b"redirect")
             return ws
-        if resume is not None and not router.served(session_id):
-            await link.backfill(session_id)  # it moved here: the replay comes from the partition
+        if not router.served(session_id) and (resume is not None or link.recently_taken(session_id)):
+            # it moved here (or this edge just started): the replay comes from the partition; a
+            # player whose edge died before it saw its turn start has no resume to send
+            await link.backfill(session_id)
     try:
         channel = router.connect(session_id, resume=resume)
     except ConnectionRefused as exc:

@@ -272,3 +272,29 @@ async def test_a_player_resuming_on_a_restarted_edge_gets_the_rest_of_its_turn(m
         await producer.stop()
     assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t1"]
     assert [(f.sentence, f.chunk) for f in audio(got)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+async def test_a_player_without_resume_on_a_restarted_edge_gets_the_turn_it_never_saw_start(make_settings):
+    """Issue 9 (bench chaos, kind ``edge``, 4 sessions): the edge died before this player saw its
+    turn start, so the player has no ``resume`` to send; the turn's audio was published while no
+    edge ran. A starting edge serves such a player from the partition too, re-read (it took the
+    partition just now): the whole turn, nothing lost."""
+    settings = make_settings(edge_secret=SECRET, edge_resume_lookback_s=30.0)
+    turn = tone_turn("S", "t1", 2, 2)  # sentences 0, 1 of two chunks each
+    producer, codec = make_producer(settings), Codec()
+    await producer.start()
+    try:
+        from pipeline.bus import ensure_topics
+
+        await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
+        for chunk in turn[:3]:  # published while no edge ran
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        async with running_edge(settings) as (app, client):
+            ws, ready = await connect(client, "S")
+            assert ready["type"] == "ready"
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", turn[3])  # live
+            got = await collect(ws, turn_ended, timeout=15)
+    finally:
+        await producer.stop()
+    assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t1"]
+    assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
