@@ -65,3 +65,17 @@ def of_type(messages, mtype: str) -> list[dict]:
 
 def turn_ended(messages) -> bool:
     return bool(of_type(messages, "turn_end"))
+
+
+async def publish_audio(settings: Settings, chunks) -> None:
+    """Publish AudioChunks to the audio topic, in order, with a producer of its own."""
+    from pipeline.bus import make_producer, publish
+    from pipeline.codecs import Codec
+
+    producer, codec = make_producer(settings), Codec()
+    await producer.start()
+    try:
+        for chunk in chunks:
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+    finally:
+        await producer.stop()

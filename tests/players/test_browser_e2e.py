@@ -11,7 +11,7 @@ from pipeline.codecs import Codec
 from players.auth import issue_token, player_url
 from players.tone import tone_turn
 from schemas.contract import AudioEncoding
-from tests.players.edge_helpers import SECRET, running_edge
+from tests.players.edge_helpers import SECRET, publish_audio, running_edge
 from tests.players.test_edge_kafka import read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.browser]
@@ -46,13 +46,7 @@ async def test_a_turn_from_kafka_plays_reports_audible_start_and_barge_in_silenc
 
             # 3 sentences x 10 chunks x 150 ms = 4.5 s of tone, after 200 ms of silence.
             chunks = tone_turn("S", "turn-1", sentences=3, chunks_per_sentence=10, leading_silence_s=LEADING_SILENCE_S)
-            producer, codec = make_producer(settings), Codec()
-            await producer.start()
-            try:
-                for chunk in chunks:
-                    await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
-            finally:
-                await producer.stop()
+            await publish_audio(settings, chunks)
 
             reports = await read_topic(settings, settings.playback_topic, "PlaybackReport",
                                        lambda v: any(r["kind"] == "AUDIBLE_START" for r in v))
@@ -108,13 +102,7 @@ async def test_an_opus_turn_is_decoded_with_webcodecs_and_plays_to_its_end(make_
             # 2 sentences x 5 chunks x 160 ms (whole 20 ms frames) = 1.6 s of tone after 200 ms of silence
             chunks = tone_turn("S", "turn-1", sentences=2, chunks_per_sentence=5, leading_silence_s=LEADING_SILENCE_S,
                                encoding=AudioEncoding.OPUS)
-            producer, codec = make_producer(settings), Codec()
-            await producer.start()
-            try:
-                for chunk in chunks:
-                    await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
-            finally:
-                await producer.stop()
+            await publish_audio(settings, chunks)
             peak = await wait_in_page(page, "window.voicebusPlayer.stats.peak > 0.2 && window.voicebusPlayer.stats.peak")
             assert peak < 0.4, peak  # the 0.3 tone, decoded
 

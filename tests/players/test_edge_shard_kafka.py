@@ -3,7 +3,6 @@ that reaches the wrong edge is redirected to the owner and hears its turn, and a
 edge joins, an edge leaves) tells the players of moved sessions to reconnect, where `resume`
 replays from the sentence being played (the new owner re-reads it from the partition)."""
 
-import asyncio
 import json
 
 import pytest
@@ -18,23 +17,13 @@ from players.auth import issue_token
 from players.edge import LINK_KEY, ROUTER_KEY
 from players.listener import Listener
 from players.tone import tone_turn
-from tests.players.edge_helpers import SECRET, audio, collect, of_type, turn_ended
+from tests.players.edge_helpers import SECRET, audio, collect, of_type, publish_audio, turn_ended
 from tests.players.shard_helpers import free_ports, inprocess_edge, session_on, wait_settled
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
 PARTITIONS = 4
-
-
-async def _publish(settings, chunks) -> None:
-    producer, codec = make_producer(settings), Codec()
-    await producer.start()
-    try:
-        for chunk in chunks:
-            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
-    finally:
-        await producer.stop()
 
 
 async def _hello(client_or_http, url: str, session: str, resume: dict | None = None):
@@ -63,12 +52,12 @@ async def test_a_player_on_the_wrong_edge_is_redirected_to_the_owner_and_hears_i
             assert listener.redirects == [f"ws://127.0.0.1:{port_b}/ws"]  # A sent it to B, the owner
             assert listener.ready["edge"] == "edge-b"
             assert sorted(listener.ready["edges"]) == sorted([f"ws://127.0.0.1:{p}/ws" for p in (port_a, port_b)])
-            await _publish(settings, tone_turn(session, "t1", 2, 3) + tone_turn(other, "t2", 2, 3))
+            await publish_audio(settings, tone_turn(session, "t1", 2, 3) + tone_turn(other, "t2", 2, 3))
             heard = await listener.wait_turn_end("t1", timeout=20)
             assert [(s, c) for _, s, c, _ in heard.frames] == [(s, c) for s in range(2) for c in range(3)]
             # control still reaches every edge: an agent's cancel stops the turn at the owner, and
             # the other edge (which follows every control partition too) has applied it as well
-            await _publish(settings, tone_turn(session, "t3", 2, 3)[:2])
+            await publish_audio(settings, tone_turn(session, "t3", 2, 3)[:2])
             await listener.wait_first_audio("t3", timeout=20)
             producer, codec = make_producer(settings), Codec()
             await producer.start()
@@ -106,7 +95,7 @@ async def test_an_edge_joining_moves_sessions_whose_players_reconnect_and_resume
             assert ready["type"] == "ready", ready
             sockets[sid] = ws
         # sentences 0 and 1 of each session's turn; sentence 2 (the last) comes after the move
-        await _publish(settings, [c for sid in sessions for c in tone_turn(sid, f"turn-{sid}", 3, 2)[:4]])
+        await publish_audio(settings, [c for sid in sessions for c in tone_turn(sid, f"turn-{sid}", 3, 2)[:4]])
         for sid, ws in sockets.items():
             got = await collect(ws, lambda m: len(audio(m)) == 4, timeout=20)
             assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -136,7 +125,7 @@ async def test_an_edge_joining_moves_sessions_whose_players_reconnect_and_resume
                 ws, ready = await _hello(client_b, "/ws", sid, resume)
                 assert ready["type"] == "ready" and ready["edge"] == "edge-b", ready
                 resumed[sid] = ws
-            await _publish(settings, [c for sid in resumed for c in tone_turn(sid, f"turn-{sid}", 3, 2)[4:]])
+            await publish_audio(settings, [c for sid in resumed for c in tone_turn(sid, f"turn-{sid}", 3, 2)[4:]])
             for sid, ws in resumed.items():
                 got = await collect(ws, turn_ended, timeout=20)
                 # B re-read the partition: the turn again from the start of sentence 1, then the rest live
@@ -158,14 +147,14 @@ async def test_when_an_edge_leaves_its_sessions_move_and_a_resume_on_the_survivo
             session = session_on(PARTITIONS, app_b[LINK_KEY].owned)
             ws, ready = await _hello(client_b, "/ws", session)
             assert ready["type"] == "ready"
-            await _publish(settings, tone_turn(session, "t1", 3, 2)[:4])
+            await publish_audio(settings, tone_turn(session, "t1", 3, 2)[:4])
             got = await collect(ws, lambda m: len(audio(m)) == 4, timeout=20)
         # B stopped (its players got 1001 going away): A takes B's partitions at once (B left the group)
         await wait_settled([app_a], PARTITIONS)
         assert (await ws.receive(timeout=5)).type in (WSMsgType.CLOSE, WSMsgType.CLOSED)
         ws, ready = await _hello(client_a, "/ws", session, {"turn_id": "t1", "sentence_seq": 1})
         assert ready["type"] == "ready" and ready["edge"] == "edge-a", ready
-        await _publish(settings, tone_turn(session, "t1", 3, 2)[4:])
+        await publish_audio(settings, tone_turn(session, "t1", 3, 2)[4:])
         got = await collect(ws, turn_ended, timeout=20)
         assert [(f.sentence, f.chunk) for f in audio(got)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
         await ws.close()
