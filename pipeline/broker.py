@@ -422,6 +422,15 @@ CLUSTER_MANIFEST = "cluster.json"
 # 4 s is still 8 missed heartbeats, which a busy machine's pauses do not reach.
 CLUSTER_HEARTBEAT_MS = 500
 CLUSTER_SESSION_TIMEOUT_MS = 4000
+# A follower whose fetch from its leader failed waits this long before it fetches again. Kafka's
+# 1 s default is paid right after a leader dies: the surviving follower's fetches to the dead
+# leader failed, so it starts fetching from the new leader up to 1 s late, and every acks=all write
+# to the partition (min.insync.replicas = 2) waits for it. Measured: the first acked write to a
+# partition after a failover came up to 1.1 s after the election at 1 s, 0.15-0.19 s at 100 ms
+# (`voicebus bench failover`; docs/kafka.md, "Failover"). The environment variable is that
+# benchmark's A/B knob, not a setting.
+CLUSTER_REPLICA_FETCH_BACKOFF_MS = 100
+REPLICA_FETCH_BACKOFF_ENV = "VOICEBUS_KAFKA_REPLICA_FETCH_BACKOFF_MS"
 # How long `LocalCluster.stop` lets a node without a controller quorum try to shut down cleanly.
 QUORUMLESS_GRACE_S = 3.0
 
@@ -458,6 +467,7 @@ def cluster_properties(nodes: int) -> dict[str, str]:
         "min.insync.replicas": isr,
         "broker.heartbeat.interval.ms": str(CLUSTER_HEARTBEAT_MS),
         "broker.session.timeout.ms": str(CLUSTER_SESSION_TIMEOUT_MS),
+        "replica.fetch.backoff.ms": os.environ.get(REPLICA_FETCH_BACKOFF_ENV, str(CLUSTER_REPLICA_FETCH_BACKOFF_MS)),
     }
 
 

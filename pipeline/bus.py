@@ -57,10 +57,11 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
 
 
 # A broker that just died stays in the cluster metadata until the controller fences it (seconds);
-# an admin request the client sends to it fails with these. Retried until this long has passed.
+# an admin request the client sends to it fails with these (and aiokafka's retriable errors, e.g.
+# a connection refused). Retried until this long has passed.
 ADMIN_RETRY_S = 30.0
 ADMIN_REQUEST_TIMEOUT_MS = 10_000
-_RETRIABLE_ADMIN_ERRORS = (NodeNotReadyError, RequestTimedOutError, NotControllerError, KafkaTimeoutError,
+RETRIABLE_ADMIN_ERRORS = (NodeNotReadyError, RequestTimedOutError, NotControllerError, KafkaTimeoutError,
                            asyncio.TimeoutError)
 _RETRIABLE_TOPIC_ERROR_CODES = {RequestTimedOutError.errno, NotControllerError.errno}
 
@@ -90,7 +91,7 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
         try:
             await _ensure_topics_once(settings, names, partitions)
             return
-        except (*_RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
+        except (*RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
             if time.monotonic() >= deadline:
                 raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
             log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)

@@ -465,8 +465,12 @@ class TopicDiscovery:
         self.catch_up_timeout_s = catch_up_timeout_s
         self.known: set[str] = set()
         self.consumer: "AIOKafkaConsumer | None" = None
+        registry = registry if registry is not None else CollectorRegistry()
         self._refused = Counter("voicebus_registry_records_refused", "Registry records naming no valid topic",
-                                ["stage"], registry=registry if registry is not None else CollectorRegistry())
+                                ["stage"], registry=registry)
+        self.listing_failures = Counter("voicebus_topic_listing_failures",
+                                        "Periodic listings of the broker's topics that failed (a broker down)",
+                                        ["stage"], registry=registry)
 
     async def start(self) -> None:
         from aiokafka import AIOKafkaConsumer
@@ -504,9 +508,26 @@ class TopicDiscovery:
                 await self._hand_over(found)
 
     async def poll_listing(self) -> None:
+        """List the broker's topics every ``interval_s``. A listing that fails because a broker is
+        away (one just died and is still in the metadata, or none answers) is reported (warning,
+        ``voicebus_topic_listing_failures_total``) and tried again at the next interval: the
+        next listing finds whatever this one missed, so a broker failover is no task death."""
+        from aiokafka.errors import KafkaError
+
+        from pipeline.bus import RETRIABLE_ADMIN_ERRORS
+
         while True:
             await asyncio.sleep(self.interval_s)
-            await self._hand_over(await self._list())
+            try:
+                found = await self._list()
+            except (KafkaError, *RETRIABLE_ADMIN_ERRORS) as exc:
+                if isinstance(exc, KafkaError) and not exc.retriable and not isinstance(exc, RETRIABLE_ADMIN_ERRORS):
+                    raise
+                self.listing_failures.labels(self.stage).inc()
+                log.warning("%s: listing the broker's topics failed (%r; a broker away?); next listing in %.1f s",
+                            self.stage, exc, self.interval_s)
+                continue
+            await self._hand_over(found)
 
     async def _list(self) -> set[str]:
         from aiokafka.admin import AIOKafkaAdminClient

@@ -101,6 +101,7 @@ class HeardRecord:
     restarted: int = 0  # partial sentences dropped for a resume (the edge sends them again from their start)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     published_us: dict[int, int] = field(default_factory=dict)  # sentence -> its first chunk's publish time
+    timelines: dict[int, dict] = field(default_factory=dict)  # sentence -> its timeline message (stage stamps)
     first_frame_us: dict[int, int] = field(default_factory=dict)  # sentence -> when its chunk 0 arrived
 
     def complete(self, sentence: int) -> bool:
@@ -209,14 +210,21 @@ class ChaosListener:
                 elif mtype == protocol.TIMELINE:
                     turn_id = message.get("turn_id") or numbers.get(message.get("turn"))
                     if turn_id:
-                        self.record(turn_id).published_us.setdefault(int(message["sentence_seq"]),
-                                                                     int(message.get("published_at_us") or 0))
+                        rec, seq = self.record(turn_id), int(message["sentence_seq"])
+                        rec.published_us.setdefault(seq, int(message.get("published_at_us") or 0))
+                        rec.timelines.setdefault(seq, message)
                 elif mtype in (protocol.TURN_END, protocol.STOP):
                     turn_id = message.get("turn_id") or numbers.get(message.get("turn"))
                     if turn_id:
                         self.record(turn_id).ended.set()
             else:
                 break
+
+    def first_new_sentence_after(self, t_us: int) -> tuple[int, dict] | None:
+        """(when it arrived, its timeline) of the first sentence published at or after `t_us`."""
+        hits = [(rec.first_frame_us[s], rec.timelines[s]) for rec in self.turns.values()
+                for s, p in rec.published_us.items() if p >= t_us and s in rec.first_frame_us and s in rec.timelines]
+        return min(hits, key=lambda hit: hit[0], default=None)
 
     def first_new_audio_after(self, t_us: int) -> int | None:
         """When this listener received new audio after a fault at `t_us`: the first chunk of a
@@ -276,6 +284,28 @@ def summarise_kind(scored: list[dict], recoveries: list[float]) -> dict[str, Any
         "max_gap_ms": round(max((s["max_gap_ms"] for s in scored), default=0.0), 1),
         "recovery_ms": {"p50": _percentile(recoveries, 50), "p95": _percentile(recoveries, 95)},
     }
+
+
+# The stamps of the sentence that brought a recovery, in the order its audio passed them: where the
+# time from a fault to the next new audio went (which hop waited on the failover).
+RECOVERY_STAGES = (("sentence complete", "text_complete_at_us"), ("released", "released_at_us"),
+                   ("request received", "request_received_at_us"), ("synthesis start", "synthesis_started_at_us"),
+                   ("first audio", "audio_ready_at_us"), ("published", "published_at_us"), ("edge received", "edge_received_at_us"),
+                   ("sent", "sent_at_us"))
+
+
+def recovery_stages(fault_us: int, timeline: dict, received_us: int) -> dict[str, float]:
+    """ms from the fault to each stamp of the recovering sentence (negative: before the fault)."""
+    out = {name: round((int(timeline[key]) - fault_us) / 1000, 1) for name, key in RECOVERY_STAGES if timeline.get(key)}
+    out["received"] = round((received_us - fault_us) / 1000, 1)
+    return out
+
+
+def summarise_stages(samples: list[dict[str, float]]) -> dict[str, dict[str, float | None]]:
+    """Per stage, p50/p95 over the faults' recovering sentences."""
+    names = [name for name, _ in RECOVERY_STAGES] + ["received"]
+    return {name: {"p50": _percentile(vals, 50), "p95": _percentile(vals, 95)}
+            for name in names if (vals := [s[name] for s in samples if name in s])}
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -498,6 +528,16 @@ class ChaosRun:
         if kind.startswith("broker"):
             await asyncio.to_thread(self.cluster.wait_in_sync, 180.0)
 
+    def _recovery_stages(self, moments: list[int]) -> list[dict[str, float]]:
+        """Per fault: the stage stamps of the first sentence published after it (`recovery_stages`)."""
+        out = []
+        for t_us in moments:
+            hits = [h for h in (listener.first_new_sentence_after(t_us) for listener in self.listeners) if h]
+            if hits:
+                received_us, timeline = min(hits, key=lambda h: h[0])
+                out.append(recovery_stages(t_us, timeline, received_us))
+        return out
+
     def _next_audio_ms(self, moments: list[int]) -> list[float]:
         """Per moment: ms until the first new audio any listener received after it."""
         out = []
@@ -525,6 +565,8 @@ class ChaosRun:
         rows = self.scored[kind]
         self.details[kind] = {
             "faults": len(self.faults[kind]), "recovery_samples_ms": [round(r, 1) for r in recoveries],
+            # where the recovery went: each stage of the first sentence published after a fault
+            "recovery_stages_ms": summarise_stages(self._recovery_stages(self.faults[kind])),
             "no_fault_next_audio_ms": {"p50": _percentile(baseline, 50), "p95": _percentile(baseline, 95),
                                        "n": len(baseline)},
             "restarted_sentences": sum(r["restarted"] for r in rows), "unended_turns": sum(not r["ended"] for r in rows),

@@ -55,6 +55,32 @@ async def test_one_bad_record_costs_only_itself_and_every_failure_reaches_the_ca
     assert policy.failures.labels("test", "handler-error")._value.get() == 1
 
 
+async def test_a_topic_listing_that_finds_no_broker_is_reported_and_tried_again_not_a_task_death():
+    """bench chaos, broker_leader: the gate's listing reached the broker just killed and its task
+    died (an ERROR traceback, a restart) on every failover. A listing that cannot reach a broker
+    is now a warning and a counter, and the next interval lists again. Here no broker listens
+    at all (a refused connection: the same retriable error)."""
+    from pipeline.daemon import free_port
+    from pipeline.settings import Settings
+    from pipeline.shell import TopicDiscovery
+
+    found: list[set[str]] = []
+
+    async def on_topics(names: set[str]) -> None:
+        found.append(names)
+
+    discovery = TopicDiscovery(Settings(bootstrap=f"127.0.0.1:{free_port()}"), r"x\.", on_topics, None,
+                               interval_s=0.01, policy_stage="test")
+    supervisor = Supervisor("test", min_backoff_s=0.01)
+    supervisor.start("listing", discovery.poll_listing)
+    failures = discovery.listing_failures.labels("test")
+    await eventually(lambda: failures._value.get() >= 2, what="two failed listings", timeout_s=60)
+    health = supervisor.health()["listing"]
+    await supervisor.stop()
+    assert health["restarts"] == 0 and health["last_error"] is None, health
+    assert not found
+
+
 @pytest.mark.kafka
 async def test_the_default_callback_dead_letters_with_reason_and_stage(make_settings):
     settings = make_settings()
