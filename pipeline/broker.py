@@ -427,10 +427,8 @@ CLUSTER_SESSION_TIMEOUT_MS = 4000
 # leader failed, so it starts fetching from the new leader up to 1 s late, and every acks=all write
 # to the partition (min.insync.replicas = 2) waits for it. Measured: the first acked write to a
 # partition after a failover came up to 1.1 s after the election at 1 s, 0.15-0.19 s at 100 ms
-# (`voicebus bench failover`; docs/kafka.md, "Failover"). The environment variable is that
-# benchmark's A/B knob, not a setting.
+# (`voicebus bench failover`, an A/B in one run; docs/kafka.md, "Failover").
 CLUSTER_REPLICA_FETCH_BACKOFF_MS = 100
-REPLICA_FETCH_BACKOFF_ENV = "VOICEBUS_KAFKA_REPLICA_FETCH_BACKOFF_MS"
 # How long `LocalCluster.stop` lets a node without a controller quorum try to shut down cleanly.
 QUORUMLESS_GRACE_S = 3.0
 
@@ -467,7 +465,7 @@ def cluster_properties(nodes: int) -> dict[str, str]:
         "min.insync.replicas": isr,
         "broker.heartbeat.interval.ms": str(CLUSTER_HEARTBEAT_MS),
         "broker.session.timeout.ms": str(CLUSTER_SESSION_TIMEOUT_MS),
-        "replica.fetch.backoff.ms": os.environ.get(REPLICA_FETCH_BACKOFF_ENV, str(CLUSTER_REPLICA_FETCH_BACKOFF_MS)),
+        "replica.fetch.backoff.ms": str(CLUSTER_REPLICA_FETCH_BACKOFF_MS),
     }
 
 
@@ -901,11 +899,12 @@ def ensure_local_kafka(settings: Settings, start_timeout: float = 90.0) -> Itera
 @contextlib.contextmanager
 def ephemeral_cluster(settings: Settings, brokers: int, start_timeout: float = 240.0,
                       jvm_options: tuple[str, ...] = DEFAULT_JVM_OPTIONS, partitions: int | None = None,
-                      prefix: str = "ephemeral") -> Iterator[LocalCluster]:
+                      prefix: str = "ephemeral", extra_config: Mapping[str, str] | None = None) -> Iterator[LocalCluster]:
     """Start a `brokers`-node cluster on free loopback ports in a temporary data dir under the
     cache, yield it (its nodes can be killed and restarted), and stop it and remove the dir on
     exit; nothing of the machine's own broker is touched. `partitions`: the cluster's default
-    ``num.partitions`` (`settings.partitions` when None)."""
+    ``num.partitions`` (`settings.partitions` when None); `extra_config`: node properties over
+    voicebus's own (a benchmark's A/B of one of them)."""
     jars = fetch_jars(settings.kafka_dir, settings.kafka_version)
     Path(settings.kafka_dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=f"{prefix}-{brokers}x-", dir=settings.kafka_dir))
@@ -915,7 +914,8 @@ def ephemeral_cluster(settings: Settings, brokers: int, start_timeout: float = 2
         if port not in ports:
             ports.append(port)
     cluster = LocalCluster(root, jars, ports=[(ports[2 * i], ports[2 * i + 1]) for i in range(brokers)],
-                           extra_config={"num.partitions": str(settings.partitions if partitions is None else partitions)},
+                           extra_config={"num.partitions": str(settings.partitions if partitions is None else partitions),
+                                         **(extra_config or {})},
                            jvm_options=jvm_options, die_with_parent=True)
     try:
         cluster.start(start_timeout)

@@ -98,6 +98,34 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
             await asyncio.sleep(min(1.0, 0.1 * attempt))
 
 
+# How long a stopping stage waits for each Kafka farewell (leave the group, a last record, flush
+# the producer) before it gives up on it: with no broker reachable each of them would otherwise
+# retry for minutes, and a SIGTERMed process kept running (bench chaos left an orphaned edge).
+FAREWELL_TIMEOUT_S = 5.0
+
+
+async def farewell(step: Any, what: str, timeout_s: float = FAREWELL_TIMEOUT_S) -> bool:
+    """Await `step` (a stopping client's coroutine) for at most `timeout_s`; whether it finished.
+    A Kafka error or the timeout is logged as a warning (what was not done, and why) and the stop
+    goes on: a stage must stop even when no broker answers."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        await asyncio.wait_for(step, timeout_s)
+        return True
+    except asyncio.TimeoutError:
+        log.warning("stopping: %s did not finish within %.0f s (no broker answering?); going on", what, timeout_s)
+    except KafkaError as exc:
+        log.warning("stopping: %s failed (%s); going on", what, exc)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this stop itself is cancelled
+        # aiokafka's consumer.stop() without a broker ends in a CancelledError of its own tasks
+        log.warning("stopping: %s was cancelled inside the client (no broker answering?); going on", what)
+    return False
+
+
 async def await_group_coordinator(settings: Settings, group_id: str, timeout_s: float = 60.0) -> bool:
     """Wait (quietly) until the cluster has a coordinator for `group_id`; whether it has one.
 

@@ -34,6 +34,7 @@ from aiohttp import WSMsgType, web
 from aiokafka.abc import ConsumerRebalanceListener
 
 from pipeline import tracing
+from pipeline.bus import farewell
 from pipeline.clock import now_us
 from pipeline.codecs import codec_for
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
@@ -243,26 +244,26 @@ class KafkaLink:
         await self.supervisor.stop()
         for task in list(self._backfills.values()):
             task.cancel()
+        # Every farewell is bounded (`pipeline.bus.farewell`): with no broker answering, leaving the
+        # group, the directory tombstone and the producer's flush would each retry for minutes.
         if self.membership is not None:
             membership, self.membership = self.membership, None
-            with contextlib.suppress(Exception):
-                await membership.stop()  # leaves the group: the others take its partitions now
+            # leaves the group: the others take its partitions now
+            await farewell(membership.stop(), f"edge {self.edge_id} leaving its group")
         if self.producer is not None and self.ready.is_set():
-            from aiokafka.errors import KafkaError
-
-            try:  # out of the directory: no player is sent to a stopped edge
-                await self.producer.send_and_wait(self.settings.edges_topic, None, key=directory_key(self.group, self.edge_id),
-                                                  partition=DIRECTORY_PARTITION)
-            except KafkaError as exc:
-                log.warning("edge %s: could not leave the directory: %s", self.edge_id, exc)
+            # out of the directory: no player is sent to a stopped edge
+            await farewell(self.producer.send_and_wait(self.settings.edges_topic, None,
+                                                       key=directory_key(self.group, self.edge_id),
+                                                       partition=DIRECTORY_PARTITION),
+                           f"edge {self.edge_id} leaving the directory")
         if self.follower is not None:
-            await self.follower.stop()
-        await self._close_consumer()
+            await farewell(self.follower.stop(), f"edge {self.edge_id} stopping its control follower")
+        await farewell(self._close_consumer(), f"edge {self.edge_id} stopping its audio consumer")
         if self.directory_consumer is not None:
             consumer, self.directory_consumer = self.directory_consumer, None
-            await consumer.stop()
+            await farewell(consumer.stop(), f"edge {self.edge_id} stopping its directory consumer")
         if self.producer is not None:
-            await self.producer.stop()
+            await farewell(self.producer.stop(), f"edge {self.edge_id} flushing its producer")
 
     @property
     def healthy(self) -> bool:

@@ -235,8 +235,10 @@ def parse_client_message(text: str) -> dict[str, Any]:
     resume = message.get("resume")
     if mtype == HELLO and resume is not None:
         if not (isinstance(resume, dict) and is_valid_id(resume.get("turn_id"))
-                and isinstance(resume.get("sentence_seq"), int) and not isinstance(resume["sentence_seq"], bool)):
-            raise MalformedFrame(f"hello: resume must be {{turn_id: id ({ID_RULE}), sentence_seq: integer}}")
+                and isinstance(resume.get("sentence_seq"), int) and not isinstance(resume["sentence_seq"], bool)
+                and isinstance(resume.get("finished", False), bool)):
+            raise MalformedFrame(f"hello: resume must be {{turn_id: id ({ID_RULE}), sentence_seq: integer, "
+                                 "finished: optional boolean}")
         if not 0 <= resume["sentence_seq"] <= LIMITS.max_seq:
             raise OutOfRange(f"hello: resume.sentence_seq is {resume['sentence_seq']}, outside [0, {LIMITS.max_seq}]")
     return message

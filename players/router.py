@@ -341,9 +341,14 @@ class SessionRouter:
         """Attach a new client to `session_id`; queue the rest of the active turn for it.
 
         `resume` = {"turn_id", "sentence_seq"} (what the player was playing when it lost the
-        connection): replay that turn from the start of that sentence. Without it: every turn
-        that has not ended, from the earliest sentence still buffered. Raises `ConnectionRefused`
-        when this edge or this session has as many clients as it may."""
+        connection): replay that turn from the start of that sentence; with ``"finished": true``
+        the player had heard that turn to its end, and the turn itself is not sent again. Either
+        way every turn that came after it (in the order this edge routed their first audio) is
+        sent whole, ended or not: a turn published and ended while the player had no connection
+        (its edge had died) is its to hear. Without `resume`, or one naming a turn this edge
+        keeps nothing of: every turn that has not ended, from the earliest sentence still
+        buffered. Raises `ConnectionRefused` when this edge or this session has as many clients
+        as it may."""
         self._expire_idle()
         if self.n_clients >= self.max_clients:
             self.metrics.disconnects.labels("edge-full").inc()
@@ -364,11 +369,17 @@ class SessionRouter:
         self.n_clients += 1
         self.metrics.clients.inc()
         self.metrics.sessions.set(len(self._sessions))
-        for turn in session.turns.values():
+        turns = list(session.turns.values())
+        anchor = next((i for i, t in enumerate(turns) if resume and t.turn_id == resume.get("turn_id")), None)
+        for i, turn in enumerate(turns):
             if turn.stopped or self.cancels.is_cancelled(session_id, turn.turn_id):
                 continue
-            if resume and resume.get("turn_id") == turn.turn_id:
+            if i == anchor:
+                if resume.get("finished"):
+                    continue  # heard to its end already
                 from_sentence = int(resume.get("sentence_seq") or 0)
+            elif anchor is not None and i > anchor:
+                from_sentence = 0  # came after the turn the player was on: all of it, even if it ended
             elif not turn.ended:
                 from_sentence = 0
             else:

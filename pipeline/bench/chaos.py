@@ -179,6 +179,10 @@ class ChaosListener:
                 current.frames = [f for f in current.frames if f.sentence < k]
                 current.restarted += 1
             hello["resume"] = {"turn_id": self.current, "sentence_seq": k}
+        elif current is not None:
+            # between turns: the last one was heard to its end; whatever came after it (a turn
+            # spoken, even ended, while no edge ran) is still to be heard
+            hello["resume"] = {"turn_id": self.current, "sentence_seq": current.resume_point(), "finished": True}
         await ws.send_str(protocol.encode_control(protocol.HELLO, **hello))
         ready = await ws.receive_json(timeout=10)
         if ready.get("type") != protocol.READY:

@@ -19,6 +19,7 @@ BENCH_MODULES = [
     "pipeline.bench.agents",
     "pipeline.bench.words",
     "pipeline.bench.chaos",
+    "pipeline.bench.failover",
     "pipeline.bench.hostile",
 ]
 

@@ -34,6 +34,7 @@ const player = (window.voicebusPlayer = {
   // every edge the last ready listed (tried in turn when the connected one is gone), the redirects followed.
   edges: { entry: null, url: null, known: [], redirects: [], connections: [] },
   current: null, // {turn, sentence} being played
+  lastFinished: null, // turn id of the last turn played to its end (or stopped): a reconnect between turns resumes after it
   reports: [],
   bargeIns: [], // server-clock µs of each barge-in click
   captions: [], // every word highlighted: {turn, sentence, index, text, lagMs} (lag behind its rendered start)
@@ -124,10 +125,12 @@ function onWorklet(msg) {
   } else if (msg.type === "ended" && turn) {
     report("PLAYBACK_END", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)), msg.rendered);
     player.current = null;
+    player.lastFinished = turn.turnId;
   } else if (msg.type === "underrun" && turn) {
     report("UNDERRUN", turn, msg.sentence, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
   } else if (msg.type === "stopped" && turn) {
     report("STOPPED", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)), msg.rendered);
+    player.lastFinished = turn.turnId;
   }
 }
 
@@ -403,6 +406,9 @@ function connect(url) {
     const hello = { session: $("session").value, token: $("token").value };
     const cur = player.current && player.turns.get(player.current.turn);
     if (cur) hello.resume = { turn_id: cur.turnId, sentence_seq: player.current.sentence };
+    // between turns: the last one was heard (or stopped); a turn spoken while this player had no
+    // connection, even one that ended meanwhile, comes after it and is still to be heard
+    else if (player.lastFinished) hello.resume = { turn_id: player.lastFinished, sentence_seq: 0, finished: true };
     player.lastHello = hello;
     send("hello", hello);
   };

@@ -16,7 +16,8 @@ import shutil
 import pytest
 import pytest_asyncio
 
-from pipeline.bench.chaos import ChaosPlan, ChaosRun, Frame, chaos_settings, cluster_kinds, score_turn, summarise_kind
+from pipeline.bench.chaos import (ChaosPlan, ChaosRun, Frame, chaos_settings, cluster_kinds, recovery_stages, score_turn,
+                                  summarise_kind, summarise_stages)
 from pipeline.broker import QUICK_START_JVM_OPTIONS, LocalCluster
 from tests.conftest import distinct_free_ports
 
@@ -58,6 +59,20 @@ def test_the_kinds_are_spread_over_the_cluster_sizes_and_summarised_as_the_issue
                          [100.0, 300.0, 200.0])
     assert row == {"turns": 1, "sentences": 3, "lost": 0, "heard_twice": 0, "out_of_order": 0, "max_gap_ms": 12.0,
                    "recovery_ms": {"p50": 200.0, "p95": 290.0}}
+
+
+def test_a_recovery_is_broken_down_by_the_stages_of_the_sentence_that_brought_it():
+    fault = 1_000_000
+    timeline = {"text_complete_at_us": 990_000, "released_at_us": 5_000_000, "request_received_at_us": 5_010_000,
+                "synthesis_started_at_us": 5_010_500, "audio_ready_at_us": 6_000_000, "published_at_us": 6_000_100,
+                "edge_received_at_us": 6_005_000, "sent_at_us": 6_005_500}
+    stages = recovery_stages(fault, timeline, 6_006_000)
+    assert stages == {"sentence complete": -10.0, "released": 4000.0, "request received": 4010.0,
+                      "synthesis start": 4010.5, "first audio": 5000.0, "published": 5000.1, "edge received": 5005.0,
+                      "sent": 5005.5, "received": 5006.0}
+    assert list(stages) == list(summarise_stages([stages]))  # in the order the audio passed them
+    summary = summarise_stages([stages, {**stages, "released": 2000.0}, {"received": 7000.0}])
+    assert summary["released"] == {"p50": 3000.0, "p95": 3900.0} and summary["received"]["p50"] == 5006.0
 
 
 def assert_clean(run: ChaosRun, kind: str, row: dict) -> None:

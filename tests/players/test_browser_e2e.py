@@ -143,6 +143,7 @@ async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played
     port_a, port_b = free_ports(2)
     edge_a = EdgeProcess(settings, port_a, "edge-a", tmp_path / "edge-a.log")
     edge_b = EdgeProcess(settings, port_b, "edge-b", tmp_path / "edge-b.log")
+    edges = [edge_a, edge_b]
     try:
         owned = await wait_processes_settled([edge_a, edge_b], partitions)
         session = session_on(partitions, owned["edge-a"])
@@ -194,14 +195,33 @@ async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played
                 print(f"on edge-b {failover_s:.1f} s after edge-a was killed ({len(connections) - 1} connection attempts), "
                       f"resumed at sentence {resumed_at}, {len(underruns)} underruns")
                 assert connections[0] == f"ws://127.0.0.1:{port_a}/ws" and connections[-1] == f"ws://127.0.0.1:{port_b}/ws"
+
+                # Between turns (bench chaos, kind edge): B dies after turn-1 was played to its end,
+                # turn-2 is spoken whole (and ends) while no edge runs, an edge starts again on A's
+                # port. The player says it finished turn-1 (resume ... finished) and hears turn-2:
+                # without that, an ended turn is not sent to a reconnecting player and turn-2 was lost.
+                edge_b.kill()
+                turn2 = tone_turn(session, "turn-2", sentences=2, chunks_per_sentence=2,
+                                  leading_silence_s=LEADING_SILENCE_S, encoding=AudioEncoding.OPUS)
+                await publish_audio(settings, turn2)
+                edges.append(EdgeProcess(settings, port_a, "edge-a2", tmp_path / "edge-a2.log"))
+                await wait_in_page(page, "window.voicebusPlayer.edge === 'edge-a2' && window.voicebusPlayer.state === 'ready'",
+                                   timeout_ms=60000)
+                hello = await page.evaluate("window.voicebusPlayer.lastHello")
+                assert hello["resume"] == {"turn_id": "turn-1", "sentence_seq": 0, "finished": True}, hello
+                await read_topic(settings, settings.playback_topic, "PlaybackReport",
+                                 lambda v: any(r["kind"] == "PLAYBACK_END" and r["turn_id"] == "turn-2" for r in v),
+                                 timeout=60)
                 assert not errors and not [e for e in await page.evaluate("window.voicebusPlayer.errors")
                                            if e.get("code") != "no-owner"]
             finally:
                 await browser.close()
     except BaseException:
-        for name in ("edge-a", "edge-b"):
-            print(f"--- {name} log ---\n" + (tmp_path / f"{name}.log").read_text(errors="replace")[-4000:])
+        for name in ("edge-a", "edge-b", "edge-a2"):
+            log_path = tmp_path / f"{name}.log"
+            if log_path.exists():
+                print(f"--- {name} log ---\n" + log_path.read_text(errors="replace")[-4000:])
         raise
     finally:
-        edge_a.stop()
-        edge_b.stop()
+        for edge in edges:
+            edge.stop()

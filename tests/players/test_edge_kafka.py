@@ -298,3 +298,55 @@ async def test_a_player_without_resume_on_a_restarted_edge_gets_the_turn_it_neve
         await producer.stop()
     assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t1"]
     assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+async def test_a_player_back_between_turns_on_a_restarted_edge_gets_the_turn_spoken_while_none_ran(make_settings):
+    """Issue 9 (bench chaos, kind ``edge``, 3 sessions): the player had heard turn t1 to its end when
+    its edge died; turn t2 was spoken and ended while no edge ran. The player comes back with
+    ``resume {t1, finished}`` and hears t2 whole (and nothing of t1 again): without it, an ended
+    turn is not sent to a player, and t2 was lost."""
+    settings = make_settings(edge_secret=SECRET, edge_resume_lookback_s=30.0)
+    producer, codec = make_producer(settings), Codec()
+    await producer.start()
+    try:
+        from pipeline.bus import ensure_topics
+
+        await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
+        # t1 heard through the edge that died; t2 published whole while no edge ran
+        for chunk in tone_turn("S", "t1", 1, 2) + tone_turn("S", "t2", 2, 1):
+            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+        async with running_edge(settings) as (app, client):
+            ws, ready = await connect(client, "S", resume={"turn_id": "t1", "sentence_seq": 1, "finished": True})
+            assert ready["type"] == "ready"
+            got = await collect(ws, turn_ended, timeout=15)
+    finally:
+        await producer.stop()
+    assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"]
+    assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (1, 0)]
+
+
+@pytest.mark.timeout(300)
+async def test_an_edge_whose_broker_is_gone_still_stops(kafka_jars, tmp_path, tmp_path_factory):
+    """bench chaos left an orphaned edge: SIGTERMed when its broker had died too, it kept retrying
+    its directory tombstone for minutes. Each Kafka farewell of a stopping edge is now bounded
+    (`pipeline.bus.farewell`): the edge stops, saying what it could not do."""
+    import shutil
+
+    from pipeline.broker import QUICK_START_JVM_OPTIONS, LocalCluster
+    from pipeline.bus import FAREWELL_TIMEOUT_S, ensure_topics
+    from tests.conftest import _settings_factory, distinct_free_ports
+
+    port, controller_port = distinct_free_ports(2)
+    cluster = LocalCluster(tmp_path / "kafka", kafka_jars, ports=[(port, controller_port)],
+                           jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True)
+    cluster.start(180)
+    try:
+        settings = _settings_factory(cluster.bootstrap, port, controller_port, tmp_path_factory)(edge_secret=SECRET)
+        await ensure_topics(settings, [settings.control_topic, settings.audio_topic, settings.edges_topic])
+        async with asyncio.timeout(60 + 6 * FAREWELL_TIMEOUT_S):  # minutes before the fix
+            async with running_edge(settings) as (app, client):
+                await eventually(lambda: app[LINK_KEY] is not None and app[LINK_KEY].ready.is_set(), what="the edge ready")
+                await asyncio.to_thread(cluster.kill, 1)
+    finally:
+        cluster.stop()
+        shutil.rmtree(tmp_path / "kafka", ignore_errors=True)

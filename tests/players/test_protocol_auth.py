@@ -71,6 +71,7 @@ def test_negative_or_oversized_numbers_are_refused_as_out_of_range(text):
     '{"type": "cancel", "v": 1, "turn_id": ""}',
     '{"type": "report", "v": 1, "kind": "UNDERRUN", "turn_id": "a\\u0000b"}',
     '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "' + "x" * 129 + '", "sentence_seq": 0}}',
+    '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "t", "sentence_seq": 0, "finished": 1}}',
 ])
 def test_mistyped_numbers_and_bad_turn_ids_are_malformed_frames(text):
     with pytest.raises(protocol.MalformedFrame) as info:
@@ -152,3 +153,9 @@ def test_any_client_text_frame_is_refused_or_yields_ids_the_contract_accepts(tex
     resume = message.get("resume") if message["type"] == protocol.HELLO else None
     if resume is not None:
         assert not contract.violations("ControlEvent", {"session_id": "s", "turn_id": resume["turn_id"]})
+
+
+def test_a_resume_may_say_its_turn_was_heard_to_the_end():
+    message = protocol.parse_client_message(
+        '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "t", "sentence_seq": 2, "finished": true}}')
+    assert message["resume"] == {"turn_id": "t", "sentence_seq": 2, "finished": True}

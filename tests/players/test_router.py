@@ -176,6 +176,29 @@ def test_a_session_is_kept_for_the_grace_window_after_its_last_client_left_then_
     assert heard(late) == []  # past the grace window nothing of the old turn is kept
 
 
+def test_a_player_back_between_turns_gets_every_later_turn_even_one_that_ended_meanwhile():
+    """bench chaos, kind ``edge``, 3 sessions: a player had heard turn t1 to its end; its edge died;
+    turn t2 was spoken whole, and ended, while the player had no connection. Back with
+    ``resume {t1, finished}`` it gets all of t2 (and not t1 again); without ``resume`` an ended turn
+    is not sent (a new player does not hear old answers), which lost t2."""
+    router = SessionRouter(grace_s=30.0)
+    first = router.connect("s1")
+    for chunk in tone_turn("s1", "t1", sentences=1, chunks_per_sentence=2):
+        router.route(chunk)
+    router.disconnect(first)
+    for chunk in tone_turn("s1", "t2", sentences=2, chunks_per_sentence=1) + tone_turn("s1", "t3", 1, 2)[:1]:
+        router.route(chunk)
+    back = router.connect("s1", resume={"turn_id": "t1", "sentence_seq": 1, "finished": True})
+    assert [m["turn_id"] for m in controls(back, "turn_start")] == ["t2", "t3"]
+    assert [m["turn_id"] for m in controls(back, "turn_end")] == ["t2"]
+    assert heard(back) == [(0, 0), (1, 0), (0, 0)]  # t2 whole, then t3 so far; nothing of t1
+    router.disconnect(back)
+    fresh = router.connect("s1")  # no resume: only the turn that has not ended
+    assert [m["turn_id"] for m in controls(fresh, "turn_start")] == ["t3"]
+    mid = router.connect("s1", resume={"turn_id": "t2", "sentence_seq": 1})  # was playing t2: its rest, then t3
+    assert [m["turn_id"] for m in controls(mid, "turn_start")] == ["t2", "t3"] and heard(mid) == [(1, 0), (0, 0)]
+
+
 def test_all_replay_buffers_together_stay_under_the_byte_limit():
     frame_bytes = 20 + 2 * 3600  # 150 ms of 24 kHz PCM16 and the header
     router = SessionRouter(replay_max_bytes=50 * frame_bytes, turns_per_session=4)
