@@ -485,8 +485,13 @@ class TopicDiscovery:
         await self.consumer.start()
         try:
             self.consumer.assign(tps)
-            await self.consumer.seek_to_beginning(*tps)
+            # Offsets asked explicitly, not through seek_to_beginning: a just-created registry
+            # topic's leader may not serve ListOffsets yet (NotLeaderForPartition), which
+            # end_offsets/beginning_offsets retry quietly while seek_to_beginning's reset logs an
+            # ERROR per retry (test_start_order caught one on a loaded machine)
             ends = await self.consumer.end_offsets(tps)
+            for tp, offset in (await self.consumer.beginning_offsets(tps)).items():
+                self.consumer.seek(tp, offset)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.catch_up_timeout_s
             found: set[str] = set()

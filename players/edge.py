@@ -391,8 +391,10 @@ class KafkaLink:
             fetch_max_wait_ms=s.fetch_max_wait_ms)
         await consumer.start()
         consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
+        # explicit offsets: retried quietly while a new directory topic's leader is not ready
+        # (seek_to_beginning's reset logs an ERROR per retry; pipeline.shell.TopicDiscovery)
         end = (await consumer.end_offsets([tp]))[tp]
+        consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
         async with asyncio.timeout(15):
             while await consumer.position(tp) < end:
                 self._apply_directory(await consumer.getmany(tp, timeout_ms=200))

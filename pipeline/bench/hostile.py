@@ -29,7 +29,9 @@ turn crosses it at a cost the tiny model can pay on a CPU. ``--parts`` picks the
 then find 0 affected turns).
 
 JSON (``--json FILE``): ``inputs`` (kind -> count), ``processes_died``, ``normal_turns``,
-``normal_turns_affected``, ``memory_growth_mb`` (stage -> MB). Figures and reproduction in
+``normal_turns_affected``, ``memory_growth_mb`` (stage -> MB), and ``memory_per_round_mb`` (stage
+-> the median round-to-round change, `memory_per_round`: a leak shows there, a high-water step
+does not) with ``rss_mb`` (stage -> MB after the clean run and each round). Figures and reproduction in
 docs/benchmarks.md ("bench hostile").
 """
 
@@ -113,12 +115,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"bench hostile: unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}", file=sys.stderr)
         return 2
     results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, parts=parts, progress=_print))
-    summary = {k: results[k] for k in RESULT_KEYS}
+    # the issue's keys, then the memory figures that tell a leak from a high-water mark
+    summary = {k: results[k] for k in RESULT_KEYS} | {k: results[k] for k in ("memory_per_round_mb", "rss_mb")}
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
         for stage, text in results["logs"].items():
             (args.logs / f"{stage}.log").write_text(text + "\n")
-    for key in ("affected", "rss_mb", "closes", "died", "tails"):
+    for key in ("affected", "closes", "died", "tails"):
         if results.get(key):
             print(f"{key}: {json.dumps(results[key], indent=1)}", file=sys.stderr)
     print(json.dumps(summary, indent=1))
@@ -128,6 +131,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     ok = summary["processes_died"] == 0 and summary["normal_turns_affected"] == 0
     print("bench hostile:", "0 crashes, 0 normal turns affected" if ok else "TARGET MISSED", file=sys.stderr)
     return 0 if ok else 1
+
+
+def memory_per_round(rss: dict[str, list[float]]) -> dict[str, float | None]:
+    """Per stage, the median change of resident memory from one hostile round to the next, after
+    the first (`rss` lists: after the clean run, then after each round). A leak adds about the
+    same every round; a high-water mark is a step (a larger forward pass than any before) and
+    allocator releases are steps down, and the median of the round-to-round changes ignores both
+    where `memory_growth_mb` (last minus first) does not. None with fewer than two such changes."""
+    import statistics
+
+    out: dict[str, float | None] = {}
+    for name, series in rss.items():
+        deltas = [b - a for a, b in zip(series[1:], series[2:])]  # round 1 -> 2, 2 -> 3, ...
+        out[name] = round(statistics.median(deltas), 2) if len(deltas) >= 2 else None
+    return out
 
 
 RESULT_KEYS = ("inputs", "processes_died", "normal_turns", "normal_turns_affected", "memory_growth_mb")
@@ -598,6 +616,7 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set
                     "normal_turns": normal_turns,
                     "normal_turns_affected": len(bad),
                     "memory_growth_mb": {name: round(end[name] - baseline[name], 1) for name in baseline},
+                    "memory_per_round_mb": memory_per_round(rss),
                     "affected": [f"{key}: {why}" for key, why in bad],
                     "rss_mb": rss, "closes": dict(sorted(clients.closes.items())), "died": died,
                     "tails": {st.name: st.tail(15) for st in stack.stages if st.died()},

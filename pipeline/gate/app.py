@@ -375,8 +375,11 @@ class GateWorker:
             return
         tps = [TopicPartition(self.settings.gate_changelog_topic, p) for p in sorted(partitions)]
         self.changelog.assign(tps)
-        await self.changelog.seek_to_beginning(*tps)
+        # explicit offsets, retried quietly while a new changelog's leaders are not ready
+        # (seek_to_beginning's reset logs an ERROR per retry; pipeline.shell.TopicDiscovery)
         ends = await self.changelog.end_offsets(tps)
+        for tp, offset in (await self.changelog.beginning_offsets(tps)).items():
+            self.changelog.seek(tp, offset)
         states: dict[str, tuple[int, str | None]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RECOVERY_TIMEOUT_S

@@ -90,3 +90,13 @@ def test_a_turn_is_affected_when_it_did_not_end_ended_with_a_reason_or_sounds_di
     hostile = [HeardResult((0, 0), True, "", ["h0", "h1"]), HeardResult((0, 1), False, "", ["h0"]),
                HeardResult((0, 2), True, "synthesis-failed", ["h0", "h1"]), HeardResult((0, 3), True, "", ["h0", "hX"])]
     assert [key for key, _why in affected(clean, hostile)] == [(0, 1), (0, 2), (0, 3)]
+
+
+def test_memory_per_round_tells_a_leak_from_high_water_marks():
+    from pipeline.bench.hostile import memory_per_round
+
+    # after the clean run, then rounds 1..6: a step up (a larger forward pass), a release, flat
+    steps = [2000.0, 2070.0, 2870.0, 2870.1, 2870.2, 2440.0, 2440.1]
+    leak = [50.0, 51.0, 53.0, 55.0, 57.0, 59.0, 61.0]
+    assert memory_per_round({"worker": steps, "edge": leak, "short": [1.0, 2.0, 3.0]}) == {
+        "worker": 0.1, "edge": 2.0, "short": None}
