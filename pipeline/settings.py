@@ -201,6 +201,11 @@ class Settings:
     it is decoded; sentences are then cut only where they must be (no pause mid-phrase). Off by
     default until its quality gate holds (Whisper WER +0.037 over the whole decode, gate 0.02:
     docs/synthesis.md); False: one window per piece, sentences cut after their 8th word."""
+    synthesis_threads: int = 1
+    """torch intra-op threads of a worker that loads the real model. 1 (the default) on a node
+    whose cores are shared with brokers and other stages: there 2 threads made a forward pass 3-4x
+    slower. On a worker with cores of its own use their number: 2 threads were 1.6-1.7x faster
+    than 1 on a quiet 2-core machine (docs/benchmarks.md, "bench synth"). At least 1."""
     worker_cancel_lookback_s: float = 300.0
     """A starting worker applies the cancels of this many seconds back before fetching requests."""
     worker_session_timeout_ms: int = 10_000

@@ -44,7 +44,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--lang", default="en")
     p.add_argument("--voice", default=None)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: the engine's, 1)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
     p.add_argument("--variants", default="before,after,windowed",
                    help="comma-separated: before|after|windowed, each optionally -<N>thread(s) and/or -no_grad")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
@@ -129,9 +129,9 @@ def run(args, settings) -> int:
 
     import torch
 
-    from pipeline.synthesis.engine import TORCH_INTRA_OP_THREADS, SynthesisEngine
+    from pipeline.synthesis.engine import SynthesisEngine, intra_op_threads
 
-    default_threads = args.threads or TORCH_INTRA_OP_THREADS
+    default_threads = args.threads or intra_op_threads(settings)
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     variants = {name: _variant(name, default_threads) for name in names}
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)

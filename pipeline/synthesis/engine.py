@@ -65,11 +65,18 @@ _CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
 # second between sentences and inside a sentence cut in pieces. `trim_silence` keeps a margin.
 SILENCE_THRESHOLD = 33  # |sample| of PCM16 at -60 dBFS: quieter than any speech onset
 
-# torch intra-op threads of a process that loads the real model. On this project's 2-core
-# machine, shared with the broker, gate, edge and other workers, 2 threads made a forward pass
-# 3-4x *slower* than 1 (OpenMP threads waiting at every op's barrier for a core another process
-# holds): `voicebus bench synth`, docs/benchmarks.md. Parallelism comes from more workers.
-TORCH_INTRA_OP_THREADS = 1
+# torch intra-op threads of a process that loads the real model: `Settings.synthesis_threads`.
+# On this project's 2-core machine, shared with the broker, gate, edge and other workers, 2
+# threads made a forward pass 3-4x *slower* than 1 (OpenMP threads waiting at every op's barrier
+# for a core another process holds); on the same machine quiet, 2 were 1.6x faster
+# (`voicebus bench synth`, docs/benchmarks.md). Hence 1 by default, and a setting.
+
+
+def intra_op_threads(settings: Settings) -> int:
+    """The torch intra-op threads of a worker (`Settings.synthesis_threads`, at least 1)."""
+    if settings.synthesis_threads < 1:
+        raise EngineError(f"synthesis_threads is {settings.synthesis_threads}: a worker needs at least 1 thread")
+    return settings.synthesis_threads
 
 
 class EngineError(RuntimeError):
@@ -430,7 +437,7 @@ class SynthesisEngine:
             raise NoVoices(f"no voice packs in {resolved.voices_dir}")
         fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
         torch.set_grad_enabled(False)
-        torch.set_num_threads(TORCH_INTRA_OP_THREADS)
+        torch.set_num_threads(intra_op_threads(settings))
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),

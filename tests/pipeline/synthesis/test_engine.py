@@ -207,3 +207,13 @@ def test_the_device_is_cuda_only_where_torch_sees_one():
             pick_device("cuda")
     with pytest.raises(EngineError, match="unknown device"):
         pick_device("tpu")
+
+
+def test_the_worker_s_torch_threads_come_from_the_settings_and_are_at_least_one():
+    from pipeline.settings import Settings
+    from pipeline.synthesis.engine import EngineError, intra_op_threads
+
+    assert intra_op_threads(Settings()) == 1  # a node whose cores are shared (docs/benchmarks.md)
+    assert intra_op_threads(Settings.from_env({"VOICEBUS_SYNTHESIS_THREADS": "2"})) == 2
+    with pytest.raises(EngineError, match="at least 1"):
+        intra_op_threads(Settings(synthesis_threads=0))
