@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from pipeline.bus import DecodedRecord
+from pipeline.bus import DecodedRecord, seek_to_beginning_quietly
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, CodecError, deadletter_headers
 from pipeline.settings import Settings
@@ -485,13 +485,7 @@ class TopicDiscovery:
         await self.consumer.start()
         try:
             self.consumer.assign(tps)
-            # Offsets asked explicitly, not through seek_to_beginning: a just-created registry
-            # topic's leader may not serve ListOffsets yet (NotLeaderForPartition), which
-            # end_offsets/beginning_offsets retry quietly while seek_to_beginning's reset logs an
-            # ERROR per retry (test_start_order caught one on a loaded machine)
-            ends = await self.consumer.end_offsets(tps)
-            for tp, offset in (await self.consumer.beginning_offsets(tps)).items():
-                self.consumer.seek(tp, offset)
+            ends = await seek_to_beginning_quietly(self.consumer, tps)  # a new registry topic too
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.catch_up_timeout_s
             found: set[str] = set()
@@ -526,8 +520,8 @@ class TopicDiscovery:
             try:
                 found = await self._list()
             except (KafkaError, *RETRIABLE_ADMIN_ERRORS) as exc:
-                if isinstance(exc, KafkaError) and not exc.retriable and not isinstance(exc, RETRIABLE_ADMIN_ERRORS):
-                    raise
+                if not (isinstance(exc, RETRIABLE_ADMIN_ERRORS) or exc.retriable):
+                    raise  # not a broker away: the Supervisor restarts the task and reports it
                 self.listing_failures.labels(self.stage).inc()
                 log.warning("%s: listing the broker's topics failed (%r; a broker away?); next listing in %.1f s",
                             self.stage, exc, self.interval_s)

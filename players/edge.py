@@ -34,7 +34,7 @@ from aiohttp import WSMsgType, web
 from aiokafka.abc import ConsumerRebalanceListener
 
 from pipeline import tracing
-from pipeline.bus import farewell
+from pipeline.bus import farewell, seek_to_beginning_quietly
 from pipeline.clock import now_us
 from pipeline.codecs import codec_for
 from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
@@ -391,10 +391,7 @@ class KafkaLink:
             fetch_max_wait_ms=s.fetch_max_wait_ms)
         await consumer.start()
         consumer.assign([tp])
-        # explicit offsets: retried quietly while a new directory topic's leader is not ready
-        # (seek_to_beginning's reset logs an ERROR per retry; pipeline.shell.TopicDiscovery)
-        end = (await consumer.end_offsets([tp]))[tp]
-        consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
+        end = (await seek_to_beginning_quietly(consumer, [tp]))[tp]  # a new directory topic too
         async with asyncio.timeout(15):
             while await consumer.position(tp) < end:
                 self._apply_directory(await consumer.getmany(tp, timeout_ms=200))

@@ -50,6 +50,7 @@ from typing import Any, Callable
 
 from pipeline.bench.stages import StageProcess, healthz_probe, stage_env
 from pipeline.clock import now_us
+from pipeline.latency import STAGES
 from pipeline.settings import Settings
 
 KINDS = ("broker_leader", "broker_single", "gate", "worker", "edge")
@@ -290,12 +291,10 @@ def summarise_kind(scored: list[dict], recoveries: list[float]) -> dict[str, Any
     }
 
 
-# The stamps of the sentence that brought a recovery, in the order its audio passed them: where the
-# time from a fault to the next new audio went (which hop waited on the failover).
-RECOVERY_STAGES = (("sentence complete", "text_complete_at_us"), ("released", "released_at_us"),
-                   ("request received", "request_received_at_us"), ("synthesis start", "synthesis_started_at_us"),
-                   ("first audio", "audio_ready_at_us"), ("published", "published_at_us"), ("edge received", "edge_received_at_us"),
-                   ("sent", "sent_at_us"))
+# The stamps of the sentence that brought a recovery, in the order its audio passed them (every
+# benchmark's stage list, `pipeline.latency.STAGES`): where the time from a fault to the next new
+# audio went (which hop waited on the failover).
+RECOVERY_STAGES = STAGES
 
 
 def recovery_stages(fault_us: int, timeline: dict, received_us: int) -> dict[str, float]:

@@ -95,13 +95,11 @@ class FailoverProbe:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _sending(self, seconds: float, until: Any = None) -> None:
+    async def _sending(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             self._send()
             await asyncio.sleep(SEND_INTERVAL_S)
-            if until is not None and until():
-                return
 
     async def cycle(self) -> dict[str, float]:
         """One kill of the partition's leader, its restart, and the cluster in sync again."""

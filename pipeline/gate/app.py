@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
 
-from pipeline.bus import await_group_coordinator, ensure_topics, make_producer
+from pipeline.bus import await_group_coordinator, ensure_topics, make_producer, seek_to_beginning_quietly
 from pipeline.clock import now_us
 from pipeline.codecs import CodecError, codec_for
 from pipeline import tracing
@@ -375,11 +375,7 @@ class GateWorker:
             return
         tps = [TopicPartition(self.settings.gate_changelog_topic, p) for p in sorted(partitions)]
         self.changelog.assign(tps)
-        # explicit offsets, retried quietly while a new changelog's leaders are not ready
-        # (seek_to_beginning's reset logs an ERROR per retry; pipeline.shell.TopicDiscovery)
-        ends = await self.changelog.end_offsets(tps)
-        for tp, offset in (await self.changelog.beginning_offsets(tps)).items():
-            self.changelog.seek(tp, offset)
+        ends = await seek_to_beginning_quietly(self.changelog, tps)  # a new changelog too
         states: dict[str, tuple[int, str | None]] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RECOVERY_TIMEOUT_S

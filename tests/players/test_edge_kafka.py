@@ -13,7 +13,7 @@ from players.edge import LINK_KEY
 from players.router import SessionRouter
 from players.tone import tone_turn
 from tests.foreign import foreign_encode
-from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
+from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, publish_audio, running_edge, turn_ended
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
@@ -305,22 +305,16 @@ async def test_a_player_back_between_turns_on_a_restarted_edge_gets_the_turn_spo
     its edge died; turn t2 was spoken and ended while no edge ran. The player comes back with
     ``resume {t1, finished}`` and hears t2 whole (and nothing of t1 again): without it, an ended
     turn is not sent to a player, and t2 was lost."""
-    settings = make_settings(edge_secret=SECRET, edge_resume_lookback_s=30.0)
-    producer, codec = make_producer(settings), Codec()
-    await producer.start()
-    try:
-        from pipeline.bus import ensure_topics
+    from pipeline.bus import ensure_topics
 
-        await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
-        # t1 heard through the edge that died; t2 published whole while no edge ran
-        for chunk in tone_turn("S", "t1", 1, 2) + tone_turn("S", "t2", 2, 1):
-            await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
-        async with running_edge(settings) as (app, client):
-            ws, ready = await connect(client, "S", resume={"turn_id": "t1", "sentence_seq": 1, "finished": True})
-            assert ready["type"] == "ready"
-            got = await collect(ws, turn_ended, timeout=15)
-    finally:
-        await producer.stop()
+    settings = make_settings(edge_secret=SECRET, edge_resume_lookback_s=30.0)
+    await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
+    # t1 heard through the edge that died; t2 published whole while no edge ran
+    await publish_audio(settings, tone_turn("S", "t1", 1, 2) + tone_turn("S", "t2", 2, 1))
+    async with running_edge(settings) as (app, client):
+        ws, ready = await connect(client, "S", resume={"turn_id": "t1", "sentence_seq": 1, "finished": True})
+        assert ready["type"] == "ready"
+        got = await collect(ws, turn_ended, timeout=15)
     assert [m["turn_id"] for m in of_type(got, "turn_start")] == ["t2"]
     assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (1, 0)]
 
