@@ -120,6 +120,60 @@ ENGLISH = [
 ]
 
 
+# 8 sentences each of Spanish and Portuguese (12-15 words): windowed decoding must keep them as
+# intelligible to multilingual Whisper as the engine before it (`intelligibility`).
+SPANISH = [
+    "Tu reembolso fue emitido esta mañana y llegará pronto a tu cuenta bancaria.",
+    "El paquete salió de nuestro almacén ayer por la tarde y está en camino.",
+    "Puedes devolver la chaqueta dentro de treinta días para obtener un reembolso completo.",
+    "El vuelo a Madrid se ha retrasado unos cuarenta minutos por el mal tiempo.",
+    "Nuestro equipo está revisando el problema con tu última factura de la luz.",
+    "La tienda de la calle mayor cierra a las ocho durante la semana.",
+    "El médico puede verte el próximo lunes a las diez y media de la mañana.",
+    "Tu nueva tarjeta se enviará a la dirección que tenemos registrada.",
+]
+PORTUGUESE = [
+    "O seu reembolso foi emitido hoje de manhã e deve chegar em breve à sua conta.",
+    "O pacote saiu do nosso armazém ontem à tarde e já está a caminho.",
+    "Você pode devolver a jaqueta em até trinta dias para receber o reembolso completo.",
+    "O voo para Lisboa está atrasado cerca de quarenta minutos por causa do tempo.",
+    "A nossa equipe está analisando o problema com a sua última fatura de energia.",
+    "A loja da rua principal fecha às oito horas durante a semana.",
+    "O médico pode atender você na próxima segunda-feira às dez e meia da manhã.",
+    "O seu novo cartão será enviado para o endereço que temos no cadastro.",
+]
+
+
+def intelligibility(engine, voice: str, whisper, language: str, sentences: list[str]) -> dict:
+    """Word error rates of multilingual ``whisper`` over ``sentences`` as the engine speaks them
+    with windowed decoding, without it (the engine before: sentences cut after their 8th word),
+    and as Kokoro's own forward pass over each whole sentence. Seeded per sentence."""
+    import torch
+
+    errors = {"windowed": 0, "unwindowed": 0, "kokoro": 0}
+    reference = 0
+    windowed, seed = engine.windowed, engine.seed
+    try:
+        for i, text in enumerate(sentences):
+            expected = words(text)
+            reference += len(expected)
+            engine.seed = i
+            for mode in ("windowed", "unwindowed"):
+                engine.windowed = mode == "windowed"
+                pcm = b"".join(engine.stream(text, language, voice))
+                audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+                errors[mode] += word_errors(expected, words(heard(whisper, audio, language)))
+            phonemes = engine.phonemize(text, language)[0]
+            pack = engine.voice_packs[engine.resolve_voice(voice)]
+            with torch.inference_mode():
+                torch.manual_seed(i)
+                own = engine.model(phonemes, pack[len(phonemes) - 1].to(engine.device), 1.0).cpu().numpy()
+            errors["kokoro"] += word_errors(expected, words(heard(whisper, own, language)))
+    finally:
+        engine.windowed, engine.seed = windowed, seed
+    return {mode: count / reference for mode, count in errors.items()} | {"words": reference}
+
+
 def words(text: str) -> list[str]:
     import re
 

@@ -7,13 +7,19 @@ Engine alone, no Kafka. Each repeat runs every variant on every sentence, varian
   turn's opening sentence (first piece cut at the first clause of >= 3 words, as the worker does).
 - **RTF**: synthesis time of the whole sentence over the duration of the audio published.
 - **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/synthesis.md).
+- **stall**: the silence a player starting at the first chunk would hear inside the sentence,
+  where a chunk comes after the audio before it has played (`players.listener.HeardTurn.starvation`'s
+  rule, at the engine): windows decoded slower than the audio before them plays.
 
 Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` only
 the sounding frames decoded, in one window, sentences cut after their 8th word for early audio;
 ``windowed`` is the engine's default (sounding frames decoded in growing windows, the first
 audio published from the first, sentences cut only where they must be: issue 11 items 2, 7); the
 others change one runtime option: torch intra-op threads, ``no_grad`` instead of
-``inference_mode``.
+``inference_mode``, ``fixed`` (windowed: the fixed window sizes of `kokoro_frames.seams`, not
+those planned from the decode speed), ``unbaked`` (kokoro's weight-norm hooks kept, recomputing every weight on
+every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; a second copy of
+the model is loaded for it).
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `pipeline.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
@@ -46,7 +52,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
     p.add_argument("--variants", default="before,after,windowed",
-                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s) and/or -no_grad")
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed and/or -unbaked")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
     p.add_argument("--quality-only", action="store_true", help="skip the timing A/B (with --quality or --seam-png)")
@@ -54,16 +60,21 @@ def register(bench_subparsers) -> None:
 
 
 def _variant(name: str, threads: int) -> dict:
-    """Engine attributes and thread count of a variant name: ``before`` or ``after``, then
-    optionally ``-<N>thread(s)`` and/or ``-no_grad`` (e.g. ``after-1thread-no_grad``)."""
+    """Engine attributes and thread count of a variant name: ``before``, ``after`` or
+    ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed`` and/or ``-unbaked`` (e.g.
+    ``after-1thread-no_grad``)."""
     base, *options = name.split("-")
     if base not in {"before", "after", "windowed"}:
         raise SystemExit(f"unknown variant {name!r}")
     variant = {"decode_sound_only": base != "before", "windowed": base == "windowed", "grad_mode": "inference",
-               "threads": threads}
+               "threads": threads, "baked": True, "adaptive": True}
     for option in options:
         if option == "no_grad":
             variant["grad_mode"] = "no_grad"
+        elif option == "unbaked":
+            variant["baked"] = False
+        elif option == "fixed":
+            variant["adaptive"] = False
         elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
             variant["threads"] = int(option.rstrip("s")[: -len("thread")])
         else:
@@ -71,17 +82,24 @@ def _variant(name: str, threads: int) -> dict:
     return variant
 
 
-def _measure(engine, text: str, language: str, voice: str) -> tuple[float, float]:
-    """(time to first audio, real-time factor) of one sentence, as a turn's opening sentence."""
+def _measure(engine, text: str, language: str, voice: str) -> tuple[float, float, float]:
+    """(time to first audio, real-time factor, stall seconds) of one sentence, as a turn's
+    opening sentence."""
     t0 = time.perf_counter()
     first = None
     samples = 0
+    stall, play_until = 0.0, None
     for chunk in engine.stream(text, language, voice, first_clause_min_words=OPENING_CLAUSE_MIN_WORDS):
+        now = time.perf_counter() - t0
         if first is None:
-            first = time.perf_counter() - t0
+            first = play_until = now
+        elif now > play_until:
+            stall += now - play_until
+            play_until = now
+        play_until += len(chunk) / 2 / engine.sample_rate
         samples += len(chunk) // 2
     elapsed = time.perf_counter() - t0
-    return first or float("nan"), elapsed / max(1e-9, samples / engine.sample_rate)
+    return first or float("nan"), elapsed / max(1e-9, samples / engine.sample_rate), stall
 
 
 def _frames_of(engine, text: str, language: str, voice: str) -> tuple[int, int]:
@@ -103,6 +121,8 @@ def _apply(engine, variant: dict) -> None:
     torch.set_num_threads(variant["threads"])
     engine.decode_sound_only, engine.windowed = variant["decode_sound_only"], variant["windowed"]
     engine.grad_mode = variant["grad_mode"]
+    engine.adaptive_windows = variant["adaptive"]
+    engine.decode_s_per_frame = variant.get("decode_s_per_frame")  # each variant's own speed (threads differ)
 
 
 def _quality(engine, voice: str) -> None:
@@ -137,20 +157,27 @@ def run(args, settings) -> int:
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
     if args.tiny:
         engine.silence_margins_ms = (settings.max_lead_silence_ms, settings.max_trail_silence_ms)
+    unbaked = None
+    if any(not v["baked"] for v in variants.values()) and not args.quality_only:
+        if args.tiny:
+            raise SystemExit("-unbaked variants need the real model (the tiny engine is built baked)")
+        unbaked = SynthesisEngine.load(settings, bake_weight_norms=False)
+    engines = {name: engine if variant["baked"] else unbaked for name, variant in variants.items()}
     voice = engine.resolve_voice(args.voice or settings.default_voice)
-    for variant in ([] if args.quality_only else variants.values()):  # warm up each variant: G2P load, first-call costs
-        _apply(engine, variant)
-        list(engine.stream("Warm up, please.", args.lang, voice))
+    for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
+        _apply(engines[name], variant)
+        list(engines[name].stream("Warm up, please.", args.lang, voice))
+        variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     if args.quality_only:
         variants, args.repeats = {}, 0
     for _ in range(args.repeats):
         for sentence, text in SENTENCES.items():
             for name, variant in variants.items():
-                _apply(engine, variant)
-                ttfa, rtf = _measure(engine, text, args.lang, voice)
-                results.setdefault((name, sentence), []).append((ttfa, rtf))
+                _apply(engines[name], variant)
+                results.setdefault((name, sentence), []).append(_measure(engines[name], text, args.lang, voice))
+                variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
     engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
     if variants:
@@ -158,13 +185,17 @@ def run(args, settings) -> int:
         load = os.getloadavg()[0]
         print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "
               f"repeats {args.repeats}, variants interleaved")
-        print(f"{'variant':<16} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES) + f" {'ttfa p50':>9} {'rtf p50':>8}")
+        width = max(16, *(len(n) for n in variants))
+        print(f"{'variant':<{width}} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES)
+              + f" {'ttfa p50':>9} {'rtf p50':>8} {'stall p50':>9} {'stall max':>9}")
         for name, variant in variants.items():
-            cells = [statistics.median(t for t, _ in results[(name, s)]) for s in SENTENCES]
-            all_ttfa = statistics.median(t for s in SENTENCES for t, _ in results[(name, s)])
-            all_rtf = statistics.median(r for s in SENTENCES for _, r in results[(name, s)])
-            print(f"{name:<16} {variant['threads']:>7} " + " ".join(f"{c:>12.3f}" for c in cells) + f" {all_ttfa:>9.3f} {all_rtf:>8.3f}")
-        print("ttfa: seconds from stream() to its first chunk, as a turn's opening sentence; rtf: synthesis time / audio published")
+            runs = [r for s in SENTENCES for r in results[(name, s)]]
+            cells = [statistics.median(r[0] for r in results[(name, s)]) for s in SENTENCES]
+            print(f"{name:<{width}} {variant['threads']:>7} " + " ".join(f"{c:>12.3f}" for c in cells)
+                  + f" {statistics.median(r[0] for r in runs):>9.3f} {statistics.median(r[1] for r in runs):>8.3f}"
+                  f" {statistics.median(r[2] for r in runs):>9.3f} {max(r[2] for r in runs):>9.3f}")
+        print("ttfa: seconds from stream() to its first chunk, as a turn's opening sentence; rtf: synthesis time / audio published;"
+              " stall: seconds of silence inside the sentence for a player starting at its first chunk")
         print("frames decoded / predicted with sound-only decoding: "
               + ", ".join(f"{s} {d}/{p} ({1 - d / max(1, p):.0%} skipped)" for s, (d, p) in frames.items()))
     if args.quality:

@@ -16,6 +16,7 @@ import io
 import logging
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
@@ -351,12 +352,16 @@ class VoicedPart(NamedTuple):
     """One part of a piece's audio as it is decoded (`SynthesisEngine.voice_parts`): PCM16LE
     to publish, and what word timing needs (the same on every part): the samples of the raw
     output cut before the piece's PCM (known from the first part with audio), the predicted
-    frames per token, and an upper bound of the piece's published samples."""
+    frames per token, an upper bound of the piece's published samples, and where its sound is
+    predicted to end (samples of its published audio; before the piece is decoded: the end of
+    the last frame whose predicted energy is above `kokoro_frames.SOUND_ENERGY_THRESHOLD`).
+    A part of a piece decoded whole has the sound's end measured: ``bound``."""
 
     pcm: bytes
     raw_offset: int
     durations: "torch.Tensor"
     bound: int
+    sound_end: int | None = None
 
 
 class TimedChunk(NamedTuple):
@@ -403,9 +408,18 @@ class SynthesisEngine:
     """With sound-only decoding: the decoder's generator runs in windows of frames, the first
     short, and each window's audio is published as soon as it is decoded
     (`kokoro_frames.decode_windows`, docs/synthesis.md "First audio from the first window").
-    Off by default (`Settings.windowed_decoding`) until its quality gate holds."""
+    `Settings.windowed_decoding`, on by default since its quality gates hold."""
     grad_mode: str = "inference"
     """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
+    adaptive_windows: bool = True
+    """With windowed decoding: window sizes from the decode speed measured here
+    (`kokoro_frames.first_cut`, `next_cut`: each window arrives before the player runs out of
+    the audio before it); False: the fixed sizes of `kokoro_frames.seams`."""
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)
+    """Seconds, for the decode speed and the audio ahead of the player (injected in tests)."""
+    decode_s_per_frame: float | None = field(default=None, repr=False)
+    """The generator's seconds per decoded frame on this machine, as last measured (a moving
+    average over windows; None until a window has been decoded)."""
     last_decoded_frames: tuple[int, int] | None = field(default=None, repr=False)
     """(frames decoded, frames predicted) of the latest `_decode_sound` (benchmarks, tests)."""
     last_seams: list[int] = field(default_factory=list, repr=False)
@@ -418,8 +432,10 @@ class SynthesisEngine:
     # --- construction -------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, settings: "Settings") -> "SynthesisEngine":
-        """The real Kokoro-82M, weights resolved by `pipeline.synthesis.weights`."""
+    def load(cls, settings: "Settings", bake_weight_norms: bool = True) -> "SynthesisEngine":
+        """The real Kokoro-82M, weights resolved by `pipeline.synthesis.weights`; its weight
+        norms baked (`kokoro_frames.bake_weight_norms`) unless ``bake_weight_norms`` is False
+        (the engine as it was, for `voicebus bench synth`'s A/B)."""
         from pipeline.synthesis.weights import load_voice_packs, resolve_weights
 
         import torch
@@ -429,9 +445,11 @@ class SynthesisEngine:
         resolved = resolve_weights(settings)
         model = KModel(repo_id=REPO_ID, config=str(resolved.config_path), model=str(resolved.model_path))
         model = model.to(device).eval()
-        from pipeline.synthesis.kokoro_frames import check_kokoro_internals
+        from pipeline.synthesis import kokoro_frames
 
-        check_kokoro_internals(model)
+        kokoro_frames.check_kokoro_internals(model)
+        if bake_weight_norms:
+            kokoro_frames.bake_weight_norms(model)
         voices = load_voice_packs(resolved.voices_dir)
         if not voices:
             raise NoVoices(f"no voice packs in {resolved.voices_dir}")
@@ -455,6 +473,9 @@ class SynthesisEngine:
         empty_state.seek(0)
         torch.manual_seed(seed)
         model = KModel(repo_id=REPO_ID, config=tiny_config(), model=empty_state).to(device).eval()
+        from pipeline.synthesis.kokoro_frames import bake_weight_norms
+
+        bake_weight_norms(model)
         generator = torch.Generator().manual_seed(seed)
         voices = {name: torch.randn(510, 1, 256, generator=generator) * 0.5 for name in TINY_VOICES}
         return cls(model=model, voice_packs=voices, device=device, source="tiny", fallback_voice=TINY_VOICES[0], seed=seed)
@@ -580,19 +601,53 @@ class SynthesisEngine:
             weights = None if whole else kf.stand_in_weights(start, stop, frames.count, lead, kf.CONTEXT_FRAMES)
             prepared = kf.prepare_decoder(self.model, frames, start, stop, weights)
             quiet = next((i for i, e in enumerate(energy[start:stop]) if e > kf.SOUND_ENERGY_THRESHOLD), 0)
-            cuts = kf.seams(prepared.count, lead=quiet)
             self.last_decoded_frames = (stop - start, frames.count)
-            self.last_seams = [start + c for c in cuts]
+            self.last_seams = []
         undecoded = (frames.count - stop) * kf.SAMPLES_PER_FRAME
         trimmer = PartTrimmer(per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded)
         span_samples = prepared.count * kf.SAMPLES_PER_FRAME
-        parts = kf.decode_windows(self.model, prepared, cuts)
-        for k in range(len(cuts) + 1):
+        count = prepared.count
+        fixed = None if self.adaptive_windows else [*kf.seams(count, lead=quiet), count]
+        window = {"lo": 0, "hi": 0}
+        published = {"s": 0.0, "since": None}  # audio yielded, and when the first of it was
+
+        def plan(lo: int) -> int:
+            if fixed is not None:
+                hi = next(end for end in fixed if end > lo)
+            elif lo == 0:
+                hi = kf.first_cut(count, quiet, self.decode_s_per_frame)
+            else:
+                played = 0.0 if published["since"] is None else self.clock() - published["since"]
+                ahead = published["s"] - played
+                hi = kf.next_cut(lo, count, ahead, self.decode_s_per_frame)
+            window.update(lo=lo, hi=hi)
+            if hi < count:
+                self.last_seams.append(start + hi)
+            return hi
+
+        parts = kf.decode_windows(self.model, prepared, plan)
+        while True:
             with self._lock, grad_off():
-                audio = next(parts)
-            pcm = trimmer.feed(float_to_pcm16(audio), last=k == len(cuts))
+                began = self.clock()
+                audio = next(parts, None)
+                took = self.clock() - began
+            if audio is None:
+                return
+            # the speed the plan needs: the generator's seconds per frame it decodes, overhead included
+            decoded = window["hi"] - window["lo"] + (kf.window_overhead() if window["lo"] else kf.SEAM_CONTEXT_FRAMES)
+            speed = took / max(1, decoded)
+            self.decode_s_per_frame = speed if self.decode_s_per_frame is None else 0.5 * (self.decode_s_per_frame + speed)
+            last = window["hi"] >= count
+            pcm = trimmer.feed(float_to_pcm16(audio), last=last)
             bound = span_samples - trimmer.cut + min(undecoded, per_ms * trail_ms)
-            yield VoicedPart(pcm, start * kf.SAMPLES_PER_FRAME + trimmer.cut, frames.durations, bound)
+            sound_end = min(bound, (prepared.count - prepared.silent[1]) * kf.SAMPLES_PER_FRAME - trimmer.cut)
+            if published["since"] is None and pcm:
+                published["since"] = self.clock()
+            published["s"] += len(pcm) / 2 / self.sample_rate
+            yield VoicedPart(pcm, start * kf.SAMPLES_PER_FRAME + trimmer.cut, frames.durations, bound,
+                             sound_end if prepared.silent != (0, 0) else bound)
+            if last:
+                return
 
     def stream(
         self,
@@ -659,10 +714,10 @@ class SynthesisEngine:
                     first = words is None
                     if first:
                         # no word before the piece's audio sounds, nor after it; a first window
-                        # does not know where the piece's sound ends: its bound is the limit
+                        # does not know where the piece's sound ends: its predicted end is the limit
                         sound = sounding_span(part.pcm)
                         if self.windows_decoding:
-                            sound = (sound[0], part.bound)
+                            sound = (sound[0], part.bound if part.sound_end is None else part.sound_end)
                         words = place(piece.time_words(part.durations), self.sample_rate, part.raw_offset, part.bound,
                                       spoken, sound=sound)
                     yield SpokenPiece(piece, Voiced(part.pcm, part.raw_offset, part.durations),

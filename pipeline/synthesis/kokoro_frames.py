@@ -21,8 +21,10 @@ One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per fram
 Windowed decoding (issue 11 item 2; docs/synthesis.md "First audio from the first window"):
 `prepare_decoder` is `Decoder.forward` up to the generator, over a whole span, plus the
 generator's harmonic source drawn once; `generate` is `Generator.forward` on a window of that
-span; `seams` places the windows (a short first, then growing) and `decode_windows` yields each
-window's audio, crossfaded at the seams.
+span; `first_cut` and `next_cut` plan the windows from the decode speed measured (`seams`: the
+fixed plan, a short first window, then growing), `window_input` gives each window the span's
+share of silence in its statistics, and `decode_windows` yields each window's audio,
+crossfaded at the seams.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Callable
+
     import torch
 
 SAMPLES_PER_FRAME = 600
@@ -76,6 +80,26 @@ def check_kokoro_internals(model: object) -> None:
         raise KokoroInternalsChanged(
             f"kokoro.KModel has no {', '.join(missing)}: voicebus needs kokoro==0.9.4 (pipeline/synthesis/kokoro_frames.py)"
         )
+
+
+def bake_weight_norms(model) -> int:
+    """Fold every weight-normalized layer of ``model`` into a plain weight, once; returns how
+    many. Kokoro builds its decoder and predictor convolutions with
+    ``torch.nn.utils.weight_norm``, whose hook recomputes ``weight = g * v / ||v||`` before
+    every call: for inference the weights never change, so that work is repeated for nothing
+    on every forward pass (measured on the offline pack, 2-core CPU: 11-13 % of a short piece's
+    time to first audio, most of it in the decoder's 1024-channel convolutions). The baked
+    weight is the very tensor the hook would compute, so the audio is identical to the bit."""
+    import torch
+
+    baked = 0
+    for module in model.modules():
+        try:
+            torch.nn.utils.remove_weight_norm(module)
+        except ValueError:  # this module has no weight norm
+            continue
+        baked += 1
+    return baked
 
 
 @dataclass
@@ -243,10 +267,16 @@ SEAM_CONTEXT_FRAMES = 6
 # Half the crossfade at the seam, in frames: a raised-cosine fade over 2 x 2 frames (100 ms).
 CROSSFADE_FRAMES = 2
 
-# Each window after the first has ``WINDOW_GROWTH`` times the frames of all the windows
-# before it, so it is decoded while those play; none is shorter than MIN_WINDOW_FRAMES.
+# In the fixed plan (`seams`, and `next_cut` where no window keeps up with the player) each
+# window after the first has ``WINDOW_GROWTH`` times the frames of all the windows before it;
+# none is shorter than MIN_WINDOW_FRAMES.
 WINDOW_GROWTH = 2.5
 MIN_WINDOW_FRAMES = 2 * SEAM_CONTEXT_FRAMES + 8
+
+# Frames of the span's edge silence decoded before a window that has none of its own, so its
+# norms see silence in the share the whole span gives it (`window_input`). 4 measured better
+# than 2 (word error rate over 8 sentences +0.012 against +0.036), 8 no better than 4.
+SILENCE_CARRIER_FRAMES = 4
 
 
 @dataclass
@@ -258,6 +288,7 @@ class DecoderInput:
     source: "torch.Tensor"  # [1, 600 * frames]: the harmonic source, drawn once for the span
     style: "torch.Tensor"  # [1, 128]
     weights: "torch.Tensor | None"  # [frames]: the frames each stands for in the norms (None: 1 each)
+    silent: tuple[int, int] = (0, 0)  # frames of silence at the span's start and end (`edge_silence`)
 
     @property
     def count(self) -> int:
@@ -296,7 +327,17 @@ def prepare_decoder(model, frames: Frames, start: int = 0, stop: int | None = No
     gen = dec.generator
     upsampled = gen.f0_upsamp(f0_curve[:, None]).transpose(1, 2)
     source, _, _ = gen.m_source(upsampled)
-    return DecoderInput(x=x, source=source.transpose(1, 2).squeeze(1), style=s, weights=weights)
+    silent = edge_silence(frames.frame_energy()[start:stop])
+    return DecoderInput(x=x, source=source.transpose(1, 2).squeeze(1), style=s, weights=weights, silent=silent)
+
+
+def edge_silence(energy: list[float], threshold: float = SOUND_ENERGY_THRESHOLD) -> tuple[int, int]:
+    """Frames before the first and after the last frame whose energy exceeds ``threshold``
+    ((0, 0) when none does: nothing is known to be silence)."""
+    loud = [i for i, e in enumerate(energy) if e > threshold]
+    if not loud:
+        return 0, 0
+    return loud[0], len(energy) - 1 - loud[-1]
 
 
 def generate(model, prepared: DecoderInput, start: int = 0, stop: int | None = None) -> "torch.Tensor":
@@ -334,6 +375,52 @@ def generate(model, prepared: DecoderInput, start: int = 0, stop: int | None = N
         return gen.stft.inverse(spec, phase).reshape(-1)
 
 
+def window_input(prepared: DecoderInput, left: int, right: int) -> tuple[DecoderInput, int, int, int]:
+    """What the generator decodes for the window ``left:right`` of a prepared span: an input,
+    the frames ``start:stop`` of it to decode, and how many of those come before the window's
+    own (a silence carrier, whose audio is dropped).
+
+    The generator's instance norms take their statistics over what they are given. Its
+    statistics depend most on how much of it is silence: the span's edge silence carries the
+    weight of all the silence cut around it (`stand_in_weights`), so the first window (the
+    lead silence and 16 frames of speech) was mostly silence to its norms and a middle window
+    none: measured on the 20 sentences of `pipeline.bench.seams.ENGLISH`, Whisper tiny.en's
+    word error rate rose from 0.098 (whole decode) to 0.163 windowed. Here each window's
+    silence keeps the share of the statistics it has in the whole span: the window's own edge
+    silence is weighted to it, and a window with none gets ``SILENCE_CARRIER_FRAMES`` frames
+    of the span's edge silence put before its left context (the generator reaches ~5 frames,
+    the context is 6: the kept audio does not hear the join), weighted to it (WER 0.098, the
+    same as the whole decode; docs/synthesis.md). A window that is the whole span, or a span
+    with no known silence, is decoded as it is."""
+    import torch
+
+    count = prepared.count
+    lead, trail = prepared.silent
+    if (left, right) == (0, count) or not (lead or trail) or lead + trail >= count:
+        return prepared, left, right, 0
+    weights = prepared.weights if prepared.weights is not None else torch.ones(count)
+    silent = torch.zeros(count, dtype=torch.bool)
+    silent[:lead] = True
+    silent[count - trail :] = True
+    share = float(weights[silent].sum() / weights.sum())
+    own, own_silent = weights[left:right].clone(), silent[left:right]
+    sound = float(own[~own_silent].sum())
+    target = share * sound / (1.0 - share)  # the silence weight that makes its share ``share``
+    if own_silent.any():
+        own[own_silent] *= target / float(own[own_silent].sum())
+        window = weights.clone()
+        window[left:right] = own
+        return DecoderInput(prepared.x, prepared.source, prepared.style, window, prepared.silent), left, right, 0
+    carrier_frames = SILENCE_CARRIER_FRAMES
+    edge = list(range(lead)) or list(range(count - trail, count))
+    order = torch.tensor([edge[i % len(edge)] for i in range(carrier_frames)] + list(range(left, right)))
+    channels = prepared.x.shape[1]
+    x = prepared.x.reshape(1, channels, count, 2)[:, :, order].reshape(1, channels, -1)
+    source = prepared.source.reshape(1, count, SAMPLES_PER_FRAME)[:, order].reshape(1, -1)
+    window = torch.cat([torch.full((carrier_frames,), target / carrier_frames), own])
+    return DecoderInput(x, source, prepared.style, window, (carrier_frames, 0)), 0, len(order), carrier_frames
+
+
 def seams(count: int, first: int = FIRST_WINDOW_FRAMES, lead: int = 0, growth: float = WINDOW_GROWTH) -> list[int]:
     """The frames where one window of a span of ``count`` frames ends and the next begins:
     the first window has ``lead`` silent frames and ``first`` more, each later one ``growth``
@@ -348,6 +435,69 @@ def seams(count: int, first: int = FIRST_WINDOW_FRAMES, lead: int = 0, growth: f
     return cuts
 
 
+# Share of the audio ahead of the player that a window may take to decode (`next_cut`): the
+# rest is margin for other sessions' forward passes, the hops to the player and the jitter of a
+# busy machine.
+WINDOW_TIME_SHARE = 0.8
+
+# The first window never grows beyond this many sounding frames to let later windows keep up
+# (1.2 s of speech): on a machine too slow for that, the first audio is not delayed further.
+MAX_FIRST_WINDOW_FRAMES = 48
+
+SECONDS_PER_FRAME = SAMPLES_PER_FRAME / 24000  # audio seconds in one frame
+
+
+def window_overhead() -> int:
+    """Frames a later window decodes beyond its own: context on both sides, a silence carrier."""
+    return 2 * SEAM_CONTEXT_FRAMES + SILENCE_CARRIER_FRAMES
+
+
+def keep_up_frames(decode_s_per_frame: float) -> int | None:
+    """The smallest later window that is decoded faster than it plays, with a 10 % margin
+    (its overhead, `window_overhead`, is paid per window: small windows fall behind), or
+    None when no window is (the machine decodes about as fast as real time, or slower)."""
+    rate = 0.9 * SECONDS_PER_FRAME / decode_s_per_frame  # audio seconds decoded per second
+    if rate <= 1.05:
+        return None
+    return max(MIN_WINDOW_FRAMES, int(-(-window_overhead() // (rate - 1.0))) + 1)
+
+
+def first_cut(count: int, lead: int = 0, decode_s_per_frame: float | None = None) -> int:
+    """Where the first window of a span of ``count`` frames ends (``count``: one window).
+
+    ``lead`` silent frames and ``FIRST_WINDOW_FRAMES`` sounding ones, or more where the decode
+    speed measured on this machine (``decode_s_per_frame``, generator seconds per decoded
+    frame, overhead included) says the window after one that short could not be decoded while
+    it plays: the first window must hold the audio that covers the decoding of a window of
+    `keep_up_frames`, or the player runs dry after it (measured on the 2-core CPU at 1 thread,
+    ~13 ms a frame: 16 frames left the player 0.85 s of silence inside a sentence, p50). At
+    most ``MAX_FIRST_WINDOW_FRAMES``: a machine that slow gets its first audio no later."""
+    first = FIRST_WINDOW_FRAMES
+    if decode_s_per_frame:
+        rate = 0.9 * SECONDS_PER_FRAME / decode_s_per_frame
+        floor = keep_up_frames(decode_s_per_frame)
+        needed = MAX_FIRST_WINDOW_FRAMES if floor is None else -(-(floor + window_overhead()) // rate) + CROSSFADE_FRAMES
+        first = int(min(MAX_FIRST_WINDOW_FRAMES, max(FIRST_WINDOW_FRAMES, needed)))
+    end = lead + first
+    return count if count - end < MIN_WINDOW_FRAMES else end
+
+
+def next_cut(lo: int, count: int, ahead_s: float, decode_s_per_frame: float | None, growth: float = WINDOW_GROWTH) -> int:
+    """Where the window starting at frame ``lo`` of ``count`` ends (``count``: it is the last).
+
+    The largest window whose decoding (at ``decode_s_per_frame``, overhead included) takes at
+    most `WINDOW_TIME_SHARE` of the ``ahead_s`` seconds of audio the player has yet to play, so
+    it arrives before the player runs out; never smaller than `keep_up_frames` (a smaller one
+    would fall behind for good). On a machine where no window keeps up, or before the speed is
+    known, ``growth`` times all the frames before it, as `seams` places them: fewer, larger
+    windows decode fastest."""
+    fit = 0 if not decode_s_per_frame else int(ahead_s * WINDOW_TIME_SHARE / decode_s_per_frame) - window_overhead()
+    floor = keep_up_frames(decode_s_per_frame) if decode_s_per_frame else None
+    size = max(fit, floor) if floor is not None else max(fit, MIN_WINDOW_FRAMES, int(growth * lo))
+    end = lo + int(size)
+    return count if count - end < MIN_WINDOW_FRAMES else end
+
+
 def crossfade_weights(samples: int, device=None) -> "torch.Tensor":
     """A raised-cosine fade-in over ``samples`` (its complement fades the other window out)."""
     import torch
@@ -356,23 +506,31 @@ def crossfade_weights(samples: int, device=None) -> "torch.Tensor":
     return 0.5 - 0.5 * torch.cos(torch.pi * t)
 
 
-def decode_windows(model, prepared: DecoderInput, cuts: list[int]):
-    """Yield the span's float audio in order, one part per window (`seams`): window ``k``
+def decode_windows(model, prepared: DecoderInput, cuts: "list[int] | Callable[[int], int]"):
+    """Yield the span's float audio in order, one part per window: ``cuts`` are the frames
+    where one window ends and the next begins (`seams`), or a function that says, when a
+    window starting at a frame is about to be decoded, where it ends (``prepared.count``:
+    the last; the engine plans windows from the decode speed, `first_cut`, `next_cut`). Window ``k``
     decodes its frames plus ``SEAM_CONTEXT_FRAMES`` on each side, and its audio is crossfaded
     with the window before it over ``cut ± CROSSFADE_FRAMES`` at each cut. Each part ends
     ``CROSSFADE_FRAMES`` before the next cut (the rest waits for the crossfade). The parts'
     concatenation is as long as the span (600 samples a frame); with no cuts it is the
-    generator on the whole span at once."""
+    generator on the whole span at once. Each window's norms see the span's share of silence
+    (`window_input`)."""
     import torch
 
     frame = SAMPLES_PER_FRAME
-    bounds = [0, *cuts, prepared.count]
+    if not callable(cuts):
+        ends = [*cuts, prepared.count]
+        cuts = lambda lo: next(end for end in ends if end > lo)  # noqa: E731
     held = None  # the previous window's audio over the coming crossfade
-    for k in range(len(bounds) - 1):
-        lo, hi = bounds[k], bounds[k + 1]
+    lo, k = 0, 0
+    while lo < prepared.count:
+        hi = min(prepared.count, max(lo + 1, cuts(lo)))
         left = max(0, lo - SEAM_CONTEXT_FRAMES)
         right = min(prepared.count, hi + SEAM_CONTEXT_FRAMES)
-        audio = generate(model, prepared, left, right)
+        window, lo_frame, hi_frame, carrier = window_input(prepared, left, right)
+        audio = generate(model, window, lo_frame, hi_frame)[carrier * frame :]
         begin = (lo - CROSSFADE_FRAMES) * frame if k else 0
         end = (hi - CROSSFADE_FRAMES) * frame if hi < prepared.count else prepared.count * frame
         part = audio[begin - left * frame : end - left * frame]
@@ -382,3 +540,4 @@ def decode_windows(model, prepared: DecoderInput, cuts: list[int]):
         if hi < prepared.count:
             held = audio[end - left * frame : (hi + CROSSFADE_FRAMES) * frame - left * frame]
         yield part
+        lo, k = hi, k + 1

@@ -217,3 +217,27 @@ def test_the_worker_s_torch_threads_come_from_the_settings_and_are_at_least_one(
     assert intra_op_threads(Settings.from_env({"VOICEBUS_SYNTHESIS_THREADS": "2"})) == 2
     with pytest.raises(EngineError, match="at least 1"):
         intra_op_threads(Settings(synthesis_threads=0))
+
+
+def test_windows_are_planned_from_the_decode_speed_the_engine_measured():
+    """A slow machine's measured speed makes the first window longer (`kokoro_frames.first_cut`),
+    so later windows can be decoded while it plays; the engine measures the speed on every
+    window it decodes."""
+    from pipeline.synthesis.kokoro_frames import first_cut
+
+    text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
+    engine = SynthesisEngine.tiny(seed=0)
+    engine.silence_margins_ms = (20, 250)
+    engine.windowed = True
+    engine.clock = lambda: 0.0  # no time passes: the measured speed is 0, the audio ahead all that was sent
+    list(engine.stream(text, "en", "af_heart"))
+    fast = list(engine.last_seams)
+    assert engine.decode_s_per_frame == 0.0
+    engine.decode_s_per_frame = 0.016  # as if measured on a machine that decodes 1.5x faster than real time
+    list(engine.stream(text, "en", "af_heart"))
+    slow = list(engine.last_seams)
+    assert fast and slow and slow[0] - fast[0] == first_cut(10**6, 0, 0.016) - first_cut(10**6, 0, None)
+    engine.adaptive_windows = False  # the fixed sizes: the speed is not asked
+    engine.decode_s_per_frame = 0.016
+    list(engine.stream(text, "en", "af_heart"))
+    assert engine.last_seams[0] == fast[0]

@@ -52,6 +52,40 @@ def test_the_split_forward_pass_is_kokoros_forward_pass(tiny_engine):
     assert len(audio) == frames.count * kokoro_frames.SAMPLES_PER_FRAME
 
 
+def _weight_normed(model) -> list[str]:
+    return [name for name, _ in model.named_parameters() if name.endswith(("weight_g", "weight_v"))]
+
+
+def test_the_engine_s_model_has_its_weight_norms_baked_and_speaks_exactly_as_before(tiny_engine):
+    import io
+
+    import torch
+    from kokoro import KModel
+
+    from pipeline.synthesis.engine import REPO_ID, tiny_config
+
+    # the engine's model recomputes no weight on a forward pass (the fix: fails when reverted)
+    assert not _weight_normed(tiny_engine.model)
+    state = io.BytesIO()
+    torch.save({}, state)
+    state.seek(0)
+    torch.manual_seed(3)
+    model = KModel(repo_id=REPO_ID, config=tiny_config(), model=state).eval()
+    assert _weight_normed(model), "kokoro builds weight-normed layers: nothing to bake otherwise"
+    phonemes = tiny_engine.phonemize("Good morning, how are you?", "en")[0]
+    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
+
+    def speak():
+        with torch.inference_mode():
+            torch.manual_seed(7)
+            return model(phonemes, ref_s, 1.0, return_output=True).audio
+
+    before = speak()
+    assert kokoro_frames.bake_weight_norms(model) > 0
+    assert not _weight_normed(model)
+    assert torch.equal(speak(), before)
+
+
 def test_a_kokoro_without_the_internals_used_is_named():
     class Bare:
         vocab = {}
@@ -67,11 +101,17 @@ def test_the_decoder_does_not_decode_the_silence_that_is_trimmed(real_engine):
     ~250 ms lead and ~500 ms trail are neither decoded nor published."""
     decoded: list[np.ndarray] = []
     hook = real_engine.model.decoder.register_forward_hook(lambda module, args, out: decoded.append(out.reshape(-1).numpy().copy()))
+    real_engine.windowed = False  # the decoder in one call, to look at its output whole
     try:
         pcm = b"".join(real_engine.stream("Your refund was issued this morning.", "en", "af_heart"))
+        one_call = real_engine.last_decoded_frames
     finally:
         hook.remove()
+        real_engine.windowed = True
     assert len(decoded) == 1
+    # windowed decoding (the default) decodes the same sounding span, window by window
+    b"".join(real_engine.stream("Your refund was issued this morning.", "en", "af_heart"))
+    assert real_engine.last_decoded_frames == one_call and one_call[0] < one_call[1]
     frame = kokoro_frames.SAMPLES_PER_FRAME
     loud = np.flatnonzero(np.abs(decoded[0]) * 32767 > SILENCE_THRESHOLD)
     # context frames, plus the frames where the predicted energy is above the threshold but the
@@ -161,3 +201,147 @@ def test_the_crossfade_weights_sum_to_one_with_their_complement():
     w = crossfade_weights(2400)
     assert 0 < w[0] < 0.01 and 0.99 < w[-1] < 1 and torch.all(w[1:] >= w[:-1])
     assert torch.allclose(w + w.flip(0), torch.ones(2400))
+
+
+def _share_of_silence(window: "kokoro_frames.DecoderInput", lo: int, hi: int) -> float:
+    import torch
+
+    lead, trail = window.silent
+    silent = torch.zeros(window.count, dtype=torch.bool)
+    silent[:lead] = True
+    silent[window.count - trail :] = True
+    weights = window.weights[lo:hi]
+    return float(weights[silent[lo:hi]].sum() / weights.sum())
+
+
+def test_every_window_s_norms_see_the_span_s_share_of_silence():
+    """The generator's norms weigh each window's silence as the whole span's statistics do
+    (`window_input`): a window with edge silence of its own has it reweighted, a window with
+    none gets a silence carrier before its left context, and the whole span is left as it is."""
+    import torch
+
+    from pipeline.synthesis.kokoro_frames import SILENCE_CARRIER_FRAMES, DecoderInput, window_input
+
+    count, lead, trail = 60, 2, 2
+    x = torch.arange(count, dtype=torch.float32).repeat_interleave(2).reshape(1, 1, -1).repeat(1, 3, 1)
+    source = torch.arange(count, dtype=torch.float32).repeat_interleave(600).reshape(1, -1)
+    weights = torch.ones(count)
+    weights[:lead] += 30 / lead  # 30 silent frames cut before the span, 50 after
+    weights[count - trail :] += 50 / trail
+    span = DecoderInput(x=x, source=source, style=torch.zeros(1, 128), weights=weights, silent=(lead, trail))
+    share = _share_of_silence(span, 0, count)
+
+    assert window_input(span, 0, count) == (span, 0, count, 0)
+    for left, right in ((0, 24), (40, count)):  # the first window (lead silence), the last (trail)
+        window, lo, hi, carrier = window_input(span, left, right)
+        assert (lo, hi, carrier) == (left, right, 0) and window.x is span.x
+        assert abs(_share_of_silence(window, lo, hi) - share) < 1e-6
+        assert torch.equal(window.weights[left:right][lead:-trail], torch.ones(right - left - lead - trail))
+    window, lo, hi, carrier = window_input(span, 12, 40)  # a middle window: no silence of its own
+    assert (lo, hi, carrier) == (0, SILENCE_CARRIER_FRAMES + 28, SILENCE_CARRIER_FRAMES)
+    assert window.silent == (SILENCE_CARRIER_FRAMES, 0)
+    assert abs(_share_of_silence(window, lo, hi) - share) < 1e-6
+    # the carrier is the span's lead silence; then the window's own frames, input and source alike
+    assert window.x[0, 0, ::2].tolist() == [0, 1, 0, 1] + list(range(12, 40))
+    assert window.source[0, ::600].tolist() == [0, 1, 0, 1] + list(range(12, 40))
+    # a span with no known silence is decoded as it is
+    bare = DecoderInput(x=x, source=source, style=span.style, weights=None)
+    assert window_input(bare, 12, 40) == (bare, 12, 40, 0)
+
+
+def test_prepare_decoder_knows_the_span_s_edge_silence():
+    from pipeline.synthesis.kokoro_frames import edge_silence
+
+    assert edge_silence([-9, -9, -3, 0, -8, 1, -9]) == (2, 1)
+    assert edge_silence([-9, -9]) == (0, 0)
+
+
+def test_decode_windows_decodes_each_window_with_the_span_s_share_of_silence(tiny_engine):
+    """The windows `decode_windows` decodes are `window_input`'s: a middle window's audio is
+    the generator on its silence carrier and its own frames (not on its frames alone)."""
+    import torch
+
+    from pipeline.synthesis.kokoro_frames import CROSSFADE_FRAMES, SAMPLES_PER_FRAME, SEAM_CONTEXT_FRAMES, window_input
+
+    model = tiny_engine.model
+    text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
+    phonemes = tiny_engine.phonemize(text, "en")[0]
+    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
+    with torch.inference_mode():
+        torch.manual_seed(5)
+        frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+        weights = torch.ones(frames.count)
+        weights[:2] += 10.0
+        prepared = kokoro_frames.prepare_decoder(model, frames, weights=weights)
+        prepared.silent = (2, 2)  # the tiny model's energy is random: say where its silence is
+        lo, hi = 24, 24 + 2 * SEAM_CONTEXT_FRAMES + 10
+        assert hi + 20 < prepared.count, "the text gives a span long enough for a middle window"
+        parts = list(kokoro_frames.decode_windows(model, prepared, [lo, hi]))
+        left, right = lo - SEAM_CONTEXT_FRAMES, hi + SEAM_CONTEXT_FRAMES
+        window, start, stop, carrier = window_input(prepared, left, right)
+        assert carrier
+        expected = kokoro_frames.generate(model, window, start, stop)[carrier * SAMPLES_PER_FRAME :]
+        plain = kokoro_frames.generate(model, prepared, left, right)
+    frame = SAMPLES_PER_FRAME
+    # the middle part past its crossfade-in is the middle window's own audio
+    inner = slice((lo + CROSSFADE_FRAMES - left) * frame, (hi - CROSSFADE_FRAMES - left) * frame)
+    got = parts[1][2 * CROSSFADE_FRAMES * frame :]
+    assert torch.allclose(got, expected[inner], atol=1e-6)
+    assert not torch.allclose(got, plain[inner], atol=1e-3)
+
+
+def _playback_stall(count: int, decode_s_per_frame: float, plan) -> tuple[float, float]:
+    """(time to first audio, silence inside the piece) for a player that starts at the first
+    window, when each window takes ``decode_s_per_frame`` per frame it decodes (its overhead
+    included) and ``plan(lo, ahead_s)`` says where the window starting at ``lo`` ends."""
+    from pipeline.synthesis.kokoro_frames import SECONDS_PER_FRAME, SEAM_CONTEXT_FRAMES, window_overhead
+
+    now, lo, play_end, stall, first = 0.3, 0, None, 0.0, None  # 0.3 s: prediction and the decoder's first half
+    while lo < count:
+        hi = plan(lo, 0.0 if play_end is None else play_end - now)
+        now += decode_s_per_frame * (hi - lo + (window_overhead() if lo else SEAM_CONTEXT_FRAMES))
+        if play_end is None:
+            first, play_end = now, now
+        elif now > play_end:
+            stall, play_end = stall + now - play_end, now
+        play_end += (hi - lo) * SECONDS_PER_FRAME
+        lo = hi
+    return first, stall
+
+
+@pytest.mark.parametrize("decode_ms", [7, 10, 13, 16])
+@pytest.mark.parametrize("count", [64, 86, 175, 406])
+def test_windows_planned_from_the_decode_speed_keep_the_player_fed(decode_ms, count):
+    """On a machine that decodes faster than real time (7 ms a frame: 2 threads on the 2-core
+    CPU; 13-16 ms: 1 thread), windows planned from the measured speed leave no silence inside
+    a piece; the fixed sizes of `seams` did (up to 2 s at 16 ms a frame)."""
+    from pipeline.synthesis.kokoro_frames import first_cut, next_cut, seams
+
+    spf = decode_ms / 1000
+
+    def planned(lo, ahead):
+        return first_cut(count, 2, spf) if lo == 0 else next_cut(lo, count, ahead, spf)
+
+    _, stall = _playback_stall(count, spf, planned)
+    assert stall <= 0.02
+    ends = [*seams(count, lead=2), count]
+    _, fixed_stall = _playback_stall(count, spf, lambda lo, ahead: next(e for e in ends if e > lo))
+    if decode_ms >= 10 and count >= 86:
+        assert fixed_stall > 0.1  # what the plan is for
+
+
+def test_the_first_window_grows_only_as_much_as_the_decode_speed_needs():
+    from pipeline.synthesis.kokoro_frames import (
+        FIRST_WINDOW_FRAMES, MAX_FIRST_WINDOW_FRAMES, MIN_WINDOW_FRAMES, first_cut, keep_up_frames, next_cut)
+
+    assert first_cut(500, 2, None) == 2 + FIRST_WINDOW_FRAMES  # nothing measured yet
+    assert first_cut(500, 2, 0.005) == 2 + FIRST_WINDOW_FRAMES  # fast: no need
+    sizes = [first_cut(500, 0, ms / 1000) for ms in (10, 13, 16, 20, 40)]
+    assert sizes == sorted(sizes) and sizes[-1] == MAX_FIRST_WINDOW_FRAMES
+    assert keep_up_frames(0.005) == MIN_WINDOW_FRAMES and keep_up_frames(0.03) is None
+    # too short for two windows: one
+    assert first_cut(2 + FIRST_WINDOW_FRAMES + MIN_WINDOW_FRAMES - 1, 2, None) == 2 + FIRST_WINDOW_FRAMES + MIN_WINDOW_FRAMES - 1
+    # a window that would leave less than a minimal one takes the rest
+    assert next_cut(40, 70, 10.0, 0.005) == 70
+    # no speed known: windows grow as `seams` places them
+    assert next_cut(18, 500, 0.3, None) == 18 + int(2.5 * 18)
