@@ -144,6 +144,17 @@ PORTUGUESE = [
 ]
 
 
+def kokoro_s_own(engine, text: str, language: str, voice: str) -> np.ndarray:
+    """Kokoro's own forward pass over a whole sentence of one piece (`KModel.__call__`: nothing
+    cut, windowed or trimmed), float audio: the model's phrasing and sound, to compare with."""
+    import torch
+
+    (phonemes,) = engine.phonemize(text, language)
+    pack = engine.voice_packs[engine.resolve_voice(voice)]
+    with torch.inference_mode():
+        return engine.model(phonemes, pack[len(phonemes) - 1].to(engine.device), 1.0).cpu().numpy()
+
+
 def intelligibility(engine, voice: str, whisper, language: str, sentences: list[str]) -> dict:
     """Word error rates of multilingual ``whisper`` over ``sentences`` as the engine speaks them
     with windowed decoding, without it (the engine before: sentences cut after their 8th word),
@@ -163,12 +174,8 @@ def intelligibility(engine, voice: str, whisper, language: str, sentences: list[
                 pcm = b"".join(engine.stream(text, language, voice))
                 audio = np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
                 errors[mode] += word_errors(expected, words(heard(whisper, audio, language)))
-            phonemes = engine.phonemize(text, language)[0]
-            pack = engine.voice_packs[engine.resolve_voice(voice)]
-            with torch.inference_mode():
-                torch.manual_seed(i)
-                own = engine.model(phonemes, pack[len(phonemes) - 1].to(engine.device), 1.0).cpu().numpy()
-            errors["kokoro"] += word_errors(expected, words(heard(whisper, own, language)))
+            torch.manual_seed(i)
+            errors["kokoro"] += word_errors(expected, words(heard(whisper, kokoro_s_own(engine, text, language, voice), language)))
     finally:
         engine.windowed, engine.seed = windowed, seed
     return {mode: count / reference for mode, count in errors.items()} | {"words": reference}

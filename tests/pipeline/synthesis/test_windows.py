@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.bench import seams
-from pipeline.bench.seams import to_16k
+from pipeline.bench.seams import kokoro_s_own, to_16k
 
 # Sentences of about twenty words with no punctuation inside: any pause in them is mid-phrase.
 LONG_PHRASES = {
@@ -92,17 +92,6 @@ def mid_phrase_pauses(model, pcm_or_audio, language: str) -> list[tuple[int, int
                 pauses.append(((run - onset) * 10, (i - run) * 10))
             run = None
     return pauses
-
-
-def kokoro_s_own(engine, text: str, language: str, voice: str) -> np.ndarray:
-    """Kokoro's own forward pass over the whole sentence (`KModel.__call__`, no cut, no window,
-    nothing trimmed): the model's phrasing, which voicebus must not add pauses to."""
-    import torch
-
-    (phonemes,) = engine.phonemize(text, language)
-    pack = engine.voice_packs[engine.resolve_voice(voice)]
-    with torch.inference_mode():
-        return engine.model(phonemes, pack[len(phonemes) - 1].to(engine.device), 1.0).cpu().numpy()
 
 
 def same_pause(a: tuple[int, int], b: tuple[int, int], tolerance_ms: int = 60) -> bool:
