@@ -354,8 +354,8 @@ class VoicedPart(NamedTuple):
     output cut before the piece's PCM (known from the first part with audio), the predicted
     frames per token, an upper bound of the piece's published samples, and where its sound is
     predicted to end (samples of its published audio; before the piece is decoded: the end of
-    the last frame whose predicted energy is above `kokoro_frames.SOUND_ENERGY_THRESHOLD`).
-    A part of a piece decoded whole has the sound's end measured: ``bound``."""
+    the last frame whose predicted energy is above `kokoro_frames.SOUND_ENERGY_THRESHOLD`;
+    None for a piece decoded in one part, whose sound is measured on its audio)."""
 
     pcm: bytes
     raw_offset: int
