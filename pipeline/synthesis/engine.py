@@ -600,13 +600,13 @@ class SynthesisEngine:
             whole = (start, stop) == (0, frames.count)
             weights = None if whole else kf.stand_in_weights(start, stop, frames.count, lead, kf.CONTEXT_FRAMES)
             prepared = kf.prepare_decoder(self.model, frames, start, stop, weights)
-            quiet = next((i for i, e in enumerate(energy[start:stop]) if e > kf.SOUND_ENERGY_THRESHOLD), 0)
             self.last_decoded_frames = (stop - start, frames.count)
             self.last_seams = []
         undecoded = (frames.count - stop) * kf.SAMPLES_PER_FRAME
         trimmer = PartTrimmer(per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded)
         span_samples = prepared.count * kf.SAMPLES_PER_FRAME
         count = prepared.count
+        quiet = prepared.silent[0]  # the span's lead silence, which the first window holds before its sounding frames
         fixed = None if self.adaptive_windows else [*kf.seams(count, lead=quiet), count]
         window = {"lo": 0, "hi": 0}
         published = {"s": 0.0, "since": None}  # audio yielded, and when the first of it was

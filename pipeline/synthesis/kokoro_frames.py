@@ -334,10 +334,8 @@ def prepare_decoder(model, frames: Frames, start: int = 0, stop: int | None = No
 def edge_silence(energy: list[float], threshold: float = SOUND_ENERGY_THRESHOLD) -> tuple[int, int]:
     """Frames before the first and after the last frame whose energy exceeds ``threshold``
     ((0, 0) when none does: nothing is known to be silence)."""
-    loud = [i for i, e in enumerate(energy) if e > threshold]
-    if not loud:
-        return 0, 0
-    return loud[0], len(energy) - 1 - loud[-1]
+    start, stop = sound_span(energy, threshold, lead=0, trail=0)  # (0, len) when none is loud
+    return start, len(energy) - stop
 
 
 def generate(model, prepared: DecoderInput, start: int = 0, stop: int | None = None) -> "torch.Tensor":
@@ -452,11 +450,16 @@ def window_overhead() -> int:
     return 2 * SEAM_CONTEXT_FRAMES + SILENCE_CARRIER_FRAMES
 
 
+def _decode_rate(decode_s_per_frame: float) -> float:
+    """Audio seconds decoded per second, with a 10 % margin."""
+    return 0.9 * SECONDS_PER_FRAME / decode_s_per_frame
+
+
 def keep_up_frames(decode_s_per_frame: float) -> int | None:
     """The smallest later window that is decoded faster than it plays, with a 10 % margin
     (its overhead, `window_overhead`, is paid per window: small windows fall behind), or
     None when no window is (the machine decodes about as fast as real time, or slower)."""
-    rate = 0.9 * SECONDS_PER_FRAME / decode_s_per_frame  # audio seconds decoded per second
+    rate = _decode_rate(decode_s_per_frame)
     if rate <= 1.05:
         return None
     return max(MIN_WINDOW_FRAMES, int(-(-window_overhead() // (rate - 1.0))) + 1)
@@ -474,7 +477,7 @@ def first_cut(count: int, lead: int = 0, decode_s_per_frame: float | None = None
     most ``MAX_FIRST_WINDOW_FRAMES``: a machine that slow gets its first audio no later."""
     first = FIRST_WINDOW_FRAMES
     if decode_s_per_frame:
-        rate = 0.9 * SECONDS_PER_FRAME / decode_s_per_frame
+        rate = _decode_rate(decode_s_per_frame)
         floor = keep_up_frames(decode_s_per_frame)
         needed = MAX_FIRST_WINDOW_FRAMES if floor is None else -(-(floor + window_overhead()) // rate) + CROSSFADE_FRAMES
         first = int(min(MAX_FIRST_WINDOW_FRAMES, max(FIRST_WINDOW_FRAMES, needed)))
