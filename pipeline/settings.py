@@ -202,6 +202,11 @@ class Settings:
     quality gates hold (Whisper tiny.en WER the same as the whole decode's, seams no worse than
     the audio around them: docs/synthesis.md); False: one window per piece, sentences cut after
     their 8th word for early audio (the engine before issue 11)."""
+    synthesis_precision: str = "auto"
+    """The dtype of the decoder's generator (~90 % of a forward pass): ``auto`` (bfloat16 on a CPU
+    with AMX, else float32), ``float32`` or ``bfloat16``. On this project's CPU bfloat16 made the
+    generator 3.6-4x faster and Whisper hears the same words (docs/synthesis.md, "The generator,
+    folded"); float32 is kokoro's arithmetic (the audio within 1e-5)."""
     synthesis_threads: int = 1
     """torch intra-op threads of a worker that loads the real model. 1 (the default) on a node
     whose cores are shared with brokers and other stages: there 2 threads made a forward pass 3-4x

@@ -210,8 +210,9 @@ def heard(whisper, audio: np.ndarray, language: str = "en") -> str:
 
 
 def decode_pair(engine, text: str, language: str, voice: str, other_seed: bool = False, seed: int = 0) -> dict:
-    """One sentence's sounding frames decoded whole and in windows, from the same prediction
-    and the same harmonic source (they differ only by the windowing): float audio of the span,
+    """One sentence's sounding frames decoded whole by kokoro's generator and in windows by the
+    engine's (`SynthesisEngine.generator`), from the same prediction and the same harmonic
+    source (they differ by the windowing and the engine's precision): float audio of the span,
     the cuts, and with ``other_seed`` a second whole decode with another excitation."""
     import torch
 
@@ -227,8 +228,10 @@ def decode_pair(engine, text: str, language: str, voice: str, other_seed: bool =
         weights = kf.stand_in_weights(start, stop, frames.count, kf.CONTEXT_FRAMES, kf.CONTEXT_FRAMES)
         prepared = kf.prepare_decoder(model, frames, start, stop, weights)
         cuts = kf.seams(prepared.count, lead=kf.CONTEXT_FRAMES)
+        # the reference: kokoro's own generator (float32) over the whole span; the windows are
+        # decoded as the engine decodes them (its folded generator, in its precision)
         whole = torch.cat(list(kf.decode_windows(model, prepared, []))).cpu().numpy()
-        windowed = torch.cat(list(kf.decode_windows(model, prepared, cuts))).cpu().numpy()
+        windowed = torch.cat(list(kf.decode_windows(model, prepared, cuts, engine.generator))).cpu().numpy()
         pair = {"whole": whole, "windowed": windowed, "cuts": cuts}
         if other_seed:
             again = kf.prepare_decoder(model, frames, start, stop, weights)

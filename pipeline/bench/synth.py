@@ -19,7 +19,9 @@ others change one runtime option: torch intra-op threads, ``no_grad`` instead of
 ``inference_mode``, ``fixed`` (windowed: the fixed window sizes of `kokoro_frames.seams`, not
 those planned from the decode speed), ``unbaked`` (kokoro's weight-norm hooks kept, recomputing every weight on
 every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; a second copy of
-the model is loaded for it).
+the model is loaded for it), and the generator: ``kokoro`` (kokoro's own, float32, as the engine
+was before `kokoro_frames.FoldedGenerator`), ``fp32`` or ``bf16`` (folded, in that precision;
+without either, the precision `Settings.synthesis_precision` gives).
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `pipeline.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
@@ -41,6 +43,8 @@ SENTENCES = {
     ),
 }
 
+GENERATORS = ("kokoro", "fp32", "bf16")  # the variants' generator options
+
 OPENING_CLAUSE_MIN_WORDS = 3  # Settings.opening_clause_min_words' default: what a turn's first sentence gets
 
 
@@ -61,13 +65,13 @@ def register(bench_subparsers) -> None:
 
 def _variant(name: str, threads: int) -> dict:
     """Engine attributes and thread count of a variant name: ``before``, ``after`` or
-    ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed`` and/or ``-unbaked`` (e.g.
-    ``after-1thread-no_grad``)."""
+    ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked`` and/or
+    one of ``-kokoro``, ``-fp32``, ``-bf16`` (e.g. ``after-1thread-no_grad``, ``windowed-kokoro``)."""
     base, *options = name.split("-")
     if base not in {"before", "after", "windowed"}:
         raise SystemExit(f"unknown variant {name!r}")
     variant = {"decode_sound_only": base != "before", "windowed": base == "windowed", "grad_mode": "inference",
-               "threads": threads, "baked": True, "adaptive": True}
+               "threads": threads, "baked": True, "adaptive": True, "generator": "default"}
     for option in options:
         if option == "no_grad":
             variant["grad_mode"] = "no_grad"
@@ -75,6 +79,8 @@ def _variant(name: str, threads: int) -> dict:
             variant["baked"] = False
         elif option == "fixed":
             variant["adaptive"] = False
+        elif option in GENERATORS:
+            variant["generator"] = option
         elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
             variant["threads"] = int(option.rstrip("s")[: -len("thread")])
         else:
@@ -123,6 +129,17 @@ def _apply(engine, variant: dict) -> None:
     engine.grad_mode = variant["grad_mode"]
     engine.adaptive_windows = variant["adaptive"]
     engine.decode_s_per_frame = variant.get("decode_s_per_frame")  # each variant's own speed (threads differ)
+    engine.generator = variant["generators"][variant["generator"]]
+
+
+def _generators(engine) -> dict:
+    """The generators a variant may name, built once: the engine's own, kokoro's, folded in each precision."""
+    import torch
+
+    from pipeline.synthesis.kokoro_frames import FoldedGenerator
+
+    return {"default": engine.generator, "kokoro": None, "fp32": FoldedGenerator(engine.model, torch.float32),
+            "bf16": FoldedGenerator(engine.model, torch.bfloat16)}
 
 
 def _quality(engine, voice: str) -> None:
@@ -161,8 +178,12 @@ def run(args, settings) -> int:
     if any(not v["baked"] for v in variants.values()) and not args.quality_only:
         if args.tiny:
             raise SystemExit("-unbaked variants need the real model (the tiny engine is built baked)")
-        unbaked = SynthesisEngine.load(settings, bake_weight_norms=False)
+        unbaked = SynthesisEngine.load(settings, bake_weight_norms=False, folded=False)
     engines = {name: engine if variant["baked"] else unbaked for name, variant in variants.items()}
+    generators = {id(e): _generators(e) for e in {id(e): e for e in engines.values()}.values()}
+    for name, variant in variants.items():
+        variant["generators"] = generators[id(engines[name])]
+    default_generator = engine.generator
     voice = engine.resolve_voice(args.voice or settings.default_voice)
     for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
         _apply(engines[name], variant)
@@ -180,11 +201,13 @@ def run(args, settings) -> int:
                 variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
     engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
+    engine.generator = default_generator
     if variants:
         frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
         load = os.getloadavg()[0]
+        precision = "kokoro's own" if default_generator is None else str(default_generator.dtype).removeprefix("torch.")
         print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "
-              f"repeats {args.repeats}, variants interleaved")
+              f"repeats {args.repeats}, variants interleaved; the default generator: {precision}")
         width = max(16, *(len(n) for n in variants))
         print(f"{'variant':<{width}} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES)
               + f" {'ttfa p50':>9} {'rtf p50':>8} {'stall p50':>9} {'stall max':>9}")

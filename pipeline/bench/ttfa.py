@@ -451,10 +451,17 @@ class _Bench:
 
 def _confirming_token_wait_ms(timeline: dict, produced_us: list[int]) -> float:
     """From the arrival of the first audio's sentence's last character at the gate to the
-    production of the next token (none: the end of the turn confirmed it, counted as 0)."""
+    production of the next token (none: the end of the turn confirmed it, counted as 0). A
+    sentence the gate released before that token (speculative release: tentative, confirmed
+    later) did not wait for it: 0."""
     complete = timeline.get("text_complete_at_us", 0)
     later = [p for p in produced_us if p > complete]
-    return (later[0] - complete) / 1000 if later else 0.0
+    if not later:
+        return 0.0
+    released = timeline.get("released_at_us")
+    if released is not None and released < later[0]:
+        return 0.0
+    return (later[0] - complete) / 1000
 
 
 def summarise(samples: list[dict], conc: list[dict], cancels: list[dict], meta: dict) -> dict:

@@ -182,6 +182,33 @@ def pick_device(requested: str) -> str:
     return requested
 
 
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this machine's CPU multiplies bfloat16 matrices in hardware (Intel AMX, the
+    ``amx_bf16`` flag: oneDNN's bfloat16 convolutions are then ~8x its float32 ones)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " amx_bf16" in line for line in f)
+    except OSError:  # not Linux: never assumed
+        return False
+
+
+def pick_precision(requested: str, device: str, amx_bf16: Callable[[], bool] = cpu_has_amx_bf16) -> "torch.dtype":
+    """The generator's dtype (`Settings.synthesis_precision`): ``auto`` gives bfloat16 on a CPU
+    with AMX (measured: the generator 3.6-4x faster, Whisper hears the same words; docs/synthesis.md,
+    "The generator, folded") and float32 elsewhere (a GPU's bfloat16 is not measured yet)."""
+    import torch
+
+    requested = (requested or "auto").lower()
+    if requested not in PRECISIONS:
+        raise EngineError(f"unknown synthesis precision {requested!r}: use {', '.join(PRECISIONS)}")
+    if requested == "auto":
+        return torch.bfloat16 if device == "cpu" and amx_bf16() else torch.float32
+    return torch.bfloat16 if requested == "bfloat16" else torch.float32
+
+
 def build_g2p(lang_code: str):
     """A quiet `KPipeline` (G2P only) for one Kokoro language code, built with nothing to
     download: misaki's English G2P normally fetches the spaCy model ``en_core_web_sm`` at run
@@ -409,6 +436,9 @@ class SynthesisEngine:
     short, and each window's audio is published as soon as it is decoded
     (`kokoro_frames.decode_windows`, docs/synthesis.md "First audio from the first window").
     `Settings.windowed_decoding`, on by default since its quality gates hold."""
+    generator: "Callable | None" = field(default=None, repr=False)
+    """What decodes the generator's windows: `kokoro_frames.FoldedGenerator` in the engine's
+    precision (`load`, `tiny`); None: kokoro's own generator (`kokoro_frames.generate`)."""
     grad_mode: str = "inference"
     """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
     adaptive_windows: bool = True
@@ -432,10 +462,12 @@ class SynthesisEngine:
     # --- construction -------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, settings: "Settings", bake_weight_norms: bool = True) -> "SynthesisEngine":
+    def load(cls, settings: "Settings", bake_weight_norms: bool = True, folded: bool = True) -> "SynthesisEngine":
         """The real Kokoro-82M, weights resolved by `pipeline.synthesis.weights`; its weight
-        norms baked (`kokoro_frames.bake_weight_norms`) unless ``bake_weight_norms`` is False
-        (the engine as it was, for `voicebus bench synth`'s A/B)."""
+        norms baked (`kokoro_frames.bake_weight_norms`) unless ``bake_weight_norms`` is False,
+        its generator folded (`kokoro_frames.FoldedGenerator`, in `Settings.synthesis_precision`)
+        unless ``folded`` is False (both False: the engine as it was, for `voicebus bench synth`'s
+        A/B)."""
         from pipeline.synthesis.weights import load_voice_packs, resolve_weights
 
         import torch
@@ -456,10 +488,11 @@ class SynthesisEngine:
         fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
         torch.set_grad_enabled(False)
         torch.set_num_threads(intra_op_threads(settings))
+        generator = kokoro_frames.FoldedGenerator(model, pick_precision(settings.synthesis_precision, device)) if folded else None
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
-            windowed=settings.windowed_decoding,
+            windowed=settings.windowed_decoding, generator=generator,
         )
 
     @classmethod
@@ -473,12 +506,13 @@ class SynthesisEngine:
         empty_state.seek(0)
         torch.manual_seed(seed)
         model = KModel(repo_id=REPO_ID, config=tiny_config(), model=empty_state).to(device).eval()
-        from pipeline.synthesis.kokoro_frames import bake_weight_norms
+        from pipeline.synthesis.kokoro_frames import FoldedGenerator, bake_weight_norms
 
         bake_weight_norms(model)
-        generator = torch.Generator().manual_seed(seed)
-        voices = {name: torch.randn(510, 1, 256, generator=generator) * 0.5 for name in TINY_VOICES}
-        return cls(model=model, voice_packs=voices, device=device, source="tiny", fallback_voice=TINY_VOICES[0], seed=seed)
+        noise = torch.Generator().manual_seed(seed)
+        voices = {name: torch.randn(510, 1, 256, generator=noise) * 0.5 for name in TINY_VOICES}
+        return cls(model=model, voice_packs=voices, device=device, source="tiny", fallback_voice=TINY_VOICES[0], seed=seed,
+                   generator=FoldedGenerator(model))
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -553,7 +587,8 @@ class SynthesisEngine:
         lead_ms, trail_ms = self.silence_margins_ms
         frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed)
         lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kokoro_frames.SAMPLES_PER_FRAME)
-        audio, start, stop = kokoro_frames.decode_sound(self.model, frames, lead=max(kokoro_frames.CONTEXT_FRAMES, lead_frames))
+        audio, start, stop = kokoro_frames.decode_sound(self.model, frames, lead=max(kokoro_frames.CONTEXT_FRAMES, lead_frames),
+                                                        generator=self.generator)
         self.last_decoded_frames = (stop - start, frames.count)
         pcm = float_to_pcm16(audio)
         undecoded_trail = (frames.count - stop) * kokoro_frames.SAMPLES_PER_FRAME
@@ -625,7 +660,7 @@ class SynthesisEngine:
                 self.last_seams.append(start + hi)
             return hi
 
-        parts = kf.decode_windows(self.model, prepared, plan)
+        parts = kf.decode_windows(self.model, prepared, plan, self.generator)
         while True:
             with self._lock, grad_off():
                 began = self.clock()

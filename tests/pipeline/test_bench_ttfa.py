@@ -105,3 +105,17 @@ def test_the_tracing_path_cost_is_measured_on_and_off():
     on, off = tracing_path_cost_us(50), tracing_path_cost_us(50, enabled=False)
     assert len(on["wall"]) == len(on["cpu"]) == len(off["wall"]) == 50 and all(c > 0 for c in on["cpu"])
     assert sorted(off["wall"])[25] < sorted(on["wall"])[25]
+
+
+def test_a_sentence_released_before_its_confirming_token_did_not_wait_for_it():
+    """Speculative release: the gate released the sentence (tentative) before the next token
+    came, so none of the overhead is the confirming token's wait (it was counted as the whole
+    token interval, and the rest came out negative: -20.5 ms p50)."""
+    from pipeline.bench.ttfa import _confirming_token_wait_ms
+
+    tokens = [0, 30_000, 60_000, 90_000]
+    waited = {"text_complete_at_us": 61_000, "released_at_us": 92_000}
+    assert _confirming_token_wait_ms(waited, tokens) == pytest.approx(29.0)
+    tentative = {"text_complete_at_us": 61_000, "released_at_us": 61_500}
+    assert _confirming_token_wait_ms(tentative, tokens) == 0.0
+    assert _confirming_token_wait_ms({"text_complete_at_us": 95_000, "released_at_us": 96_000}, tokens) == 0.0

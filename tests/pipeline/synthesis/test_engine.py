@@ -180,14 +180,17 @@ def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
     engine.windowed = True
     assert engine.windows_decoding
     runs = []
-    hook = engine.model.decoder.generator.conv_post.register_forward_hook(lambda *_: runs.append(1))
-    try:
-        stream = engine.stream_timed("Good morning, my friend.", "en", "af_heart", chunk_ms=100)
-        first = next(stream)
-        assert len(runs) == 1 and first.words and first.pcm
-        rest = list(stream)
-    finally:
-        hook.remove()
+    folded = engine.generator
+
+    def counted(*window):
+        runs.append(1)
+        return folded(*window)
+
+    engine.generator = counted
+    stream = engine.stream_timed("Good morning, my friend.", "en", "af_heart", chunk_ms=100)
+    first = next(stream)
+    assert len(runs) == 1 and first.words and first.pcm
+    rest = list(stream)
     assert len(engine.last_seams) >= 1 and len(runs) == len(engine.last_seams) + 1
     assert all(not c.words for c in rest)
     decoded, _ = engine.last_decoded_frames
@@ -241,3 +244,51 @@ def test_windows_are_planned_from_the_decode_speed_the_engine_measured():
     engine.decode_s_per_frame = 0.016
     list(engine.stream(text, "en", "af_heart"))
     assert engine.last_seams[0] == fast[0]
+
+
+def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_has_amx(tmp_path):
+    """`Settings.synthesis_precision`: ``auto`` gives bfloat16 on a CPU with AMX (read from
+    /proc/cpuinfo's flags), float32 on one without and on a GPU; an unknown name is an error."""
+    import torch
+
+    from pipeline.synthesis.engine import EngineError, cpu_has_amx_bf16, pick_precision
+
+    with_amx, without = tmp_path / "amx", tmp_path / "plain"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n\n")
+    without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n")
+    assert cpu_has_amx_bf16(str(with_amx)) and not cpu_has_amx_bf16(str(without))
+    assert not cpu_has_amx_bf16(str(tmp_path / "missing"))
+    assert pick_precision("auto", "cpu", lambda: True) is torch.bfloat16
+    assert pick_precision("auto", "cpu", lambda: False) is torch.float32
+    assert pick_precision("auto", "cuda", lambda: True) is torch.float32
+    assert pick_precision("float32", "cpu", lambda: True) is torch.float32
+    assert pick_precision("bfloat16", "cpu", lambda: False) is torch.bfloat16
+    with pytest.raises(EngineError, match="unknown synthesis precision"):
+        pick_precision("int8", "cpu")
+
+
+def test_the_engine_decodes_with_its_folded_generator():
+    """The engine's windows and its whole-span decodes go through `SynthesisEngine.generator`
+    (the folded one), and with it unset through kokoro's own: the same audio within float32's
+    rounding."""
+    import numpy as np
+
+    engine = SynthesisEngine.tiny(seed=0)
+    engine.silence_margins_ms = (20, 250)
+    engine.adaptive_windows = False  # the same cuts in both runs (planned ones follow the measured speed)
+    calls = []
+    folded = engine.generator
+
+    def counted(*window):
+        calls.append(1)
+        return folded(*window)
+
+    for windowed in (True, False):
+        engine.windowed = windowed
+        engine.generator = counted
+        calls.clear()
+        ours = np.frombuffer(b"".join(engine.stream("Good morning, my friend.", "en", "af_heart")), "<i2").astype(int)
+        assert calls, f"windowed={windowed}: the folded generator decoded"
+        engine.generator = None
+        kokoro = np.frombuffer(b"".join(engine.stream("Good morning, my friend.", "en", "af_heart")), "<i2").astype(int)
+        assert len(ours) == len(kokoro) and np.abs(ours - kokoro).max() <= 2
