@@ -19,6 +19,8 @@ click is many times that percentile; the test allows 1.5).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 SAMPLE_RATE = 24000
@@ -210,8 +212,8 @@ def heard(whisper, audio: np.ndarray, language: str = "en") -> str:
 
 
 def decode_pair(engine, text: str, language: str, voice: str, other_seed: bool = False, seed: int = 0) -> dict:
-    """One sentence's sounding frames decoded whole by kokoro's generator and in windows by the
-    engine's (`SynthesisEngine.generator`), from the same prediction and the same harmonic
+    """One sentence's sounding frames decoded whole by kokoro's decoder and in windows by the
+    engine's (`SynthesisEngine.frame_rate_half`, `generator`), from the same prediction and the same harmonic
     source (they differ by the windowing and the engine's precision): float audio of the span,
     the cuts, and with ``other_seed`` a second whole decode with another excitation."""
     import torch
@@ -228,10 +230,12 @@ def decode_pair(engine, text: str, language: str, voice: str, other_seed: bool =
         weights = kf.stand_in_weights(start, stop, frames.count, kf.CONTEXT_FRAMES, kf.CONTEXT_FRAMES)
         prepared = kf.prepare_decoder(model, frames, start, stop, weights)
         cuts = kf.seams(prepared.count, lead=kf.CONTEXT_FRAMES)
-        # the reference: kokoro's own generator (float32) over the whole span; the windows are
-        # decoded as the engine decodes them (its folded generator, in its precision)
+        # the reference: kokoro's own decoder (float32) over the whole span; the windows are
+        # decoded as the engine decodes them (its folded decoder, in its precision)
         whole = torch.cat(list(kf.decode_windows(model, prepared, []))).cpu().numpy()
-        windowed = torch.cat(list(kf.decode_windows(model, prepared, cuts, engine.generator))).cpu().numpy()
+        ours = prepared if engine.frame_rate_half is None else dataclasses.replace(
+            prepared, x=engine.frame_rate_half(frames, start, stop, weights))
+        windowed = torch.cat(list(kf.decode_windows(model, ours, cuts, engine.generator))).cpu().numpy()
         pair = {"whole": whole, "windowed": windowed, "cuts": cuts}
         if other_seed:
             again = kf.prepare_decoder(model, frames, start, stop, weights)

@@ -20,7 +20,7 @@ others change one runtime option: torch intra-op threads, ``no_grad`` instead of
 those planned from the decode speed), ``unbaked`` (kokoro's weight-norm hooks kept, recomputing every weight on
 every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; a second copy of
 the model is loaded for it), and the generator: ``kokoro`` (kokoro's own, float32, as the engine
-was before `kokoro_frames.FoldedGenerator`), ``fp32`` or ``bf16`` (folded, in that precision;
+was before `kokoro_frames.FoldedGenerator` and `FoldedFrameRateHalf`), ``fp32`` or ``bf16`` (folded, in that precision;
 without either, the precision `Settings.synthesis_precision` gives).
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
@@ -129,17 +129,21 @@ def _apply(engine, variant: dict) -> None:
     engine.grad_mode = variant["grad_mode"]
     engine.adaptive_windows = variant["adaptive"]
     engine.decode_s_per_frame = variant.get("decode_s_per_frame")  # each variant's own speed (threads differ)
-    engine.generator = variant["generators"][variant["generator"]]
+    engine.generator, engine.frame_rate_half = variant["generators"][variant["generator"]]
 
 
 def _generators(engine) -> dict:
-    """The generators a variant may name, built once: the engine's own, kokoro's, folded in each precision."""
+    """The decoders a variant may name, built once, as (generator, frame-rate half): the
+    engine's own, kokoro's, folded in each precision."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import FoldedGenerator
+    from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf, FoldedGenerator
 
-    return {"default": engine.generator, "kokoro": None, "fp32": FoldedGenerator(engine.model, torch.float32),
-            "bf16": FoldedGenerator(engine.model, torch.bfloat16)}
+    def folded(dtype):
+        return FoldedGenerator(engine.model, dtype), FoldedFrameRateHalf(engine.model, dtype)
+
+    return {"default": (engine.generator, engine.frame_rate_half), "kokoro": (None, None),
+            "fp32": folded(torch.float32), "bf16": folded(torch.bfloat16)}
 
 
 def _quality(engine, voice: str) -> None:
@@ -183,7 +187,7 @@ def run(args, settings) -> int:
     generators = {id(e): _generators(e) for e in {id(e): e for e in engines.values()}.values()}
     for name, variant in variants.items():
         variant["generators"] = generators[id(engines[name])]
-    default_generator = engine.generator
+    default_generator, default_half = engine.generator, engine.frame_rate_half
     voice = engine.resolve_voice(args.voice or settings.default_voice)
     for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
         _apply(engines[name], variant)
@@ -201,7 +205,7 @@ def run(args, settings) -> int:
                 variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
     engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
-    engine.generator = default_generator
+    engine.generator, engine.frame_rate_half = default_generator, default_half
     if variants:
         frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
         load = os.getloadavg()[0]

@@ -439,6 +439,9 @@ class SynthesisEngine:
     generator: "Callable | None" = field(default=None, repr=False)
     """What decodes the generator's windows: `kokoro_frames.FoldedGenerator` in the engine's
     precision (`load`, `tiny`); None: kokoro's own generator (`kokoro_frames.generate`)."""
+    frame_rate_half: "Callable | None" = field(default=None, repr=False)
+    """What computes the decoder's frame-rate half: `kokoro_frames.FoldedFrameRateHalf` in the
+    engine's precision (`load`, `tiny`); None: kokoro's own."""
     grad_mode: str = "inference"
     """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
     adaptive_windows: bool = True
@@ -465,7 +468,7 @@ class SynthesisEngine:
     def load(cls, settings: "Settings", bake_weight_norms: bool = True, folded: bool = True) -> "SynthesisEngine":
         """The real Kokoro-82M, weights resolved by `pipeline.synthesis.weights`; its weight
         norms baked (`kokoro_frames.bake_weight_norms`) unless ``bake_weight_norms`` is False,
-        its generator folded (`kokoro_frames.FoldedGenerator`, in `Settings.synthesis_precision`)
+        its decoder folded (`kokoro_frames.FoldedGenerator`, `FoldedFrameRateHalf`, in `Settings.synthesis_precision`)
         unless ``folded`` is False (both False: the engine as it was, for `voicebus bench synth`'s
         A/B)."""
         from pipeline.synthesis.weights import load_voice_packs, resolve_weights
@@ -488,11 +491,13 @@ class SynthesisEngine:
         fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
         torch.set_grad_enabled(False)
         torch.set_num_threads(intra_op_threads(settings))
-        generator = kokoro_frames.FoldedGenerator(model, pick_precision(settings.synthesis_precision, device)) if folded else None
+        precision = pick_precision(settings.synthesis_precision, device)
+        generator = kokoro_frames.FoldedGenerator(model, precision) if folded else None
+        half = kokoro_frames.FoldedFrameRateHalf(model, precision) if folded else None
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
-            windowed=settings.windowed_decoding, generator=generator,
+            windowed=settings.windowed_decoding, generator=generator, frame_rate_half=half,
         )
 
     @classmethod
@@ -506,13 +511,13 @@ class SynthesisEngine:
         empty_state.seek(0)
         torch.manual_seed(seed)
         model = KModel(repo_id=REPO_ID, config=tiny_config(), model=empty_state).to(device).eval()
-        from pipeline.synthesis.kokoro_frames import FoldedGenerator, bake_weight_norms
+        from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf, FoldedGenerator, bake_weight_norms
 
         bake_weight_norms(model)
         noise = torch.Generator().manual_seed(seed)
         voices = {name: torch.randn(510, 1, 256, generator=noise) * 0.5 for name in TINY_VOICES}
         return cls(model=model, voice_packs=voices, device=device, source="tiny", fallback_voice=TINY_VOICES[0], seed=seed,
-                   generator=FoldedGenerator(model))
+                   generator=FoldedGenerator(model), frame_rate_half=FoldedFrameRateHalf(model))
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -588,7 +593,7 @@ class SynthesisEngine:
         frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed)
         lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kokoro_frames.SAMPLES_PER_FRAME)
         audio, start, stop = kokoro_frames.decode_sound(self.model, frames, lead=max(kokoro_frames.CONTEXT_FRAMES, lead_frames),
-                                                        generator=self.generator)
+                                                        generator=self.generator, half=self.frame_rate_half)
         self.last_decoded_frames = (stop - start, frames.count)
         pcm = float_to_pcm16(audio)
         undecoded_trail = (frames.count - stop) * kokoro_frames.SAMPLES_PER_FRAME
@@ -634,7 +639,7 @@ class SynthesisEngine:
             start, stop = kf.sound_span(energy, lead=lead)
             whole = (start, stop) == (0, frames.count)
             weights = None if whole else kf.stand_in_weights(start, stop, frames.count, lead, kf.CONTEXT_FRAMES)
-            prepared = kf.prepare_decoder(self.model, frames, start, stop, weights)
+            prepared = kf.prepare_decoder(self.model, frames, start, stop, weights, self.frame_rate_half)
             self.last_decoded_frames = (stop - start, frames.count)
             self.last_seams = []
         undecoded = (frames.count - stop) * kf.SAMPLES_PER_FRAME

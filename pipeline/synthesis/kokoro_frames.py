@@ -67,6 +67,9 @@ _REQUIRED = (
     "decoder.generator.resblocks.0.convs1", "decoder.generator.resblocks.0.convs2", "decoder.generator.resblocks.0.adain1",
     "decoder.generator.resblocks.0.adain2", "decoder.generator.resblocks.0.alpha1", "decoder.generator.resblocks.0.alpha2",
     "decoder.generator.resblocks.0.adain1.0.fc", "decoder.generator.resblocks.0.adain1.0.norm",
+    # the folded frame-rate half (`FoldedFrameRateHalf`): AdainResBlk1d's parts
+    "decoder.encode.norm1", "decoder.encode.norm2", "decoder.encode.conv1", "decoder.encode.conv2",
+    "decoder.encode.conv1x1", "decoder.encode.actv", "decoder.decode.3.pool", "decoder.asr_res.0",
 )
 
 
@@ -252,18 +255,19 @@ def sound_span(
 
 
 def decode_sound(
-    model, frames: Frames, lead: int = CONTEXT_FRAMES, trail: int = CONTEXT_FRAMES, generator: "Callable | None" = None
+    model, frames: Frames, lead: int = CONTEXT_FRAMES, trail: int = CONTEXT_FRAMES, generator: "Callable | None" = None,
+    half: "Callable | None" = None,
 ) -> tuple["torch.Tensor", int, int]:
     """The audio of ``frames`` from ``lead`` frames before the predicted sound to ``trail``
     after it (`sound_span`), the silent frames cut standing in the normalization statistics
     through the kept silent ones (`stand_in_weights`). Returns (audio, start, stop). With a
-    ``generator`` (`FoldedGenerator`), the decoder's frame-rate half is kokoro's and the
-    generator that one; else the whole decoder is kokoro's."""
+    ``generator`` (`FoldedGenerator`), the decoder's frame-rate half is ``half`` (or kokoro's)
+    and the generator that one; else the whole decoder is kokoro's."""
     start, stop = sound_span(frames.frame_energy(), lead=lead, trail=trail)
     whole = (start, stop) == (0, frames.count)
     weights = None if whole else stand_in_weights(start, stop, frames.count, lead, trail)
     if generator is not None:
-        return generator(prepare_decoder(model, frames, start, stop, weights)), start, stop
+        return generator(prepare_decoder(model, frames, start, stop, weights, half)), start, stop
     return decode_frames(model, frames, start, stop, weights), start, stop
 
 
@@ -308,7 +312,10 @@ class DecoderInput:
         return int(self.x.shape[-1]) // 2
 
 
-def prepare_decoder(model, frames: Frames, start: int = 0, stop: int | None = None, weights: "torch.Tensor | None" = None) -> DecoderInput:
+def prepare_decoder(
+    model, frames: Frames, start: int = 0, stop: int | None = None, weights: "torch.Tensor | None" = None,
+    half: "Callable | None" = None,
+) -> DecoderInput:
     """`kokoro.istftnet.Decoder.forward` (kokoro 0.9.4) up to, not including, the generator's
     upsampling, for frames ``start:stop``, plus the generator's harmonic source for the span.
 
@@ -316,11 +323,27 @@ def prepare_decoder(model, frames: Frames, start: int = 0, stop: int | None = No
     over the whole span at once, so every one of its instance norms has the statistics of the
     whole span: a window of the generator starts from exactly the features a whole decode
     would. The harmonic source (random initial phase of each overtone, random noise) is drawn
-    once for the span and sliced per window, so the two windows carry the same excitation."""
+    once for the span and sliced per window, so the two windows carry the same excitation.
+    ``half`` computes the frame-rate half instead (`FoldedFrameRateHalf`)."""
     import torch
 
     stop = frames.count if stop is None else stop
     dec = model.decoder
+    if half is not None:
+        x = half(frames, start, stop, weights)
+    else:
+        x = _frame_rate_half(dec, frames, start, stop, weights)
+    gen = dec.generator
+    upsampled = gen.f0_upsamp(frames.f0[:, 2 * start : 2 * stop][:, None]).transpose(1, 2)
+    source, _, _ = gen.m_source(upsampled)
+    silent = edge_silence(frames.frame_energy()[start:stop])
+    return DecoderInput(x=x, source=source.transpose(1, 2).squeeze(1), style=frames.style, weights=weights, silent=silent)
+
+
+def _frame_rate_half(dec, frames: Frames, start: int, stop: int, weights: "torch.Tensor | None") -> "torch.Tensor":
+    """Kokoro's own frame-rate half of the decoder (`prepare_decoder`)."""
+    import torch
+
     asr = frames.asr[:, :, start:stop]
     f0_curve = frames.f0[:, 2 * start : 2 * stop]
     n = frames.n[:, 2 * start : 2 * stop]
@@ -337,11 +360,7 @@ def prepare_decoder(model, frames: Frames, start: int = 0, stop: int | None = No
             x = block(x, s)
             if block.upsample_type != "none":
                 res = False
-    gen = dec.generator
-    upsampled = gen.f0_upsamp(f0_curve[:, None]).transpose(1, 2)
-    source, _, _ = gen.m_source(upsampled)
-    silent = edge_silence(frames.frame_energy()[start:stop])
-    return DecoderInput(x=x, source=source.transpose(1, 2).squeeze(1), style=s, weights=weights, silent=silent)
+    return x
 
 
 def edge_silence(energy: list[float], threshold: float = SOUND_ENERGY_THRESHOLD) -> tuple[int, int]:
@@ -407,20 +426,87 @@ class _FoldedConv(NamedTuple):
     padding: tuple[int, int]
     dilation: tuple[int, int]
     output_padding: tuple[int, int] | None
+    groups: int = 1
 
 
 class _FoldedAdaIN(NamedTuple):
-    """An AdaIN1d's weights, with the alpha of the Snake that follows it."""
+    """An AdaIN1d's weights, with the alpha of the Snake that follows it (None: a leaky ReLU follows)."""
 
     fc_weight: "torch.Tensor"
     fc_bias: "torch.Tensor"
     norm_weight: "torch.Tensor"
     norm_bias: "torch.Tensor"
     eps: float
-    alpha: "torch.Tensor"
+    alpha: "torch.Tensor | None"
 
 
-class FoldedGenerator:
+class _Folded:
+    """What `FoldedGenerator` and `FoldedFrameRateHalf` share: kokoro's convolutions as
+    channels-last 2-D ones in ``dtype``, and each AdaIN as a per-channel scale and shift."""
+
+    def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
+        import torch
+
+        self.dtype = dtype or torch.float32
+        self.device = next(model.decoder.parameters()).device
+
+    def _conv(self, conv, in_scale: "torch.Tensor | None" = None, dtype=None) -> _FoldedConv:
+        import torch
+
+        dtype = dtype or self.dtype
+        w = conv.weight.detach().float()
+        if in_scale is not None:  # Conv1d weights are [out, in, k]: scale each input channel
+            w = w * in_scale.reshape(1, -1, 1)
+        transpose = isinstance(conv, torch.nn.ConvTranspose1d)
+        return _FoldedConv(w.unsqueeze(2).to(dtype).contiguous(memory_format=torch.channels_last),
+                           None if conv.bias is None else conv.bias.detach().to(dtype),
+                           (1, conv.stride[0]), (0, conv.padding[0]), (1, conv.dilation[0]),
+                           (0, conv.output_padding[0]) if transpose else None, conv.groups)
+
+    @staticmethod
+    def _adain(adain, alpha: "torch.Tensor | None" = None) -> _FoldedAdaIN:
+        return _FoldedAdaIN(adain.fc.weight.detach().float(), adain.fc.bias.detach().float(),
+                            adain.norm.weight.detach().float(), adain.norm.bias.detach().float(), adain.norm.eps, alpha)
+
+    @staticmethod
+    def _apply_conv(conv: _FoldedConv, x: "torch.Tensor") -> "torch.Tensor":
+        import torch.nn.functional as F
+
+        if conv.output_padding is not None:  # a transposed convolution (the upsampling)
+            return F.conv_transpose2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding,
+                                      conv.groups, conv.dilation)
+        return F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+    @staticmethod
+    def _scale_shift(adain: _FoldedAdaIN, x: "torch.Tensor", style: "torch.Tensor", weights: "torch.Tensor"):
+        """AdaIN(x) = x * scale + shift, per channel (float32)."""
+        import torch
+        import torch.nn.functional as F
+
+        gamma, beta = F.linear(style, adain.fc_weight, adain.fc_bias)[0].chunk(2)
+        mean, var = channel_stats(x, weights)
+        scale = (1 + gamma) * adain.norm_weight * torch.rsqrt(var + adain.eps)
+        return scale, (1 + gamma) * adain.norm_bias - scale * mean + beta
+
+    def _laid_out(self, t: "torch.Tensor") -> "torch.Tensor":
+        """A [1, C, T] tensor as a channels-last [1, C, 1, T] one in ``dtype``."""
+        import torch
+
+        return t.unsqueeze(2).to(self.dtype).contiguous(memory_format=torch.channels_last)
+
+    def _weights_over(self, frame_weights: "torch.Tensor | None", steps: int) -> "torch.Tensor":
+        """`weighted_instance_norms`'s spread of one weight per frame over a layer's ``steps``,
+        normalized (uniform without weights: kokoro's norm)."""
+        import torch
+
+        if frame_weights is None:
+            return torch.full((steps,), 1.0 / steps, device=self.device)
+        index = (torch.arange(steps, device=self.device) * len(frame_weights) // steps).clamp(max=len(frame_weights) - 1)
+        w = frame_weights[index]
+        return w / w.sum()
+
+
+class FoldedGenerator(_Folded):
     """`generate`'s computation (kokoro 0.9.4's ``Generator.forward`` with this module's
     weighted norms), laid out for oneDNN and folded, in ``dtype``; built once from a loaded
     model, called like `generate` (``prepared, start, stop``) and returns float32 audio.
@@ -444,32 +530,18 @@ class FoldedGenerator:
     def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
         import torch
 
+        super().__init__(model, dtype)
         gen = model.decoder.generator
         self.gen = gen
-        self.dtype = dtype or torch.float32
-        self.device = next(gen.parameters()).device
         self.num_kernels, self.num_upsamples, self.post_n_fft = gen.num_kernels, gen.num_upsamples, gen.post_n_fft
         self.noise_convs = [self._conv(c) for c in gen.noise_convs]
         self.noise_res = [self._resblock(r) for r in gen.noise_res]
-        self.ups = [self._conv(u, transpose=True) for u in gen.ups]
+        self.ups = [self._conv(u) for u in gen.ups]
         self.resblocks = [self._resblock(r) for r in gen.resblocks]
         # in float32 whatever the dtype: its output is the log-magnitude and the phase of the
         # inverse STFT, and bfloat16's rounding of those was most of its difference to kokoro's
         # audio (log-mel distance 0.075 -> 0.013 with this one layer in float32, at no cost)
         self.conv_post = self._conv(gen.conv_post, dtype=torch.float32)
-
-    # --- folding, once ---
-    def _conv(self, conv, in_scale: "torch.Tensor | None" = None, transpose: bool = False, dtype=None) -> "_FoldedConv":
-        import torch
-
-        dtype = dtype or self.dtype
-        w = conv.weight.detach().float()
-        if in_scale is not None:  # Conv1d weights are [out, in, k]: scale each input channel
-            w = w * in_scale.reshape(1, -1, 1)
-        return _FoldedConv(w.unsqueeze(2).to(dtype).contiguous(memory_format=torch.channels_last),
-                           None if conv.bias is None else conv.bias.detach().to(dtype),
-                           (1, conv.stride[0]), (0, conv.padding[0]), (1, conv.dilation[0]),
-                           (0, conv.output_padding[0]) if transpose else None)
 
     def _resblock(self, block) -> list[tuple]:
         layers = []
@@ -478,29 +550,12 @@ class FoldedGenerator:
             layers.append((self._adain(n1, alpha1), self._conv(c1, 1 / alpha1), self._adain(n2, alpha2), self._conv(c2, 1 / alpha2)))
         return layers
 
-    @staticmethod
-    def _adain(adain, alpha: "torch.Tensor") -> "_FoldedAdaIN":
-        return _FoldedAdaIN(adain.fc.weight.detach().float(), adain.fc.bias.detach().float(),
-                            adain.norm.weight.detach().float(), adain.norm.bias.detach().float(), adain.norm.eps, alpha)
-
     # --- the forward pass ---
-    @staticmethod
-    def _apply_conv(conv: "_FoldedConv", x: "torch.Tensor") -> "torch.Tensor":
-        import torch.nn.functional as F
-
-        if conv.output_padding is not None:  # a transposed convolution (the upsampling)
-            return F.conv_transpose2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding, 1, conv.dilation)
-        return F.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation)
-
     def _adain_snake(self, adain: "_FoldedAdaIN", x: "torch.Tensor", style: "torch.Tensor", weights: "torch.Tensor") -> "torch.Tensor":
         """``a * AdaIN(x)`` through ``u + sin(u)^2``: the Snake times its ``a``."""
         import torch
-        import torch.nn.functional as F
 
-        gamma, beta = F.linear(style, adain.fc_weight, adain.fc_bias)[0].chunk(2)
-        mean, var = channel_stats(x, weights)
-        scale = (1 + gamma) * adain.norm_weight * torch.rsqrt(var + adain.eps)
-        shift = (1 + gamma) * adain.norm_bias - scale * mean + beta
+        scale, shift = self._scale_shift(adain, x, style, weights)
         alpha = adain.alpha
         u = torch.addcmul((alpha * shift).to(self.dtype).reshape(1, -1, 1, 1), x, (alpha * scale).to(self.dtype).reshape(1, -1, 1, 1))
         sine = torch.sin(u)
@@ -522,20 +577,12 @@ class FoldedGenerator:
         style = prepared.style.float()
         frame_weights = None if prepared.weights is None else prepared.weights[start:stop].float().to(self.device)
 
-        def laid_out(t):
-            return t.unsqueeze(2).to(self.dtype).contiguous(memory_format=torch.channels_last)
-
         def weights_over(steps: int) -> "torch.Tensor":
-            # `weighted_instance_norms`'s spread of one weight per frame over a layer's time steps
-            if frame_weights is None:
-                return torch.full((steps,), 1.0 / steps, device=self.device)
-            index = (torch.arange(steps, device=self.device) * len(frame_weights) // steps).clamp(max=len(frame_weights) - 1)
-            w = frame_weights[index]
-            return w / w.sum()
+            return self._weights_over(frame_weights, steps)
 
-        x = laid_out(prepared.x[:, :, 2 * start : 2 * stop])
+        x = self._laid_out(prepared.x[:, :, 2 * start : 2 * stop])
         har_spec, har_phase = gen.stft.transform(prepared.source[:, SAMPLES_PER_FRAME * start : SAMPLES_PER_FRAME * stop])
-        har = laid_out(torch.cat([har_spec, har_phase], dim=1))
+        har = self._laid_out(torch.cat([har_spec, har_phase], dim=1))
         for i in range(self.num_upsamples):
             x = F.leaky_relu(x, negative_slope=0.1)
             source = self._apply_conv(self.noise_convs[i], har)
@@ -555,6 +602,75 @@ class FoldedGenerator:
         spec = torch.exp(x[:, : self.post_n_fft // 2 + 1, :])
         phase = torch.sin(x[:, self.post_n_fft // 2 + 1 :, :])
         return gen.stft.inverse(spec, phase).reshape(-1)
+
+
+class FoldedFrameRateHalf(_Folded):
+    """`prepare_decoder`'s frame-rate half (kokoro 0.9.4's ``Decoder.forward`` up to the
+    generator: ``encode`` and the four ``decode`` blocks, `AdainResBlk1d` of 1024 channels, with
+    this module's weighted norms) folded as `FoldedGenerator` is: channels-last 2-D
+    convolutions in ``dtype``, each AdaIN a per-channel scale and shift with float32 statistics.
+    Called with a piece's `Frames`, its span and weights; returns the generator's input
+    ``[1, 512, 2 * frames]`` in float32. On the offline pack, 1 thread, 86-157 frames: kokoro's
+    95-138 ms, folded in bfloat16 ~45 ms (docs/synthesis.md, "The generator, folded").
+    The F0 and energy convolutions (one channel each) stay kokoro's."""
+
+    def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
+        super().__init__(model, dtype)
+        dec = model.decoder
+        self.dec = dec
+        self.blocks = [self._block(b) for b in (dec.encode, *dec.decode)]
+        self.asr_res = self._conv(dec.asr_res[0])
+
+    def _block(self, block) -> dict:
+        upsample = block.upsample_type != "none"
+        return {"norm1": self._adain(block.norm1), "norm2": self._adain(block.norm2),
+                "conv1": self._conv(block.conv1), "conv2": self._conv(block.conv2),
+                "pool": self._conv(block.pool) if upsample else None, "upsample": upsample,
+                "shortcut": self._conv(block.conv1x1) if block.learned_sc else None,
+                "slope": block.actv.negative_slope}
+
+    def _norm_act(self, adain: _FoldedAdaIN, x, style, weights, slope: float):
+        import torch
+        import torch.nn.functional as F
+
+        scale, shift = self._scale_shift(adain, x, style, weights)
+        y = torch.addcmul(shift.to(self.dtype).reshape(1, -1, 1, 1), x, scale.to(self.dtype).reshape(1, -1, 1, 1))
+        return F.leaky_relu(y, slope)
+
+    def __call__(self, frames: Frames, start: int, stop: int, weights: "torch.Tensor | None") -> "torch.Tensor":
+        import math
+
+        import torch
+        import torch.nn.functional as F
+
+        dec = self.dec
+        channels_last = torch.channels_last
+        asr = frames.asr[:, :, start:stop]
+        style = frames.style.float()
+        frame_weights = None if weights is None else weights.float().to(self.device)
+        with _norms(dec, weights):
+            f0 = self._laid_out(dec.F0_conv(frames.f0[:, 2 * start : 2 * stop].unsqueeze(1)))
+            energy = self._laid_out(dec.N_conv(frames.n[:, 2 * start : 2 * stop].unsqueeze(1)))
+        asr = self._laid_out(asr)
+        x = torch.cat([asr, f0, energy], 1).contiguous(memory_format=channels_last)
+        asr_res = self._apply_conv(self.asr_res, asr)
+        res = True
+        for i, block in enumerate(self.blocks):  # encode, then the decode blocks
+            if i and res:
+                x = torch.cat([x, asr_res, f0, energy], 1).contiguous(memory_format=channels_last)
+            r = self._norm_act(block["norm1"], x, style, self._weights_over(frame_weights, x.shape[-1]), block["slope"])
+            if block["pool"] is not None:
+                r = self._apply_conv(block["pool"], r)
+            r = self._apply_conv(block["conv1"], r)
+            r = self._norm_act(block["norm2"], r, style, self._weights_over(frame_weights, r.shape[-1]), block["slope"])
+            r = self._apply_conv(block["conv2"], r)
+            shortcut = F.interpolate(x, scale_factor=(1, 2), mode="nearest") if block["upsample"] else x
+            if block["shortcut"] is not None:
+                shortcut = self._apply_conv(block["shortcut"], shortcut)
+            x = (r + shortcut) * (1 / math.sqrt(2))
+            if block["upsample"]:
+                res = False
+        return x.float().squeeze(2).contiguous()
 
 
 def window_input(prepared: DecoderInput, left: int, right: int) -> tuple[DecoderInput, int, int, int]:

@@ -269,8 +269,8 @@ def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_has_amx(tmp_pa
 
 def test_the_engine_decodes_with_its_folded_generator():
     """The engine's windows and its whole-span decodes go through `SynthesisEngine.generator`
-    (the folded one), and with it unset through kokoro's own: the same audio within float32's
-    rounding."""
+    and `frame_rate_half` (the folded ones), and with them unset through kokoro's own: the same
+    audio within float32's rounding."""
     import numpy as np
 
     engine = SynthesisEngine.tiny(seed=0)
@@ -289,6 +289,8 @@ def test_the_engine_decodes_with_its_folded_generator():
         calls.clear()
         ours = np.frombuffer(b"".join(engine.stream("Good morning, my friend.", "en", "af_heart")), "<i2").astype(int)
         assert calls, f"windowed={windowed}: the folded generator decoded"
-        engine.generator = None
+        engine.generator, half = None, engine.frame_rate_half
+        engine.frame_rate_half = None
         kokoro = np.frombuffer(b"".join(engine.stream("Good morning, my friend.", "en", "af_heart")), "<i2").astype(int)
         assert len(ours) == len(kokoro) and np.abs(ours - kokoro).max() <= 2
+        engine.frame_rate_half = half

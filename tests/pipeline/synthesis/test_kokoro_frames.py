@@ -3,6 +3,8 @@ random-weight model for exactness, the offline pack's real weights for the silen
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -434,8 +436,9 @@ def test_the_folded_norms_statistics_do_not_cancel_in_bfloat16():
 
 
 @pytest.mark.model
-def test_the_engine_s_generator_sounds_as_kokoro_s_in_float32(real_engine):
-    """The engine's generator (bfloat16 on a CPU with AMX, float32 elsewhere) is closer to
+def test_the_engine_s_decoder_sounds_as_kokoro_s_in_float32(real_engine):
+    """The engine's decoder (its folded frame-rate half and generator: bfloat16 on a CPU with
+    AMX, float32 elsewhere) is closer to
     kokoro's float32 audio of the same frames and excitation than two float32 decodes with
     different noise seeds are to each other. With ``conv_post`` in bfloat16 it was not
     (0.075 against 0.031: its output is the inverse STFT's log-magnitude and phase)."""
@@ -455,5 +458,52 @@ def test_the_engine_s_generator_sounds_as_kokoro_s_in_float32(real_engine):
         other_noise = kokoro_frames.prepare_decoder(model, frames, start, stop, weights)
         kokoro = kokoro_frames.generate(model, prepared).numpy()
         seed_distance = log_mel_distance(kokoro_frames.generate(model, other_noise).numpy(), kokoro)
-        ours = real_engine.generator(prepared).numpy()
+        ours = real_engine.generator(dataclasses.replace(prepared, x=real_engine.frame_rate_half(frames, start, stop, weights))).numpy()
     assert log_mel_distance(ours, kokoro) < seed_distance, (log_mel_distance(ours, kokoro), seed_distance)
+
+
+def test_the_folded_frame_rate_half_in_float32_is_kokoros(tiny_engine):
+    """`FoldedFrameRateHalf` computes kokoro's frame-rate half of the decoder (encode and the
+    decode blocks, the last upsampling) with this module's weighted norms, and in bfloat16
+    stays close to it."""
+    import torch
+
+    from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf
+
+    model = tiny_engine.model
+    text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
+    phonemes = tiny_engine.phonemize(text, "en")[0]
+    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
+    with torch.inference_mode():
+        torch.manual_seed(5)
+        frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+        start, stop = 3, frames.count - 4
+        weights = kokoro_frames.stand_in_weights(start, stop, frames.count, 2, 2)
+        for w in (None, weights):
+            expected = kokoro_frames.prepare_decoder(model, frames, start, stop, w).x
+            got = FoldedFrameRateHalf(model, torch.float32)(frames, start, stop, w)
+            assert got.dtype == torch.float32 and got.shape == expected.shape
+            assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=0)
+        near = FoldedFrameRateHalf(model, torch.bfloat16)(frames, start, stop, weights)  # `expected` is the weighted one
+    error = float((near - expected).square().mean().sqrt() / expected.square().mean().sqrt())
+    assert error < 0.05, error
+
+
+def test_prepare_decoder_with_a_folded_half_keeps_kokoro_s_excitation(tiny_engine):
+    """With the folded frame-rate half, the span's harmonic source is drawn as before (the same
+    random draws, after the frame-rate half): only the generator's input changes."""
+    import torch
+
+    from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf
+
+    model = tiny_engine.model
+    phonemes = tiny_engine.phonemize("Good morning, my friend.", "en")[0]
+    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
+    with torch.inference_mode():
+        frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+        torch.manual_seed(7)
+        kokoro = kokoro_frames.prepare_decoder(model, frames)
+        torch.manual_seed(7)
+        folded = kokoro_frames.prepare_decoder(model, frames, half=FoldedFrameRateHalf(model))
+    assert torch.equal(kokoro.source, folded.source) and folded.silent == kokoro.silent
+    assert torch.allclose(kokoro.x, folded.x, atol=1e-4 * float(kokoro.x.abs().max()), rtol=0)
