@@ -356,16 +356,22 @@ def test_the_first_window_grows_only_as_much_as_the_decode_speed_needs():
     assert next_cut(18, 500, 0.3, None) == 18 + int(2.5 * 18)
 
 
+LONG_TEXT = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
+
+
+def _tiny_frames(tiny_engine, text: str = LONG_TEXT) -> "kokoro_frames.Frames":
+    """The tiny model's prediction for ``text`` (call under inference mode)."""
+    phonemes = tiny_engine.phonemize(text, "en")[0]
+    return kokoro_frames.predict_frames(tiny_engine.model, phonemes, tiny_engine.voice_packs["af_heart"][len(phonemes) - 1])
+
+
 def _span(tiny_engine, seed: int = 5):
     """A prepared span of the tiny model with stand-in weights and a known edge silence."""
     import torch
 
     model = tiny_engine.model
-    text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
-    phonemes = tiny_engine.phonemize(text, "en")[0]
-    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
     torch.manual_seed(seed)
-    frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+    frames = _tiny_frames(tiny_engine)
     weights = torch.ones(frames.count)
     weights[:2] += 10.0
     prepared = kokoro_frames.prepare_decoder(model, frames, weights=weights)
@@ -471,12 +477,9 @@ def test_the_folded_frame_rate_half_in_float32_is_kokoros(tiny_engine):
     from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf
 
     model = tiny_engine.model
-    text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
-    phonemes = tiny_engine.phonemize(text, "en")[0]
-    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
     with torch.inference_mode():
         torch.manual_seed(5)
-        frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+        frames = _tiny_frames(tiny_engine)
         start, stop = 3, frames.count - 4
         weights = kokoro_frames.stand_in_weights(start, stop, frames.count, 2, 2)
         for w in (None, weights):
@@ -497,10 +500,8 @@ def test_prepare_decoder_with_a_folded_half_keeps_kokoro_s_excitation(tiny_engin
     from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf
 
     model = tiny_engine.model
-    phonemes = tiny_engine.phonemize("Good morning, my friend.", "en")[0]
-    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
     with torch.inference_mode():
-        frames = kokoro_frames.predict_frames(model, phonemes, ref_s)
+        frames = _tiny_frames(tiny_engine, "Good morning, my friend.")
         torch.manual_seed(7)
         kokoro = kokoro_frames.prepare_decoder(model, frames)
         torch.manual_seed(7)
