@@ -132,9 +132,9 @@ def _apply(engine, variant: dict) -> None:
     engine.generator, engine.frame_rate_half = variant["generators"][variant["generator"]]
 
 
-def _generators(engine) -> dict:
-    """The decoders a variant may name, built once, as (generator, frame-rate half): the
-    engine's own, kokoro's, folded in each precision."""
+def _generators(engine, named: set[str]) -> dict:
+    """The decoders the variants name, built once, as (generator, frame-rate half): the
+    engine's own, kokoro's, or folded in one precision."""
     import torch
 
     from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf, FoldedGenerator
@@ -142,8 +142,11 @@ def _generators(engine) -> dict:
     def folded(dtype):
         return FoldedGenerator(engine.model, dtype), FoldedFrameRateHalf(engine.model, dtype)
 
-    return {"default": (engine.generator, engine.frame_rate_half), "kokoro": (None, None),
-            "fp32": folded(torch.float32), "bf16": folded(torch.bfloat16)}
+    built = {"default": (engine.generator, engine.frame_rate_half), "kokoro": (None, None)}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        if name in named:
+            built[name] = folded(dtype)
+    return built
 
 
 def _quality(engine, voice: str) -> None:
@@ -184,7 +187,8 @@ def run(args, settings) -> int:
             raise SystemExit("-unbaked variants need the real model (the tiny engine is built baked)")
         unbaked = SynthesisEngine.load(settings, bake_weight_norms=False, folded=False)
     engines = {name: engine if variant["baked"] else unbaked for name, variant in variants.items()}
-    generators = {id(e): _generators(e) for e in {id(e): e for e in engines.values()}.values()}
+    named = {variant["generator"] for variant in variants.values()}
+    generators = {id(e): _generators(e, named) for e in {id(e): e for e in engines.values()}.values()}
     for name, variant in variants.items():
         variant["generators"] = generators[id(engines[name])]
     default_generator, default_half = engine.generator, engine.frame_rate_half

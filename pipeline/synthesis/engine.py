@@ -196,9 +196,10 @@ def cpu_has_amx_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 
 def pick_precision(requested: str, device: str, amx_bf16: Callable[[], bool] = cpu_has_amx_bf16) -> "torch.dtype":
-    """The generator's dtype (`Settings.synthesis_precision`): ``auto`` gives bfloat16 on a CPU
-    with AMX (measured: the generator 3.6-4x faster, Whisper hears the same words; docs/synthesis.md,
-    "The generator, folded") and float32 elsewhere (a GPU's bfloat16 is not measured yet)."""
+    """The folded decoder's dtype (`Settings.synthesis_precision`): ``auto`` gives bfloat16 on a
+    CPU with AMX (measured: the generator 3.6-4x faster, Whisper hears the same words;
+    docs/synthesis.md, "The generator, folded") and float32 elsewhere (a GPU's bfloat16 is not
+    measured yet)."""
     import torch
 
     requested = (requested or "auto").lower()
