@@ -440,6 +440,19 @@ class _FoldedAdaIN(NamedTuple):
     alpha: "torch.Tensor | None"
 
 
+class _FoldedBlock(NamedTuple):
+    """An AdainResBlk1d of the frame-rate half, folded (`FoldedFrameRateHalf`)."""
+
+    norm1: _FoldedAdaIN
+    norm2: _FoldedAdaIN
+    conv1: _FoldedConv
+    conv2: _FoldedConv
+    pool: _FoldedConv | None  # the upsampling block's depthwise transposed convolution
+    shortcut: _FoldedConv | None  # conv1x1, where the block changes the channel count
+    upsample: bool
+    slope: float  # its leaky ReLU's
+
+
 class _Folded:
     """What `FoldedGenerator` and `FoldedFrameRateHalf` share: kokoro's convolutions as
     channels-last 2-D ones in ``dtype``, and each AdaIN as a per-channel scale and shift."""
@@ -621,13 +634,12 @@ class FoldedFrameRateHalf(_Folded):
         self.blocks = [self._block(b) for b in (dec.encode, *dec.decode)]
         self.asr_res = self._conv(dec.asr_res[0])
 
-    def _block(self, block) -> dict:
+    def _block(self, block) -> _FoldedBlock:
         upsample = block.upsample_type != "none"
-        return {"norm1": self._adain(block.norm1), "norm2": self._adain(block.norm2),
-                "conv1": self._conv(block.conv1), "conv2": self._conv(block.conv2),
-                "pool": self._conv(block.pool) if upsample else None, "upsample": upsample,
-                "shortcut": self._conv(block.conv1x1) if block.learned_sc else None,
-                "slope": block.actv.negative_slope}
+        return _FoldedBlock(self._adain(block.norm1), self._adain(block.norm2), self._conv(block.conv1),
+                            self._conv(block.conv2), self._conv(block.pool) if upsample else None,
+                            self._conv(block.conv1x1) if block.learned_sc else None, upsample,
+                            block.actv.negative_slope)
 
     def _norm_act(self, adain: _FoldedAdaIN, x, style, weights, slope: float):
         import torch
@@ -648,9 +660,9 @@ class FoldedFrameRateHalf(_Folded):
         asr = frames.asr[:, :, start:stop]
         style = frames.style.float()
         frame_weights = None if weights is None else weights.float().to(self.device)
-        with _norms(dec, weights):
-            f0 = self._laid_out(dec.F0_conv(frames.f0[:, 2 * start : 2 * stop].unsqueeze(1)))
-            energy = self._laid_out(dec.N_conv(frames.n[:, 2 * start : 2 * stop].unsqueeze(1)))
+        # plain convolutions, no norm: kokoro's own
+        f0 = self._laid_out(dec.F0_conv(frames.f0[:, 2 * start : 2 * stop].unsqueeze(1)))
+        energy = self._laid_out(dec.N_conv(frames.n[:, 2 * start : 2 * stop].unsqueeze(1)))
         asr = self._laid_out(asr)
         x = torch.cat([asr, f0, energy], 1).contiguous(memory_format=channels_last)
         asr_res = self._apply_conv(self.asr_res, asr)
@@ -658,17 +670,17 @@ class FoldedFrameRateHalf(_Folded):
         for i, block in enumerate(self.blocks):  # encode, then the decode blocks
             if i and res:
                 x = torch.cat([x, asr_res, f0, energy], 1).contiguous(memory_format=channels_last)
-            r = self._norm_act(block["norm1"], x, style, self._weights_over(frame_weights, x.shape[-1]), block["slope"])
-            if block["pool"] is not None:
-                r = self._apply_conv(block["pool"], r)
-            r = self._apply_conv(block["conv1"], r)
-            r = self._norm_act(block["norm2"], r, style, self._weights_over(frame_weights, r.shape[-1]), block["slope"])
-            r = self._apply_conv(block["conv2"], r)
-            shortcut = F.interpolate(x, scale_factor=(1, 2), mode="nearest") if block["upsample"] else x
-            if block["shortcut"] is not None:
-                shortcut = self._apply_conv(block["shortcut"], shortcut)
+            r = self._norm_act(block.norm1, x, style, self._weights_over(frame_weights, x.shape[-1]), block.slope)
+            if block.pool is not None:
+                r = self._apply_conv(block.pool, r)
+            r = self._apply_conv(block.conv1, r)
+            r = self._norm_act(block.norm2, r, style, self._weights_over(frame_weights, r.shape[-1]), block.slope)
+            r = self._apply_conv(block.conv2, r)
+            shortcut = F.interpolate(x, scale_factor=(1, 2), mode="nearest") if block.upsample else x
+            if block.shortcut is not None:
+                shortcut = self._apply_conv(block.shortcut, shortcut)
             x = (r + shortcut) * (1 / math.sqrt(2))
-            if block["upsample"]:
+            if block.upsample:
                 res = False
         return x.float().squeeze(2).contiguous()
 
