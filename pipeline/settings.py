@@ -202,6 +202,12 @@ class Settings:
     quality gates hold (Whisper tiny.en WER the same as the whole decode's, seams no worse than
     the audio around them: docs/synthesis.md); False: one window per piece, sentences cut after
     their 8th word for early audio (the engine before issue 11)."""
+    shorten_inner_pauses: bool = True
+    """Shorten every silence Kokoro predicts inside a phrase (no punctuation in it) to 75 ms of
+    silent frames before decoding (`kokoro_frames.shorten_inner_silence`); a pause the text
+    punctuates is kept whole. The offline pack's voice pauses 310-400 ms in the middle of some
+    phrases ("before nine | to confirm"); False: Kokoro's own pauses (docs/synthesis.md,
+    "Mid-phrase pauses")."""
     synthesis_precision: str = "auto"
     """The dtype of the decoder's generator (~90 % of a forward pass): ``auto`` (bfloat16 on a CPU
     with AMX, else float32), ``float32`` or ``bfloat16``. On this project's CPU bfloat16 made the

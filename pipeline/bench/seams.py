@@ -1,6 +1,6 @@
 """Measures of windowed decoding's quality (issue 11 item 2), shared by `voicebus bench synth`
 and the real-weight tests: log-mel spectra, the log-mel distance between two decodes of the
-same frames, and the seam measure.
+same frames, the seam measure, and the mid-phrase pause measure (`mid_phrase_pauses`).
 
 **Seam measure.** Spectral flux: the L1 change of the log-mel spectrum (10 ms hop, 25 ms
 window, 40 bands, floored 60 dB below the piece's loudest bin) from one hop to the next. A
@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
+from pipeline.bench.words import GREEDY
 
 SAMPLE_RATE = 24000
 HOP = 240  # 10 ms
@@ -183,6 +185,47 @@ def intelligibility(engine, voice: str, whisper, language: str, sentences: list[
     return {mode: count / reference for mode, count in errors.items()} | {"words": reference}
 
 
+# Sentences of about twenty words with no punctuation inside: any pause in them is mid-phrase
+# (issue 11 item 7).
+LONG_PHRASES = {
+    "en": "The technician will call you tomorrow morning before nine to confirm the visit and the time of the repair.",
+    "es": "El técnico te llamará mañana por la mañana antes de las nueve para confirmar la visita y la hora de la reparación.",
+    "pt": "O técnico vai ligar para você amanhã de manhã antes das nove para confirmar a visita e o horário do reparo.",
+}
+
+PAUSE_S = 0.2  # the issue's mid-phrase pause: a silence of at least 200 ms
+
+
+def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
+    """Silent stretches of at least ``pause_s`` (every 10 ms at least 40 dB below the loudest
+    10 ms) between the start of the first word and the end of the last word ``whisper`` hears
+    in float ``audio`` (24 kHz), as (start ms from the first sound, length ms). In a phrase with
+    no inner punctuation, each is a mid-phrase pause. (Whisper's own word gaps are no measure
+    alone: it stretches words over short silences and opens gaps on long vowels; the audio says
+    where the silence is, Whisper where the words are.)"""
+    segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1, word_timestamps=True, temperature=GREEDY)
+    heard = [w for s in segments for w in s.words]
+    if not heard:
+        return []
+    level = 20 * np.log10(np.sqrt(np.mean(audio[: len(audio) // HOP * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
+    quiet = level < level.max() - 40
+    onset = int(np.argmax(~quiet))
+    first, last = int(heard[0].start * 100), min(len(quiet), int(heard[-1].end * 100))
+    pauses, run = [], None
+    for i in range(first, last):
+        if quiet[i] and run is None:
+            run = i
+        elif not quiet[i] and run is not None:
+            if i - run >= pause_s * 100:
+                pauses.append(((run - onset) * 10, (i - run) * 10))
+            run = None
+    return pauses
+
+
+def pcm_to_float(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0
+
+
 def words(text: str) -> list[str]:
     import re
 
@@ -207,7 +250,8 @@ def to_16k(audio: np.ndarray) -> np.ndarray:
 
 
 def heard(whisper, audio: np.ndarray, language: str = "en") -> str:
-    segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1)
+    """What ``whisper`` hears in float ``audio`` (24 kHz), decoded greedily (`GREEDY`)."""
+    segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1, temperature=GREEDY)
     return " ".join(s.text for s in segments)
 
 

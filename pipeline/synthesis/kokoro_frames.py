@@ -18,6 +18,11 @@ before the predicted energy rises to just after it falls (`sound_span`).
 
 One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per frame.
 
+Inside the sound, `shorten_inner_silence` cuts a silence Kokoro predicts within a phrase (no
+punctuation token in it) down to `MAX_INNER_SILENCE_FRAMES` before anything is decoded, and
+shortens the durations of the tokens it belonged to (issue 11 item 7; docs/synthesis.md,
+"Mid-phrase pauses").
+
 Windowed decoding (issue 11 item 2; docs/synthesis.md "First audio from the first window"):
 `prepare_decoder` is `Decoder.forward` up to the generator, over a whole span, plus the
 generator's harmonic source drawn once; `generate` is `Generator.forward` on a window of that
@@ -269,6 +274,79 @@ def decode_sound(
     if generator is not None:
         return generator(prepare_decoder(model, frames, start, stop, weights, half)), start, stop
     return decode_frames(model, frames, start, stop, weights), start, stop
+
+
+# --- pauses inside a phrase (issue 11 item 7) -------------------------------------------------
+
+# Predicted energy at or below which a frame inside a phrase is silence to the ear: N = -3.5
+# decodes to a peak of 8 samples (-72 dBFS) and -2.2 to 76 (-53 dBFS), both more than 40 dB
+# under the speech around them. (`SOUND_ENERGY_THRESHOLD` is lower: it must keep every frame
+# that makes any sample at all.)
+INNER_SILENCE_ENERGY = -3.0
+
+# Frames kept of a longer silence inside a phrase: 75 ms of predicted silence, which decodes to
+# 130-150 ms under -40 dB with the decays around it. A stop's closure ("visit": 2 frames) is
+# shorter and untouched. Measured on the offline pack's voice (docs/synthesis.md, "Mid-phrase
+# pauses"): 4 frames left 170 ms after "before nine", 2 cut into a 3-frame closure in pt.
+MAX_INNER_SILENCE_FRAMES = 3
+
+# Kokoro's punctuation symbols: a silence reaching the frames of one is a phrase boundary the
+# text asks for, and is kept whole.
+PHRASE_PUNCTUATION = frozenset(';:,.!?—…"()“”')
+
+
+def token_symbols(model, phonemes: str) -> list[str]:
+    """The symbol of each token `token_ids` gives the model, its pads as ``""``."""
+    return ["", *(p for p in phonemes if p in model.vocab), ""]
+
+
+def inner_silence(
+    energy: list[float], owners: list[str], keep: int = MAX_INNER_SILENCE_FRAMES, threshold: float = INNER_SILENCE_ENERGY
+) -> list[int]:
+    """Frames to cut so that no silence inside a phrase is longer than ``keep`` frames. A
+    silence is a run of frames whose ``energy`` is at or below ``threshold`` with a louder frame
+    on each side; it is inside a phrase when none of its frames is owned (``owners``: the symbol
+    of each frame's token) by `PHRASE_PUNCTUATION`. Of a longer one, its first ``ceil(keep/2)``
+    and last ``floor(keep/2)`` frames are kept (the decay into it and the onset out of it) and
+    the frames between them are cut. Pure: the frames' indices, ascending."""
+    cut: list[int] = []
+    run = None
+    for i, value in enumerate(energy):
+        if value <= threshold:
+            if run is None:
+                run = i
+            continue
+        if run is not None and run > 0 and i - run > keep:
+            if not any(owners[k] in PHRASE_PUNCTUATION for k in range(run, i)):
+                cut.extend(range(run + (keep + 1) // 2, i - keep // 2))
+        run = None
+    return cut
+
+
+def shorten_inner_silence(frames: Frames, symbols: list[str], keep: int = MAX_INNER_SILENCE_FRAMES) -> Frames:
+    """``frames`` without the frames `inner_silence` cuts: every silence longer than ``keep``
+    frames inside a phrase shortened to ``keep`` before anything is decoded, and the durations
+    of the tokens those frames belonged to shortened with them (so word timings follow).
+
+    Kokoro predicts such silences for some texts and voices: the offline pack's voice holds
+    the "n" of "before nine" 11 frames, 8 of them silent, and the "e" of "El técnico te" 15
+    (its unmodified forward pass pauses 310 and 400 ms there). The cut frames are silence,
+    near copies of each other, so the decoder sees the frames on either side meet in silence;
+    the other frames keep the F0 and energy predicted for the whole piece (re-predicting them
+    from shortened durations would change every frame's prosody: the module docstring)."""
+    import torch
+
+    if len(symbols) != len(frames.durations):
+        raise ValueError(f"{len(symbols)} symbols for {len(frames.durations)} tokens")
+    token_of = torch.repeat_interleave(torch.arange(len(symbols)), frames.durations.cpu())
+    cut = inner_silence(frames.frame_energy(), [symbols[t] for t in token_of.tolist()], keep)
+    if not cut:
+        return frames
+    dropped = set(cut)
+    kept = torch.tensor([i for i in range(frames.count) if i not in dropped], device=frames.asr.device)
+    kept2 = torch.stack([2 * kept, 2 * kept + 1], dim=1).reshape(-1)
+    durations = frames.durations - torch.bincount(token_of[cut], minlength=len(symbols)).to(frames.durations)
+    return Frames(asr=frames.asr[:, :, kept], f0=frames.f0[:, kept2], n=frames.n[:, kept2], style=frames.style, durations=durations)
 
 
 # --- windowed decoding: the first audio from the first frames (issue 11 item 2) ---------------

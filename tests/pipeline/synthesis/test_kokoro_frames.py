@@ -508,3 +508,91 @@ def test_prepare_decoder_with_a_folded_half_keeps_kokoro_s_excitation(tiny_engin
         folded = kokoro_frames.prepare_decoder(model, frames, half=FoldedFrameRateHalf(model))
     assert torch.equal(kokoro.source, folded.source) and folded.silent == kokoro.silent
     assert torch.allclose(kokoro.x, folded.x, atol=1e-4 * float(kokoro.x.abs().max()), rtol=0)
+
+
+# --- pauses inside a phrase (issue 11 item 7) ----------------------------------------------------
+
+LOUD, QUIET = 5.0, -8.0
+
+
+def test_a_long_silence_inside_a_phrase_is_cut_to_its_edges():
+    # "nine to": the 'n' holds 8 silent frames, then the space 2 more, then "to" sounds
+    energy = [LOUD] * 4 + [QUIET] * 10 + [LOUD] * 4
+    owners = ["I"] * 4 + ["n"] * 8 + [" "] * 2 + ["t"] * 4
+    cut = kokoro_frames.inner_silence(energy, owners, keep=3)
+    # the decay into it (2 frames) and the onset out of it (1) are kept, the 7 between cut
+    assert cut == list(range(6, 13))
+
+
+def test_a_closure_and_a_punctuated_pause_are_not_cut():
+    closure = [LOUD] * 4 + [QUIET] * 2 + [LOUD] * 4  # the 't' of "visit"
+    assert kokoro_frames.inner_silence(closure, ["ɪ"] * 4 + ["t"] * 2 + ["ə"] * 4, keep=3) == []
+    comma = [LOUD] * 4 + [QUIET] * 12 + [LOUD] * 4  # "nine, to": the text asks for that pause
+    owners = ["n"] * 6 + [","] * 6 + [" "] * 4 + ["t"] * 4
+    assert kokoro_frames.inner_silence(comma, owners, keep=3) == []
+
+
+def test_the_silence_before_and_after_the_sound_is_not_inner():
+    energy = [QUIET] * 10 + [LOUD] * 4 + [QUIET] * 12
+    assert kokoro_frames.inner_silence(energy, ["n"] * 26, keep=3) == []
+
+
+def test_inner_silence_leaves_no_unpunctuated_silence_longer_than_kept():
+    """Property: whatever the energy and punctuation, after the cut no run of silent frames
+    between two loud ones and owned by no punctuation is longer than ``keep``; only silent
+    frames are cut, and every loud frame stays."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    frame = st.tuples(st.sampled_from([LOUD, 0.0, -3.0, QUIET]), st.sampled_from(["a", "n", " ", ",", "."]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(frame, max_size=60), st.integers(0, 5))
+    def check(frames, keep):
+        energy = [e for e, _ in frames]
+        owners = [o for _, o in frames]
+        cut = set(kokoro_frames.inner_silence(energy, owners, keep))
+        assert all(energy[i] <= kokoro_frames.INNER_SILENCE_ENERGY for i in cut)
+        left = [(e, o) for i, (e, o) in enumerate(frames) if i not in cut]
+        run: list[str] = []
+        seen_loud = False
+        for e, o in left:
+            if e <= kokoro_frames.INNER_SILENCE_ENERGY:
+                run.append(o)
+                continue
+            if seen_loud and len(run) > keep:
+                assert any(p in kokoro_frames.PHRASE_PUNCTUATION for p in run), (frames, keep, cut)
+            seen_loud, run = True, []
+
+    check()
+
+
+def test_shortened_frames_stay_in_step_with_their_durations():
+    """`shorten_inner_silence` cuts the same frames from the text encoding, F0 and energy (two
+    values a frame), and from the durations of the tokens that owned them: word timings, taken
+    from the durations, follow the cut."""
+    import torch
+
+    durations = torch.tensor([2, 4, 8, 2, 4, 1])  # pad, "I", "n" (6 silent), " " (silent), "t", pad
+    symbols = ["", "I", "n", " ", "t", ""]
+    count = int(durations.sum())
+    energy = [QUIET] * 2 + [LOUD] * 4 + [LOUD] * 2 + [QUIET] * 6 + [QUIET] * 2 + [LOUD] * 4 + [QUIET]
+    frames = kokoro_frames.Frames(
+        asr=torch.arange(count, dtype=torch.float32).repeat(512, 1)[None],
+        f0=torch.arange(2 * count, dtype=torch.float32)[None],
+        n=torch.tensor(energy).repeat_interleave(2)[None],
+        style=torch.zeros(1, 128),
+        durations=durations,
+    )
+    short = kokoro_frames.shorten_inner_silence(frames, symbols, keep=3)
+    assert short.count == count - 5 == int(short.durations.sum())
+    # of the 8 silent frames, the "n"'s first 2 and the space's last 1 are kept
+    assert short.durations.tolist() == [2, 4, 4, 1, 4, 1]
+    kept = short.asr[0, 0].long().tolist()
+    assert kept == [*range(0, 10), *range(15, count)]
+    assert short.f0[0].long().tolist() == [v for i in kept for v in (2 * i, 2 * i + 1)]
+    assert short.frame_energy() == [energy[i] for i in kept]
+    # nothing to cut: the very same frames
+    assert kokoro_frames.shorten_inner_silence(frames, symbols, keep=8) is frames
+    with pytest.raises(ValueError, match="symbols"):
+        kokoro_frames.shorten_inner_silence(frames, symbols[:-1])
