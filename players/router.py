@@ -116,20 +116,22 @@ class OutFrame:
 
 
 class ClientChannel:
-    """A connected player: its bounded outbox and its per-connection state."""
+    """A connected player: its bounded outbox and its per-connection state. ``clock`` (monotonic
+    seconds, the router's) times the stall rule and the cancel rate limit."""
 
     def __init__(self, client_id: str, session_id: str, max_frames: int, stall_timeout_s: float, metrics: EdgeMetrics,
-                 cancel_bucket: TokenBucket | None = None):
+                 cancel_bucket: TokenBucket | None = None, clock: Callable[[], float] = time.monotonic):
         self.client_id, self.session_id = client_id, session_id
+        self.clock = clock
         # the client's cancels: a listen-only client cannot flood the bus (docs/edge.md, "Bounds")
-        self.cancel_bucket = cancel_bucket or TokenBucket(2.0, 5)
+        self.cancel_bucket = cancel_bucket or TokenBucket(2.0, 5, clock)
         self.max_frames, self.stall_timeout_s = max_frames, stall_timeout_s
         self.metrics = metrics
         self.outbox: deque[OutFrame] = deque()
         self.announced_turns: set[str] = set()
         self.skipped: set[tuple[str, int]] = set()
         self.closed: ClientClosed | None = None
-        self.last_progress = time.monotonic()
+        self.last_progress = clock()
         self.on_close: Callable[[], Any] | None = None  # the edge: interrupt a sender blocked on the socket
         # the edge (tracing on): told (frame, sent_at_us) once a sentence's first audio and timeline went out
         self.on_timeline_sent: Callable[[OutFrame, int], Any] | None = None
@@ -142,7 +144,7 @@ class ClientChannel:
         if frame.is_audio and (frame.turn_id, frame.sentence) in self.skipped:
             self.metrics.drops.labels("skipped-sentence").inc()
             return
-        if self.outbox and time.monotonic() - self.last_progress > self.stall_timeout_s:
+        if self.outbox and self.clock() - self.last_progress > self.stall_timeout_s:
             self.close(protocol.CLOSE_TOO_SLOW, f"client made no progress for {self.stall_timeout_s:g} s")
             return
         if len(self.outbox) >= self.max_frames:
@@ -153,7 +155,7 @@ class ClientChannel:
         if not self.outbox:
             # The stall clock runs only while frames wait: an idle client (nothing to send for
             # a while, e.g. between turns) has made no progress because none was possible.
-            self.last_progress = time.monotonic()
+            self.last_progress = self.clock()
         if front:
             self.outbox.appendleft(frame)
         else:
@@ -213,7 +215,7 @@ class ClientChannel:
                         self.on_timeline_sent(frame, sent_at_us)
             else:
                 await send_str(frame.payload)
-            self.last_progress = time.monotonic()
+            self.last_progress = self.clock()
 
 
 # A sentence whose last chunk was forwarded: every later copy of it is a duplicate.
@@ -264,7 +266,7 @@ class SessionRouter:
     It keeps state (turns, frames, replay) only for the sessions it *serves*: a client is attached
     now, or left less than `grace_s` ago (for a reconnect with resume). Chunks of any other
     session are counted and dropped without being framed. ``clock`` (monotonic seconds) is
-    injectable: the grace window and the cancel rate limit are tested without waiting.
+    injectable: the grace window, the stall rule and the cancel rate limit are tested without waiting.
     """
 
     def __init__(
@@ -363,7 +365,7 @@ class SessionRouter:
         self._idle.pop(session_id, None)
         channel = ClientChannel(
             f"c{next(self._client_ids)}", session_id, self.client_queue_frames, self.stall_timeout_s, self.metrics,
-            cancel_bucket=TokenBucket(self.cancel_rate_per_s, self.cancel_burst, self.clock),
+            cancel_bucket=TokenBucket(self.cancel_rate_per_s, self.cancel_burst, self.clock), clock=self.clock,
         )
         session.clients[channel.client_id] = channel
         self.n_clients += 1

@@ -1,7 +1,5 @@
 """The pure routing core (players.router) without sockets."""
 
-import time
-
 import pytest
 
 from players.router import SessionRouter, UnroutableChunk
@@ -11,9 +9,10 @@ from players.tone import tone_turn
 def test_an_idle_client_is_not_taken_for_a_stalled_one():
     # A player that waited longer than the stall timeout for its first audio (a slow model, a
     # long retrieval) made no progress because there was nothing to send: it must not be cut off.
-    router = SessionRouter(stall_timeout_s=0.05)
+    clock = FakeClock()
+    router = SessionRouter(stall_timeout_s=10.0, clock=clock)
     channel = router.connect("s1")
-    time.sleep(0.1)
+    clock.now += 60
     for chunk in tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3):
         router.route(chunk)
     assert channel.closed is None
@@ -21,12 +20,16 @@ def test_an_idle_client_is_not_taken_for_a_stalled_one():
 
 
 def test_a_client_that_stops_reading_while_frames_wait_is_closed():
-    router = SessionRouter(stall_timeout_s=0.05)
+    clock = FakeClock()
+    router = SessionRouter(stall_timeout_s=10.0, clock=clock)
     channel = router.connect("s1")
     chunks = tone_turn("s1", "t1", sentences=2, chunks_per_sentence=3)
     router.route(chunks[0])
-    time.sleep(0.1)  # frames wait, nobody sends them
-    for chunk in chunks[1:]:
+    clock.now += 9.9  # frames wait, nobody sends them: not yet a stall
+    router.route(chunks[1])
+    assert channel.closed is None
+    clock.now += 0.2
+    for chunk in chunks[2:]:
         router.route(chunk)
     assert channel.closed is not None and channel.closed.code == 4429
 
@@ -46,7 +49,7 @@ def test_a_chunk_that_is_not_whole_pcm16_samples_is_rejected_and_not_counted():
 
 
 class FakeClock:
-    """Monotonic seconds the test moves by hand (the grace window, the cancel bucket)."""
+    """Monotonic seconds the test moves by hand (the grace window, the stall rule, the cancel bucket)."""
 
     def __init__(self) -> None:
         self.now = 1000.0
