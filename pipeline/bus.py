@@ -111,6 +111,38 @@ async def seek_to_beginning_quietly(consumer: AIOKafkaConsumer, tps: list) -> di
     return ends
 
 
+async def read_to_end(settings: Settings, topics: Iterable[str]) -> list:
+    """Every record now on `topics`, from the beginning to the end offsets they had when asked, in
+    order per partition (aiokafka ``ConsumerRecord``s, undecoded). A topic that does not exist
+    is skipped. One fetch is not enough for this: it returns what one fetch response carried, not
+    every partition to its end."""
+    from aiokafka.structs import TopicPartition
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [t for t in topics if t in existing]
+        described = await admin.describe_topics(wanted) if wanted else []
+    finally:
+        await admin.close()
+    tps = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d.get("partitions", ())]
+    if not tps:
+        return []
+    out: list = []
+    consumer = make_consumer(settings, auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        ends = await seek_to_beginning_quietly(consumer, tps)
+        while behind := [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for tp, records in (await consumer.getmany(*behind, timeout_ms=500)).items():
+                out.extend(r for r in records if r.offset < ends[tp])
+    finally:
+        await consumer.stop()
+    return out
+
+
 # How long a stopping stage waits for each Kafka farewell (leave the group, a last record, flush
 # the producer) before it gives up on it: with no broker reachable each of them would otherwise
 # retry for minutes, and a SIGTERMed process kept running (bench chaos left an orphaned edge).

@@ -39,43 +39,12 @@ MAX_TOKENS = 96
 async def read_topics(settings: Settings, topics: list[str]) -> list[tuple[str, str, dict]]:
     """Every record now on `topics` (from the beginning to the current end), decoded:
     (topic, message type, value). Topics that do not exist are skipped."""
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.structs import TopicPartition
-
-    from pipeline.bus import make_consumer
+    from pipeline.bus import read_to_end
     from pipeline.codecs import Codec
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        wanted = [t for t in topics if t in existing]
-        described = await admin.describe_topics(wanted) if wanted else []
-    finally:
-        await admin.close()
-    tps = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d.get("partitions", ())]
-    out: list[tuple[str, str, dict]] = []
-    if not tps:
-        return out
     codec = Codec()
-    consumer = make_consumer(settings, auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        async def behind() -> bool:
-            return any([await consumer.position(tp) < ends[tp] for tp in tps])
-
-        while await behind():
-            for tp, records in (await consumer.getmany(*tps, timeout_ms=500)).items():
-                for record in records:
-                    if record.offset < ends[tp]:
-                        decoded = codec.decode(record.value)
-                        out.append((tp.topic, decoded.type, decoded.value))
-    finally:
-        await consumer.stop()
-    return out
+    return [(r.topic, (decoded := codec.decode(r.value)).type, decoded.value)
+            for r in await read_to_end(settings, topics)]
 
 
 async def turn_release_latencies(settings: Settings, agent_id: str) -> dict[tuple[str, str], list[float]]:

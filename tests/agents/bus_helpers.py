@@ -9,6 +9,7 @@ from typing import Callable
 
 from pipeline.bus import ensure_topics, make_consumer
 from pipeline.codecs import Codec
+from tests.waiting import WaitTimeout, eventually
 
 
 @dataclass
@@ -57,11 +58,11 @@ class TopicReader:
                     self.received.append(Received(tp.topic, m.key, decoded.type, decoded.value, now))
 
     async def wait_for(self, done: Callable[[list[Received]], bool], timeout_s: float = 20.0) -> list[Received]:
-        deadline = time.monotonic() + timeout_s
-        while not done(self.received):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s; got {len(self.received)} records")
-            await asyncio.sleep(0.02)
+        try:
+            await eventually(lambda: done(self.received), timeout_s=timeout_s, interval_s=0.02,
+                             what=f"records on {', '.join(self.topics)}")
+        except WaitTimeout as e:
+            raise WaitTimeout(f"{e}; got {len(self.received)} records") from None
         return list(self.received)
 
 

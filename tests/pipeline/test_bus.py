@@ -11,10 +11,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.bus import TopicCreationError, decoded_records, ensure_topics, make_consumer, make_producer, publish
+from pipeline.bus import (TopicCreationError, decoded_records, ensure_topics, make_consumer, make_producer, publish,
+                          read_to_end)
 from pipeline.codecs import MAGIC, Codec
 from pipeline.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
                              text_topic, text_topic_pattern)
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -59,14 +61,11 @@ async def topic_config(settings, topic: str) -> dict[str, str]:
     await admin.start()
     try:
         async def described():
-            while True:
-                (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-                (resource,) = response.resources
-                if resource[0] != 3:  # UNKNOWN_TOPIC_OR_PARTITION
-                    return resource
-                await asyncio.sleep(0.1)
+            (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            (resource,) = response.resources
+            return resource if resource[0] != 3 else None  # 3: UNKNOWN_TOPIC_OR_PARTITION
 
-        resource = await asyncio.wait_for(described(), 30)
+        resource = await eventually(described, timeout_s=30, interval_s=0.1, what=f"{topic} in the broker's metadata")
     finally:
         await admin.close()
     assert resource[0] == 0, resource[1]
@@ -137,6 +136,22 @@ async def test_content_and_per_key_order_survive_the_round_trip(make_settings):
         assert received[s] == sent[s]  # same content, same order
         assert len(partition_of[s]) == 1  # one session, one partition
     assert len(set().union(*partition_of.values())) > 1  # sessions did spread over partitions
+
+
+async def test_read_to_end_reads_every_partition_to_its_end(make_settings):
+    settings = make_settings(partitions=3, max_message_bytes=64 * 1024)
+    topic = text_topic(settings, "a1")
+    await ensure_topics(settings, [topic])
+    value = b"x" * 16 * 1024  # 4 records fill one partition's fetch: the read needs many fetches
+    async with make_producer(settings) as producer:
+        for i in range(60):
+            await producer.send_and_wait(topic, value + str(i).encode(), key=f"s{i % 6}".encode())
+    records = await read_to_end(settings, [topic, "no-such-topic"])
+    assert sorted(r.value[len(value):] for r in records) == sorted(str(i).encode() for i in range(60))
+    per_partition: dict[int, list[int]] = {}
+    for r in records:
+        per_partition.setdefault(r.partition, []).append(r.offset)
+    assert len(per_partition) > 1 and all(offsets == list(range(len(offsets))) for offsets in per_partition.values())
 
 
 async def test_two_consumers_in_a_group_split_partitions_and_one_takes_over(make_settings):

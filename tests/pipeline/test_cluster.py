@@ -19,6 +19,7 @@ from pipeline.broker import (CLUSTER_MANIFEST, BrokerError, LocalCluster, Partit
 from pipeline.bus import ensure_topics, make_consumer, make_producer
 from pipeline.settings import Settings
 from tests.processes import kafka_pids_under
+from tests.waiting import eventually
 
 
 # --- pure ------------------------------------------------------------------------------------------
@@ -95,17 +96,6 @@ def test_leaderships_are_grouped_by_node_and_described():
 # --- the session's 3-node cluster -------------------------------------------------------------------
 
 
-async def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await asyncio.to_thread(predicate)
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 @pytest.mark.kafka
 @pytest.mark.timeout(300)
 async def test_topics_on_the_cluster_are_replicated_3_times_and_every_node_leads_some(
@@ -157,7 +147,8 @@ async def test_a_sigkilled_leader_hands_over_and_acks_all_writes_go_on(kafka_clu
             p0 = m.partitions_of(topic)[0]
             return p0.leader not in (leader, -1) and leader not in p0.isr and m
 
-        metadata = await _wait_for(moved, 60, f"partition 0's leadership to leave node {leader}")
+        metadata = await eventually(lambda: asyncio.to_thread(moved), timeout_s=60, interval_s=0.2,
+                                    what=f"partition 0's leadership to leave node {leader}")
         handover_s = time.monotonic() - killed_at
         assert leader not in metadata.brokers  # fenced
         status = await asyncio.to_thread(kafka_cluster.status)

@@ -12,11 +12,12 @@ import pytest
 
 from agents.sdk import Publisher
 from pipeline.daemon import free_port
-from pipeline.bus import make_consumer
+from pipeline.bus import read_to_end
 from pipeline.codecs import Codec
 from pipeline.runtime import PipelineStack
 from pipeline.synthesis.engine import SynthesisEngine
 from players.listener import Listener
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -66,9 +67,8 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
             # 50 ms a token: the last sentence ends ~2 s in, well after the cancel has reached
             # the gate and the worker even on a loaded machine
             speaking = asyncio.create_task(_speak(stack.settings, "s-cancel", "t1", pieces, token_s=0.05))
-            async with asyncio.timeout(240):
-                while not ("t1" in listener.turns and listener.turns["t1"].frames):
-                    await asyncio.sleep(0.01)
+            await eventually(lambda: "t1" in listener.turns and listener.turns["t1"].frames, timeout_s=240,
+                             interval_s=0.01, what="the turn's first audio at the listener")
             await listener.cancel("t1")
             await speaking
             await asyncio.sleep(3.0)  # anything still in the pipeline would arrive by now
@@ -77,13 +77,7 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
             seen = [o for o in worker.cancel_log if o.session_id == "s-cancel"]
 
             # everything the worker published for that turn, read back from the audio topic
-            consumer = make_consumer(stack.settings, stack.settings.audio_topic, group_id=None,
-                                     auto_offset_reset="earliest")
-            await consumer.start()
-            try:
-                records = await consumer.getmany(timeout_ms=3000)
-            finally:
-                await consumer.stop()
+            records = await read_to_end(stack.settings, [stack.settings.audio_topic])
 
     assert turn.stopped, "the edge told the player to stop"
     # Frames already on the wire when the cancel left may still arrive (the player discards
@@ -91,7 +85,7 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
     assert turn.frames_after_stop == 0, f"the edge sent audio after its stop ({len(turn.discarded)} discarded in all)"
     assert seen, "the worker saw the cancel on the control topic"
     codec = Codec()
-    chunks = [codec.decode(r.value).value for rs in records.values() for r in rs]
+    chunks = [codec.decode(r.value).value for r in records]
     mine = [c for c in chunks if c["session_id"] == "s-cancel"]
     assert mine, "some audio was published before the cancel"
     assert max(c["published_at_us"] for c in mine) <= seen[0].seen_at_us + 5_000
@@ -126,18 +120,11 @@ async def test_a_retracted_tentative_sentence_never_reaches_a_player(make_settin
                     await turn.token(" today.")
             heard = await listener.wait_turn_end("t1", timeout=240)
 
-            consumer = make_consumer(stack.settings, stack.settings.audio_topic, group_id=None,
-                                     auto_offset_reset="earliest")
-            await consumer.start()
-            try:
-                records = await consumer.getmany(timeout_ms=3000)
-            finally:
-                await consumer.stop()
+            records = await read_to_end(stack.settings, [stack.settings.audio_topic])
 
     assert sorted({sentence for _, sentence, _, _ in heard.frames}) == [0]
     codec = Codec()
-    mine = [c for rs in records.values() for r in rs
-            if (c := codec.decode(r.value).value)["session_id"] == "s-spec"]
+    mine = [c for r in records if (c := codec.decode(r.value).value)["session_id"] == "s-spec"]
     assert mine and all(c["sentence_seq"] == 0 for c in mine)
     # every chunk published is the replacement's: none carries the tentative job's stamps
     assert all(c["request_received_at_us"] > tentative_job.received_at_us for c in mine)

@@ -147,9 +147,7 @@ async def test_ping_pong_and_playback_reports_are_recorded():
             app[ROUTER_KEY].route(chunk)
         await ws.send_str(json.dumps({"type": "report", "v": 1, "kind": "AUDIBLE_START", "turn_id": "t1",
                                       "sentence_seq": 0, "audible_at_us": int(time.time() * 1e6)}))
-        async with asyncio.timeout(5):
-            while not app[REPORTS_KEY]:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: app[REPORTS_KEY], timeout_s=5, interval_s=0.01, what="the report reached the edge")
         report = app[REPORTS_KEY][-1]
         assert report["kind"] == "AUDIBLE_START" and report["client_id"] == ready["client_id"]
         metrics = (await (await client.get("/metrics")).text())
@@ -195,11 +193,10 @@ async def test_stuck_client_memory_stays_flat_and_it_is_disconnected():
         assert growth_after_warmup < 1024 * 1024, sizes  # flat, while 14 MB of audio went by
         assert router.metrics.drops.labels("slow-client")._value.get() > 0
         assert channel_of_stuck.closed and channel_of_stuck.closed.code == protocol.CLOSE_TOO_SLOW
-        async with asyncio.timeout(10):
-            while len(app[CLIENTS_KEY]) > 1:  # the stuck socket was closed (or aborted) by the edge
-                await asyncio.sleep(0.05)
-            while received < routed:  # the other listener of the session got everything
-                await asyncio.sleep(0.05)
+        await eventually(lambda: len(app[CLIENTS_KEY]) <= 1, timeout_s=10,
+                         what="the stuck socket closed (or aborted) by the edge")
+        await eventually(lambda: received >= routed, timeout_s=10,
+                         what="the session's other listener got everything")
         reader.cancel()
 
 

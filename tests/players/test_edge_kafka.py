@@ -60,11 +60,12 @@ async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings
         assert of_type(got, "turn_start")[0]["turn_id"] == "tb" and len(audio(got)) == 3
         timeline = of_type(got, "timeline")[0]
         assert timeline["published_at_us"] <= timeline["edge_received_at_us"] <= timeline["sent_at_us"]
-        metrics = await (await client.get("/metrics")).text()
-        async with asyncio.timeout(15):  # the bad record, published last, is dead-lettered; the edge carries on
-            while "voicebus_edge_bad_records_total 2.0" not in metrics:
-                await asyncio.sleep(0.1)
-                metrics = await (await client.get("/metrics")).text()
+        async def metrics_after_bad_records():
+            text = await (await client.get("/metrics")).text()
+            return text if "voicebus_edge_bad_records_total 2.0" in text else None
+        # the bad record, published last, is dead-lettered; the edge carries on
+        metrics = await eventually(metrics_after_bad_records, timeout_s=15, interval_s=0.1,
+                                   what="both bad records counted")
         # one sample per accepted sentence start (ta: 2, tb: 1); the rejected odd chunk adds none
         assert 'voicebus_stage_latency_seconds_count{stage="bus_to_edge"} 3.0' in metrics
         assert (await (await client.get("/healthz")).json())["kafka"] == "ready"

@@ -14,11 +14,12 @@ import pytest
 
 from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
 from pipeline.codecs import Codec
-from pipeline.gate.app import READY_LINE, start_gate_subprocess
+from pipeline.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess
 from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
 from pipeline.topics import text_topic
 from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
+from tests.waiting import WaitTimeout, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -136,6 +137,22 @@ def by_session(requests):
     return out
 
 
+def changelog_holds_a_release(sessions):
+    """A `collect` condition on the gate's changelog: each session's latest state has released a
+    sentence, and its partition's text positions were written after it (what a restart reads)."""
+    def done(records) -> bool:
+        state_at: dict[str, tuple[int, int]] = {}
+        positions_at: dict[int, int] = {}
+        for r in records:
+            if r.key == POSITIONS_KEY:
+                positions_at[r.partition] = r.offset
+            elif r.value is not None and any(t.get("next_seq", 0) >= 1
+                                             for t in json.loads(r.value).get("turns", {}).values()):
+                state_at[r.key.decode()] = (r.partition, r.offset)
+        return all(s in state_at and positions_at.get(state_at[s][0], -1) > state_at[s][1] for s in sessions)
+    return done
+
+
 def ended_sessions(n):
     return lambda got: sum(r["is_last_in_turn"] for r in got) >= n
 
@@ -232,7 +249,10 @@ async def test_worker_killed_mid_turn_restarts_without_gap_or_repeat(make_settin
     await send_all(settings, [("llm", ev) for s in turns for ev in first_half[s]])
     got = await collect(settings, lambda got: len(got) >= len(turns), timeout=60)
     assert sorted(r["text"] for r in got) == ["First sentence is here."] * len(turns)
-    time.sleep(1.5)  # (kept from the faust version: the changelog write follows the acks at once now)
+    # The requests are acked before the state that released them is written: kill only once that
+    # write is in the changelog, or the restart would (rightly) release sentence 0 again.
+    written = changelog_holds_a_release(turns)
+    assert written(await collect(settings, written, timeout=30, topic=settings.gate_changelog_topic))
     first.proc.kill()
     first.proc.wait(10)
 
@@ -245,16 +265,14 @@ async def test_worker_killed_mid_turn_restarts_without_gap_or_repeat(make_settin
     # The group rebalances more than once here (the killed worker stays a member until its
     # session times out), so compare the two workers' *latest* assignments, not one of each
     # from different generations: a split means both hold text partitions and none twice.
-    deadline = time.monotonic() + 90
-    while True:
+    def split():
         a2, a3 = text_parts(second.latest_assignment()), text_parts(third.latest_assignment())
-        if a2 and a3 and not a2 & a3 and len(a2 | a3) == PARTITIONS:
-            break
-        assert time.monotonic() < deadline, (
-            f"no split of the text partitions: second {a2}, third {a3}; stderr of the second: "
-            f"{open(second.stderr.name).read()[-2000:]}"
-        )
-        time.sleep(0.2)
+        return a2 and a3 and not a2 & a3 and len(a2 | a3) == PARTITIONS
+    try:
+        await eventually(split, timeout_s=90, interval_s=0.2, what="the text partitions split between two workers")
+    except WaitTimeout as e:
+        raise WaitTimeout(f"{e}: second {second.assigned}, third {third.assigned}; stderr of the second: "
+                          f"{open(second.stderr.name).read()[-2000:]}") from None
 
     await send_all(settings, [("llm", ev) for s in turns for ev in second_half[s]])
     got = await collect(settings, ended_sessions(len(turns)), timeout=90)

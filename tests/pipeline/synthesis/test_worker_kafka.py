@@ -16,10 +16,11 @@ import aiohttp
 import pytest
 
 from pipeline.daemon import free_port
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
+from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
 from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.synthesis.worker import SynthesisWorker
+from tests.waiting import WaitTimeout, eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -105,11 +106,16 @@ class Bus:
         return [c for c in self.chunks if c["session_id"] == session and (turn is None or c["turn_id"] == turn)]
 
     async def wait_for(self, condition, timeout=WAIT_S, what="condition"):
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not condition():
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; {len(self.chunks)} chunks so far")
-            await asyncio.sleep(0.05)
+        try:
+            await eventually(condition, timeout_s=timeout, what=what)
+        except WaitTimeout as e:
+            raise WaitTimeout(f"{e}; {len(self.chunks)} chunks so far") from None
+
+
+async def _all_committed(worker) -> dict | None:
+    """The worker's commit state once every assigned partition is committed to its end, else None."""
+    commits = await worker.commit_state()
+    return commits if all(committed == end for committed, end in commits.values()) else None
 
 
 def turn_done(bus, session, turn):
@@ -144,8 +150,9 @@ async def test_requests_in_chunks_out_in_order_per_session(make_settings, engine
             await bus.requests(turn_requests("early", "later", SENTENCES[3:4]))
             for session, turn in [("s1", "t1"), ("s2", "t1"), ("early", "later")]:
                 await bus.wait_for(turn_done(bus, session, turn), what=f"{session}/{turn}")
-            await asyncio.sleep(0.5)  # let the commits land
-            commits = await worker.commit_state()
+            # the commit task commits what is settled on its own interval: wait for it to land
+            commits = await eventually(
+                lambda: _all_committed(worker), what="every settled request committed")
             async with aiohttp.ClientSession() as http:
                 async with http.get(f"http://{settings.edge_host}:{metrics_port}/metrics") as response:
                     metrics_text = await response.text()
@@ -176,13 +183,8 @@ async def test_requests_in_chunks_out_in_order_per_session(make_settings, engine
         assert len(marker) == 1 and marker[0]["pcm"] == b"" and marker[0]["is_last_in_turn"]
         assert len(commits) == 2
         assert all(committed == end for committed, end in commits.values()), f"all settled requests committed: {commits}"
-        deadletter = make_consumer(settings, settings.deadletter_topic, group_id=None, auto_offset_reset="earliest")
-        await deadletter.start()
-        try:
-            batch = await deadletter.getmany(timeout_ms=5000)
-        finally:
-            await deadletter.stop()
-        assert [r.value for rs in batch.values() for r in rs] == [b"not avro"]
+        dead = await eventually(lambda: read_to_end(settings, [settings.deadletter_topic]), what="the dead letter")
+        assert [r.value for r in dead] == [b"not avro"]
 
 
 async def test_cancel_purges_queued_and_in_flight_work(make_settings, engine):

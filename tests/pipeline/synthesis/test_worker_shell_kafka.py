@@ -16,7 +16,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from fastavro import parse_schema, schemaless_writer
 
 import schemas
-from pipeline.bus import make_consumer
+from pipeline.bus import read_to_end
 from pipeline.codecs import MAGIC, Codec
 from pipeline.synthesis.worker import SynthesisWorker
 from tests.pipeline.synthesis.test_worker_kafka import (
@@ -137,13 +137,7 @@ async def test_a_sentence_the_engine_cannot_speak_still_ends_its_sentence_and_tu
         [end_of_t1] = [c for c in bus.of("s1", "t1") if c["is_last_in_turn"]]
         assert end_of_t1["sentence_seq"] == 2 and end_of_t1["end_reason"] == ""
         assert bus.of("bad") == []
-        deadletter = make_consumer(settings, settings.deadletter_topic, group_id=None, auto_offset_reset="earliest")
-        await deadletter.start()
-        try:
-            batch = await deadletter.getmany(timeout_ms=5000)
-        finally:
-            await deadletter.stop()
-        [dead] = [r for rs in batch.values() for r in rs]
+        [dead] = await eventually(lambda: read_to_end(settings, [settings.deadletter_topic]), what="the dead letter")
         headers = dict(dead.headers)
         assert headers["voicebus.error.reason"] == b"contract-violation"
         assert headers["voicebus.error.stage"] == b"worker"
