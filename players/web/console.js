@@ -4,10 +4,11 @@
 // build step, no dependencies. The console key comes from the URL fragment (#k=...), which never
 // reaches a server log; it goes to the edge only in a request header.
 
-const PROTOCOL_VERSION = 1;
-const HEADER_BYTES = 20;
-const FLAG_LAST_IN_TURN = 0x02;
-const JITTER_MS = 60;
+import {
+  EdgeClock, ENCODING_PCM16LE, FLAG_LAST_IN_TURN, PROTOCOL_VERSION, parseAudioFrame, pcm16Samples,
+  startAudio as startWorklet, waveView,
+} from "./edge-client.js";
+
 const PLAY_TIMEOUT_MS = 180000;
 const KEY_HEADER = "X-Voicebus-Console-Key";
 // [timeline field that ends the segment, css colour, name]; each segment starts where the previous ended.
@@ -29,7 +30,7 @@ const con = (window.voicebusConsole = {
   session: null,
   token: null,
   conversations: [],
-  clock: { offsetUs: 0, rttUs: Infinity, samples: 0 },
+  clock: new EdgeClock(), // the edge's clock
   turns: new Map(), // edge turn number -> turn (see newTurn)
   turnIds: new Map(), // turn id -> edge turn number
   expected: new Map(), // turn id -> {mode, play} for turns this page published
@@ -65,42 +66,17 @@ async function api(path, body = {}) {
   return data;
 }
 
-// --- clock: NTP-like, keep the exchange with the smallest round trip ----------------------------
-const clientNowUs = () => (performance.timeOrigin + performance.now()) * 1000;
-const serverNowUs = () => clientNowUs() + con.clock.offsetUs;
-
 function send(type, fields = {}) {
   if (con.ws && con.ws.readyState === WebSocket.OPEN) con.ws.send(JSON.stringify({ type, v: PROTOCOL_VERSION, ...fields }));
 }
 
-function onPong(msg) {
-  const t1 = performance.now();
-  const rttUs = (t1 - msg.t0) * 1000;
-  con.clock.samples += 1;
-  if (rttUs <= con.clock.rttUs) {
-    con.clock.rttUs = rttUs;
-    con.clock.offsetUs = msg.server_time_us - (performance.timeOrigin + (msg.t0 + t1) / 2) * 1000;
-  }
-}
-
-// --- audio ----------------------------------------------------------------------------------------
+// --- audio (edge-client.js: the worklet, the edge's clock) -----------------------------------------
 async function startAudio() {
-  const ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" });
-  await ctx.audioWorklet.addModule("/web/worklet.js");
-  const node = new AudioWorkletNode(ctx, "voicebus-player", {
-    numberOfInputs: 0, outputChannelCount: [1], processorOptions: { jitterMs: JITTER_MS },
-  });
-  node.connect(ctx.destination);
-  node.port.onmessage = (e) => onWorklet(e.data);
-  await ctx.resume();
-  con.ctx = ctx;
-  con.node = node;
+  Object.assign(con, await startWorklet(onWorklet));
 }
 
 function contextTimeToServerUs(contextTime) {
-  const ts = con.ctx.getOutputTimestamp();
-  const perfMs = ts.performanceTime + (contextTime - ts.contextTime) * 1000;
-  return Math.round((performance.timeOrigin + perfMs) * 1000 + con.clock.offsetUs);
+  return con.clock.contextTimeToServerUs(con.ctx, contextTime);
 }
 
 function report(kind, turn, sentence, atUs) {
@@ -136,14 +112,11 @@ function onWorklet(msg) {
 }
 
 function onAudio(buffer) {
-  const view = new DataView(buffer);
-  if (view.getUint8(0) !== 1 || view.getUint8(1) !== PROTOCOL_VERSION) return;
-  if (view.getUint8(3) !== 1) return; // the console plays PCM16 only; Opus: the web player (docs/protocol.md)
-  const flags = view.getUint8(2);
-  const number = view.getUint32(4, true), sentence = view.getUint32(8, true);
-  const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
-  const samples = new Float32Array(pcm.length);
-  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
+  const frame = parseAudioFrame(buffer);
+  // the console plays PCM16 only; Opus: the web player (docs/protocol.md)
+  if (!frame || frame.encoding !== ENCODING_PCM16LE) return;
+  const { flags, turn: number, sentence } = frame;
+  const samples = pcm16Samples(buffer);
   const turn = con.turns.get(number);
   if (turn) {
     const s = sentenceOf(turn, sentence);
@@ -209,12 +182,12 @@ function onControl(msg) {
   switch (msg.type) {
     case "ready":
       con.state = "ready";
-      con.clock.offsetUs = msg.server_time_us - clientNowUs();
+      con.clock.onReady(msg.server_time_us);
       for (let i = 0; i < 5; i++) setTimeout(() => send("ping", { t0: performance.now() }), 100 * i);
       con.onReady && con.onReady();
       break;
     case "pong":
-      onPong(msg);
+      con.clock.onPong(msg);
       break;
     case "turn_start":
       con.turns.set(msg.turn, newTurn(msg.turn, msg.turn_id));
@@ -352,7 +325,7 @@ async function bargeIn() {
   const play = con.plays.find((p) => !p.done);
   const cur = con.current && con.turns.get(con.current.turn);
   const turn = cur || (play && [...play.turnIds].reverse().map((id) => con.turns.get(con.turnIds.get(id))).find((t) => t && !t.done));
-  const nowUs = Math.round(serverNowUs());
+  const nowUs = Math.round(con.clock.serverNowUs());
   con.node.port.postMessage({ type: "stop", turn: turn ? turn.number : null }); // silence now, locally
   if (turn) {
     turn.bargedAtUs = nowUs;
@@ -409,23 +382,7 @@ function markDropped() {
   for (const token of spokenTokens) if (token.el.className === "pending") token.el.className = "dropped";
 }
 
-const waveHistory = [];
-function drawWave(pairs) {
-  const canvas = $("wave");
-  for (let i = 0; i < pairs.length; i += 2) waveHistory.push([pairs[i], pairs[i + 1]]);
-  while (waveHistory.length > canvas.width) waveHistory.shift();
-  const g = canvas.getContext("2d");
-  g.fillStyle = "#111";
-  g.fillRect(0, 0, canvas.width, canvas.height);
-  g.strokeStyle = "#4c8";
-  g.beginPath();
-  const mid = canvas.height / 2;
-  waveHistory.forEach(([lo, hi], x) => {
-    g.moveTo(x + 0.5, mid - hi * mid);
-    g.lineTo(x + 0.5, mid - lo * mid + 1);
-  });
-  g.stroke();
-}
+const drawWave = waveView($("wave"));
 
 function renderResults() {
   const values = [con.results.buffered, con.results.incremental];

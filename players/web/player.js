@@ -4,11 +4,10 @@
 // into what the listener heard). Live captions highlight the word being rendered, driven by the
 // worklet's rendered position. No build step, no dependencies.
 
-const PROTOCOL_VERSION = 1;
-const HEADER_BYTES = 20;
-const FLAG_LAST_IN_TURN = 0x02;
-const ENCODING_OPUS = 2;
-const JITTER_MS = 60;
+import {
+  EdgeClock, ENCODING_OPUS, FLAG_LAST_IN_TURN, HEADER_BYTES, PROTOCOL_VERSION, parseAudioFrame, pcm16Samples,
+  startAudio as startWorklet, waveView,
+} from "./edge-client.js";
 
 const $ = (id) => document.getElementById(id);
 // The page URL is /#session=S&token=T: a fragment never reaches a server (no access log, proxy or
@@ -23,7 +22,7 @@ const tokenInQuery = query.has("token");
 const player = (window.voicebusPlayer = {
   state: "idle",
   clientId: null,
-  clock: { offsetUs: 0, rttUs: Infinity, samples: 0 },
+  clock: new EdgeClock(), // the connected edge's clock
   turns: new Map(), // page turn number -> {turnId, timeline: {...}, audibleAtUs, words: Map(sentence -> [{text, start, end}])}
   turnIds: new Map(), // turn id -> page turn number (the same turn keeps its number across edges)
   connTurns: new Map(), // this connection's turn number -> page turn number (each edge numbers its own)
@@ -56,57 +55,24 @@ if (tokenInQuery && !fragment.get("token")) {
     "Open the player with #session=S&token=T (voicebus token prints that URL) or paste the token above.");
 }
 
-function clientNowUs() {
-  return (performance.timeOrigin + performance.now()) * 1000;
-}
-
-function serverNowUs() {
-  return clientNowUs() + player.clock.offsetUs;
-}
-
 function send(type, fields = {}) {
   if (player.ws && player.ws.readyState === WebSocket.OPEN) {
     player.ws.send(JSON.stringify({ type, v: PROTOCOL_VERSION, ...fields }));
   }
 }
 
-// --- clock sync: NTP-like, keep the exchange with the smallest round trip ---------------------
+// --- clock sync (edge-client.js: EdgeClock) ---------------------------------------------------
 function ping() {
   send("ping", { t0: performance.now() });
 }
 
-function onPong(msg) {
-  const t1 = performance.now();
-  const rttUs = (t1 - msg.t0) * 1000;
-  const midClientUs = (performance.timeOrigin + (msg.t0 + t1) / 2) * 1000;
-  player.clock.samples += 1;
-  if (rttUs <= player.clock.rttUs) {
-    player.clock.rttUs = rttUs;
-    player.clock.offsetUs = msg.server_time_us - midClientUs;
-  }
-}
-
 // --- audio --------------------------------------------------------------------------------
 async function startAudio() {
-  const ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" });
-  await ctx.audioWorklet.addModule("/web/worklet.js");
-  const node = new AudioWorkletNode(ctx, "voicebus-player", {
-    numberOfInputs: 0,
-    outputChannelCount: [1],
-    processorOptions: { jitterMs: JITTER_MS },
-  });
-  node.connect(ctx.destination);
-  node.port.onmessage = (e) => onWorklet(e.data);
-  await ctx.resume();
-  player.ctx = ctx;
-  player.node = node;
+  Object.assign(player, await startWorklet(onWorklet));
 }
 
-// A context time (seconds) of a rendered sample -> server-clock epoch microseconds.
 function contextTimeToServerUs(contextTime) {
-  const ts = player.ctx.getOutputTimestamp();
-  const perfMs = ts.performanceTime + (contextTime - ts.contextTime) * 1000;
-  return (performance.timeOrigin + perfMs) * 1000 + player.clock.offsetUs;
+  return player.clock.contextTimeToServerUs(player.ctx, contextTime);
 }
 
 function onWorklet(msg) {
@@ -119,17 +85,17 @@ function onWorklet(msg) {
   } else if (msg.type === "position" && turn) {
     showCaption(turn, msg);
   } else if (msg.type === "audible" && turn) {
-    turn.audibleAtUs = Math.round(contextTimeToServerUs(msg.time));
+    turn.audibleAtUs = contextTimeToServerUs(msg.time);
     report("AUDIBLE_START", turn, msg.sentence, turn.audibleAtUs);
     renderTimeline();
   } else if (msg.type === "ended" && turn) {
-    report("PLAYBACK_END", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)), msg.rendered);
+    report("PLAYBACK_END", turn, 0, contextTimeToServerUs(msg.frame / player.ctx.sampleRate), msg.rendered);
     player.current = null;
     player.lastFinished = turn.turnId;
   } else if (msg.type === "underrun" && turn) {
-    report("UNDERRUN", turn, msg.sentence, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)));
+    report("UNDERRUN", turn, msg.sentence, contextTimeToServerUs(msg.frame / player.ctx.sampleRate));
   } else if (msg.type === "stopped" && turn) {
-    report("STOPPED", turn, 0, Math.round(contextTimeToServerUs(msg.frame / player.ctx.sampleRate)), msg.rendered);
+    report("STOPPED", turn, 0, contextTimeToServerUs(msg.frame / player.ctx.sampleRate), msg.rendered);
     player.lastFinished = turn.turnId;
   }
 }
@@ -152,10 +118,9 @@ function pageTurn(connTurn) {
 }
 
 function onAudio(buffer) {
-  const view = new DataView(buffer);
-  const type = view.getUint8(0), version = view.getUint8(1), flags = view.getUint8(2);
-  if (type !== 1 || version !== PROTOCOL_VERSION) return;
-  const turn = pageTurn(view.getUint32(4, true)), sentence = view.getUint32(8, true), chunk = view.getUint32(12, true);
+  const frame = parseAudioFrame(buffer);
+  if (!frame) return;
+  const turn = pageTurn(frame.turn), { sentence, chunk, flags } = frame;
   const t = player.turns.get(turn);
   if (t) {
     // A resume replays from the start of the sentence being played: keep only what did not come yet.
@@ -172,10 +137,8 @@ function onAudio(buffer) {
     }
     got.add(key);
   }
-  if (view.getUint8(3) === ENCODING_OPUS) return onOpus(view, turn, sentence, flags);
-  const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
-  const samples = new Float32Array(pcm.length);
-  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
+  if (frame.encoding === ENCODING_OPUS) return onOpus(frame.view, turn, sentence, flags);
+  const samples = pcm16Samples(buffer);
   player.framesReceived += 1;
   player.node.port.postMessage({ type: "chunk", turn, sentence, samples }, [samples.buffer]);
   if (flags & FLAG_LAST_IN_TURN) player.node.port.postMessage({ type: "end", turn });
@@ -318,13 +281,13 @@ function onControl(msg) {
       player.edge = msg.edge || null;
       player.edges.redirects = [];
       if (Array.isArray(msg.edges)) player.edges.known = msg.edges.map((u) => resolveEdgeUrl(u));
-      player.clock.offsetUs = msg.server_time_us - clientNowUs();
+      player.clock.onReady(msg.server_time_us);
       setStatus(`connected as ${msg.client_id} to session ${msg.session}`);
       $("bargein").disabled = false;
       for (let i = 0; i < 5; i++) setTimeout(ping, 100 * i);
       break;
     case "pong":
-      onPong(msg);
+      player.clock.onPong(msg);
       break;
     case "turn_start": {
       let number = player.turnIds.get(msg.turn_id);
@@ -443,30 +406,14 @@ function connect(url) {
 function bargeIn() {
   const cur = player.current;
   const turnId = cur && player.turns.get(cur.turn) ? player.turns.get(cur.turn).turnId : undefined;
-  player.bargeIns.push(Math.round(serverNowUs()));
+  player.bargeIns.push(Math.round(player.clock.serverNowUs()));
   // Silence now, locally; the edge also sends "stop" and drops what it still has.
   player.node.port.postMessage({ type: "stop", turn: cur ? cur.turn : null });
   send("cancel", turnId ? { turn_id: turnId, reason: "barge-in" } : { reason: "barge-in" });
 }
 
 // --- views --------------------------------------------------------------------------------
-const waveHistory = [];
-function drawWave(pairs) {
-  for (let i = 0; i < pairs.length; i += 2) waveHistory.push([pairs[i], pairs[i + 1]]);
-  const canvas = $("wave");
-  const g = canvas.getContext("2d");
-  while (waveHistory.length > canvas.width) waveHistory.shift();
-  g.fillStyle = "#111";
-  g.fillRect(0, 0, canvas.width, canvas.height);
-  g.strokeStyle = "#4c8";
-  g.beginPath();
-  const mid = canvas.height / 2;
-  waveHistory.forEach(([lo, hi], x) => {
-    g.moveTo(x + 0.5, mid - hi * mid);
-    g.lineTo(x + 0.5, mid - lo * mid + 1);
-  });
-  g.stroke();
-}
+const drawWave = waveView($("wave"));
 
 function renderTimeline() {
   const body = $("timeline").querySelector("tbody");

@@ -1,0 +1,115 @@
+// What every page that listens to an edge shares (the web player, player.js, and the demo console,
+// console.js): the binary audio frame of the player protocol (docs/protocol.md; the Python side is
+// players/protocol.py), the clock sync with the edge, the AudioWorklet that plays and reports, and
+// the live wave view. An ES module, no build step, no dependencies.
+
+export const PROTOCOL_VERSION = 1;
+export const FRAME_AUDIO = 1;
+export const HEADER_BYTES = 20; // <BBBBIIII: type, version, flags, encoding, turn, sentence, chunk, sample rate
+export const FLAG_LAST_IN_SENTENCE = 0x01;
+export const FLAG_LAST_IN_TURN = 0x02;
+export const FLAG_FIRST_IN_SENTENCE = 0x04;
+export const ENCODING_PCM16LE = 1;
+export const ENCODING_OPUS = 2;
+export const JITTER_MS = 60;
+
+// An audio frame's header, or null for a frame of another type or protocol version (skipped).
+export function parseAudioFrame(buffer) {
+  const view = new DataView(buffer);
+  if (buffer.byteLength < HEADER_BYTES) return null;
+  if (view.getUint8(0) !== FRAME_AUDIO || view.getUint8(1) !== PROTOCOL_VERSION) return null;
+  return {
+    view,
+    flags: view.getUint8(2),
+    encoding: view.getUint8(3),
+    turn: view.getUint32(4, true),
+    sentence: view.getUint32(8, true),
+    chunk: view.getUint32(12, true),
+    sampleRate: view.getUint32(16, true),
+  };
+}
+
+// A PCM16LE frame's samples as floats in [-1, 1).
+export function pcm16Samples(buffer) {
+  const pcm = new Int16Array(buffer, HEADER_BYTES, (buffer.byteLength - HEADER_BYTES) / 2);
+  const samples = new Float32Array(pcm.length);
+  for (let i = 0; i < pcm.length; i++) samples[i] = pcm[i] / 32768;
+  return samples;
+}
+
+export const clientNowUs = () => (performance.timeOrigin + performance.now()) * 1000;
+
+// The edge's clock as seen from the page, NTP-like: the ping/pong exchange with the smallest round
+// trip sets the offset. Each edge connected to has its own clock and its own round trip, so a
+// `ready` starts the estimate again (after a redirect or a failover to another edge the previous
+// edge's best round trip would keep the new edge's pongs from ever refining the offset).
+export class EdgeClock {
+  constructor() {
+    this.offsetUs = 0;
+    this.rttUs = Infinity;
+    this.samples = 0; // pongs from the edge connected now
+  }
+
+  // `ready` from an edge: a first estimate from its server time, to be refined by pongs.
+  onReady(serverTimeUs) {
+    this.offsetUs = serverTimeUs - clientNowUs();
+    this.rttUs = Infinity;
+    this.samples = 0;
+  }
+
+  onPong(msg, nowMs = performance.now()) {
+    const rttUs = (nowMs - msg.t0) * 1000;
+    this.samples += 1;
+    if (rttUs <= this.rttUs) {
+      this.rttUs = rttUs;
+      this.offsetUs = msg.server_time_us - (performance.timeOrigin + (msg.t0 + nowMs) / 2) * 1000;
+    }
+  }
+
+  serverNowUs() {
+    return clientNowUs() + this.offsetUs;
+  }
+
+  // A context time (seconds) of a rendered sample -> the edge's epoch microseconds, rounded.
+  contextTimeToServerUs(ctx, contextTime) {
+    const ts = ctx.getOutputTimestamp();
+    const perfMs = ts.performanceTime + (contextTime - ts.contextTime) * 1000;
+    return Math.round((performance.timeOrigin + perfMs) * 1000 + this.offsetUs);
+  }
+}
+
+// The AudioContext and the voicebus-player worklet (worklet.js), started; `onMessage` gets what
+// the worklet reports (playing, audible, position, ended, stopped, underrun, wave).
+export async function startAudio(onMessage) {
+  const ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" });
+  await ctx.audioWorklet.addModule("/web/worklet.js");
+  const node = new AudioWorkletNode(ctx, "voicebus-player", {
+    numberOfInputs: 0,
+    outputChannelCount: [1],
+    processorOptions: { jitterMs: JITTER_MS },
+  });
+  node.connect(ctx.destination);
+  node.port.onmessage = (e) => onMessage(e.data);
+  await ctx.resume();
+  return { ctx, node };
+}
+
+// The live wave: the worklet's (min, max) pairs, one pixel column each, newest on the right.
+export function waveView(canvas) {
+  const history = [];
+  return (pairs) => {
+    for (let i = 0; i < pairs.length; i += 2) history.push([pairs[i], pairs[i + 1]]);
+    while (history.length > canvas.width) history.shift();
+    const g = canvas.getContext("2d");
+    g.fillStyle = "#111";
+    g.fillRect(0, 0, canvas.width, canvas.height);
+    g.strokeStyle = "#4c8";
+    g.beginPath();
+    const mid = canvas.height / 2;
+    history.forEach(([lo, hi], x) => {
+      g.moveTo(x + 0.5, mid - hi * mid);
+      g.lineTo(x + 0.5, mid - lo * mid + 1);
+    });
+    g.stroke();
+  };
+}
