@@ -4,16 +4,20 @@
 process); the shared shell (`pipeline.shell`) registers its own counters (records dead-lettered,
 tasks restarted) in the same registry, so ``/metrics`` shows them all. `CancelObservation` is one
 cancel's record, kept in `SynthesisWorker.cancel_log` for logs, tests and the benchmark.
+`RealTimeWatch` says when the worker makes speech slower than it plays.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 CANCEL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 FIRST_CHUNK_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REALTIME_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
 
 
 class WorkerMetrics:
@@ -52,6 +56,10 @@ class WorkerMetrics:
         self.first_chunk = Histogram(
             "voicebus_worker_request_to_first_chunk_seconds",
             "From a request received to its first chunk published", buckets=FIRST_CHUNK_BUCKETS, **labels)
+        self.realtime_factor = Histogram(
+            "voicebus_worker_realtime_factor",
+            "Per spoken sentence: seconds from synthesis start to its last audio over the seconds of audio "
+            "(above 1: made slower than it plays, the listener hears gaps)", buckets=REALTIME_BUCKETS, **labels)
         self.max_in_flight.set(0)
 
 
@@ -70,3 +78,25 @@ class CancelObservation:
     @property
     def cancel_to_last_chunk_ms(self) -> float:
         return max(0, self.last_chunk_published_at_us - self.seen_at_us) / 1000.0
+
+
+class RealTimeWatch:
+    """Whether a worker makes speech as fast as it plays: the median real-time factor of its last
+    ``window`` spoken sentences (`ChunkAssembler.realtime_factor`), once it has ``min_sentences``.
+    Above ``threshold`` (1) no scheduling helps: every listener of this worker hears gaps inside
+    sentences (a CPU without AMX or AVX-512 at one thread, docs/benchmarks.md). `observe` returns
+    that median when it crosses the threshold upward, once until it has been back under it; the
+    worker logs it as a warning."""
+
+    def __init__(self, window: int = 20, min_sentences: int = 3, threshold: float = 1.0) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+        self.min_sentences, self.threshold = min_sentences, threshold
+        self.slow = False
+
+    def observe(self, realtime_factor: float) -> float | None:
+        self._recent.append(realtime_factor)
+        if len(self._recent) < self.min_sentences:
+            return None
+        median = statistics.median(self._recent)
+        was_slow, self.slow = self.slow, median > self.threshold
+        return median if self.slow and not was_slow else None

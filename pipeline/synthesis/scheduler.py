@@ -1,6 +1,7 @@
 """The pure core of a synthesis worker: which request is synthesized next, and what goes out.
 
-No Kafka and no engine here; `pipeline.synthesis.worker` wraps this in the bus shell.
+No Kafka and no engine here; `pipeline.synthesis.worker` wraps this in the bus shell. The clock
+(epoch µs) is passed in (``clock_us``), as in the gate's core.
 
 - `SynthesisScheduler` holds the SynthesisRequests a worker has accepted: bounded work in flight
   (queued + being synthesized), one request at a time per session so a session's sentences stay
@@ -124,10 +125,12 @@ class SynthesisScheduler:
         cancels: CancelRegistry | None = None,
         on_settled: Callable[[SynthesisJob, Outcome], None] | None = None,
         remember_completed: int = 100_000,
+        clock_us: Callable[[], int] = now_us,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight
+        self.clock_us = clock_us  # epoch µs: the jobs' received and started stamps
         self.cancels = cancels if cancels is not None else CancelRegistry()
         self._on_settled = on_settled or (lambda job, outcome: None)
         self._queues: OrderedDict[str, deque[SynthesisJob]] = OrderedDict()  # round-robin order
@@ -160,7 +163,7 @@ class SynthesisScheduler:
     def submit(self, request: dict, *, received_at_us: int | None = None, origin: Hashable | None = None) -> SynthesisJob:
         """Accept a request. Returns its job; a duplicate or an already-cancelled request is
         settled at once (and does not take a slot), and so is the settlement of a tentative one."""
-        job = SynthesisJob(request, received_at_us if received_at_us is not None else now_us(), origin)
+        job = SynthesisJob(request, received_at_us if received_at_us is not None else self.clock_us(), origin)
         self.cancels.observe(job.session_id, request["turn_id"])  # a later session cancel covers it
         held = self._tentative.get(job.key)
         if held is not None:
@@ -215,7 +218,7 @@ class SynthesisScheduler:
                     del self._queues[session_id]
                 else:
                     self._queues.move_to_end(session_id)  # fairness: other sessions go first next
-                job.started_at_us = now_us()
+                job.started_at_us = self.clock_us()
                 self._running[session_id] = job
                 return job
             del self._queues[session_id]
@@ -392,7 +395,7 @@ class ChunkAssembler:
     chunk takes every word left)."""
 
     def __init__(self, job: SynthesisJob, *, chunk_ms: int, sample_rate: int, worker_id: str = "",
-                 audio: AudioFormat | None = None) -> None:
+                 audio: AudioFormat | None = None, clock_us: Callable[[], int] = now_us) -> None:
         if chunk_ms <= 0:
             raise ValueError("chunk_ms must be positive")
         self.job = job
@@ -403,7 +406,10 @@ class ChunkAssembler:
             raise ValueError(f"audio format at {self.audio.sample_rate} Hz for a {sample_rate} Hz engine")
         self.chunk_bytes = self.audio.chunk_bytes(chunk_ms)
         self._encoder = self.audio.encoder()
-        self.synthesis_started_at_us = now_us()
+        self.clock_us = clock_us  # epoch µs: synthesis start and each chunk's audio ready
+        self.synthesis_started_at_us = clock_us()
+        self._last_ready_us: int | None = None  # when the audio fed last was ready
+        self._fed_bytes = 0  # PCM fed so far
         self._buffer = bytearray()
         self._held: tuple[bytes, int] | None = None  # (pcm, audio_ready_at_us)
         self._next_seq = 0
@@ -416,10 +422,11 @@ class ChunkAssembler:
         records); returns the chunks now ready to publish, in order."""
         if self.finished:
             raise RuntimeError("feed after finish")
-        ready_at = now_us()
+        ready_at = self._last_ready_us = self.clock_us()
         for word in words:
             self._words.append(word if isinstance(word, dict) else word.as_record())
         self._buffer += pcm
+        self._fed_bytes += len(pcm)
         out: list[dict] = []
         while len(self._buffer) >= self.chunk_bytes:
             piece = bytes(self._buffer[: self.chunk_bytes])
@@ -428,6 +435,15 @@ class ChunkAssembler:
                 out.append(self._build(*self._held, last=False))
             self._held = (piece, ready_at)
         return out
+
+    @property
+    def realtime_factor(self) -> float | None:
+        """Seconds from synthesis start to the last audio fed, over the seconds of audio fed (None
+        before any audio): above 1 the sentence was made slower than it plays."""
+        if self._last_ready_us is None or self._fed_bytes < BYTES_PER_SAMPLE:
+            return None
+        audio_s = self._fed_bytes // BYTES_PER_SAMPLE / self.sample_rate
+        return max(0, self._last_ready_us - self.synthesis_started_at_us) / 1e6 / audio_s
 
     def finish(self, end_reason: str = "") -> list[dict]:
         """The end of the sentence: the remaining chunk(s), the last flagged. A sentence with no
@@ -440,7 +456,7 @@ class ChunkAssembler:
         if self.finished:
             return []
         self.finished = True
-        ready_at = now_us()
+        ready_at = self.clock_us()
         rest = bytes(self._buffer[: len(self._buffer) - len(self._buffer) % BYTES_PER_SAMPLE])
         self._buffer.clear()
         out: list[dict] = []

@@ -59,7 +59,7 @@ from pipeline.codecs import Codec, CodecError, codec_for
 from pipeline.settings import Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
 from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
-from pipeline.synthesis.metrics import CancelObservation, WorkerMetrics
+from pipeline.synthesis.metrics import CancelObservation, RealTimeWatch, WorkerMetrics
 from pipeline.synthesis.scheduler import (
     COMMITTABLE,
     ChunkAssembler,
@@ -143,8 +143,10 @@ class SynthesisWorker:
         on_ready: Callable[[list[int]], None] | None = None,
         tracer: StageTracer | None = None,
         max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS,
+        clock_us: Callable[[], int] = now_us,
     ) -> None:
         self.settings = settings
+        self.clock_us = clock_us  # epoch µs: every stamp this worker puts on a chunk or a cancel
         self.engine = engine
         self.max_poll_interval_ms = max_poll_interval_ms
         self.polls_while_paused = 0  # polls of a full worker (they keep it in its group)
@@ -157,12 +159,14 @@ class SynthesisWorker:
         # the encoding of every chunk it publishes; a bad setting fails here, before any consumer
         self.audio = audio_format(settings, engine.sample_rate)
         self.metrics = WorkerMetrics(self.worker_id)
+        self.speed = RealTimeWatch()
         self.metrics.max_in_flight.set(settings.worker_max_in_flight)
         self.policy = RecordPolicy("worker", settings, self.codec, None, on_error=self._dead_letter,
                                    registry=self.metrics.registry)
         self.supervisor = Supervisor("worker", registry=self.metrics.registry)
         self.cancels = CancelRegistry()
-        self.scheduler = SynthesisScheduler(settings.worker_max_in_flight, self.cancels, on_settled=self._on_settled)
+        self.scheduler = SynthesisScheduler(settings.worker_max_in_flight, self.cancels, on_settled=self._on_settled,
+                                            clock_us=clock_us)
         self.offsets = OffsetTracker()
         self.cancel_log: deque[CancelObservation] = deque(maxlen=1000)
         self.assigned: set[TopicPartition] = set()
@@ -278,7 +282,7 @@ class SynthesisWorker:
 
     # --- control -----------------------------------------------------------------------------
     def _apply_control(self, event: dict) -> None:
-        seen_at = now_us()
+        seen_at = self.clock_us()
         purged, stopped = self.scheduler.apply_control(event)
         if event.get("action") != ControlAction.CANCEL:
             return
@@ -343,7 +347,7 @@ class SynthesisWorker:
     async def _take(self, tp: TopicPartition, record: Any) -> None:
         """One fetched record through the record policy into the scheduler. A record the policy
         refuses was dead-lettered (with its reason): its offset is settled at once."""
-        received_at = now_us()
+        received_at = self.clock_us()
         self.offsets.track(tp, record.offset)
         if self.tracer.enabled:
             context = self.tracer.context_of(record.headers)
@@ -407,7 +411,7 @@ class SynthesisWorker:
             return job.parked_outcome or Outcome.SPOKEN
         loop = asyncio.get_running_loop()
         assembler = ChunkAssembler(job, chunk_ms=self.settings.chunk_ms, sample_rate=self.engine.sample_rate,
-                                   worker_id=self.worker_id, audio=self.audio)
+                                   worker_id=self.worker_id, audio=self.audio, clock_us=self.clock_us)
         if job.is_end_marker:
             try:
                 await self._publish_all(job, assembler.finish())
@@ -428,6 +432,7 @@ class SynthesisWorker:
                     break
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())
+                self._observe_speed(assembler)
             if job.unconfirmed and not job.stop_requested:
                 return None
         except Exception as exc:  # noqa: BLE001 - the engine's failure of this text: reported, settled
@@ -457,8 +462,21 @@ class SynthesisWorker:
             self._observe_cancel_end(job)
             span = self._synthesis_spans.pop(job, None)
             if span is not None:
-                span.end(now_us(), **{"voicebus.stopped": job.stop_reason.value if job.stop_reason else None})
+                span.end(self.clock_us(), **{"voicebus.stopped": job.stop_reason.value if job.stop_reason else None})
         return Outcome.SPOKEN
+
+    def _observe_speed(self, assembler: ChunkAssembler) -> None:
+        """A sentence was made whole: its real-time factor, and a warning when this worker has
+        become slower than real time (`RealTimeWatch`)."""
+        factor = assembler.realtime_factor
+        if factor is None:
+            return
+        self.metrics.realtime_factor.observe(factor)
+        median = self.speed.observe(factor)
+        if median is not None:
+            log.warning("worker %s makes speech slower than it plays (real-time factor %.2f, median of its last "
+                        "sentences): its listeners hear gaps inside sentences; give it more threads on free cores "
+                        "(VOICEBUS_SYNTHESIS_THREADS), a CPU with AMX (bfloat16) or a GPU (docs/worker.md)", self.worker_id, median)
 
     def _open_synthesis_span(self, job: SynthesisJob, started_at_us: int) -> None:
         """Tracing on: the request's ``synthesis.queue`` span (received .. synthesis start) and
@@ -480,7 +498,7 @@ class SynthesisWorker:
         parent = synthesis.context if synthesis is not None else self._traces.get(job.origin)
         if parent is None or chunk["chunk_seq"] != 0:
             return None, self.tracer.headers(parent)
-        span = self.tracer.start(tracing.PUBLISH, parent, chunk.get("audio_ready_at_us") or now_us(),
+        span = self.tracer.start(tracing.PUBLISH, parent, chunk.get("audio_ready_at_us") or self.clock_us(),
                                  **{tracing.SESSION: job.session_id, tracing.TURN: job.key.turn_id,
                                     tracing.SENTENCE: job.request["sentence_seq"], "voicebus.bytes": len(chunk["pcm"])})
         return span, self.tracer.headers(span.context)
@@ -490,7 +508,7 @@ class SynthesisWorker:
         observation = self._observations.pop(job, None)
         if observation is None:
             return
-        observation.synthesis_stopped_at_us = now_us()
+        observation.synthesis_stopped_at_us = self.clock_us()
         self.metrics.cancel_to_stopped.observe(max(0, observation.synthesis_stopped_at_us - observation.seen_at_us) / 1e6)
         self.metrics.cancel_to_last_chunk.observe(observation.cancel_to_last_chunk_ms / 1000.0)
         log.info("cancel %s/%s: last chunk acknowledged %.1f ms after the cancel was seen, synthesis stopped after %.1f ms",
@@ -518,7 +536,7 @@ class SynthesisWorker:
             if observation is not None:
                 # this send was already on its way when the cancel was seen: it is the turn's
                 # last chunk, and its acknowledgement ends the cancel's tail
-                observation.last_chunk_published_at_us = now_us()
+                observation.last_chunk_published_at_us = self.clock_us()
             elif chunk["chunk_seq"] == 0:
                 self.metrics.first_chunk.observe(max(0, chunk["published_at_us"] - job.received_at_us) / 1e6)
         return True
@@ -535,13 +553,13 @@ class SynthesisWorker:
             if job.stop_requested or self.scheduler.is_cancelled(job):
                 job.request_stop(Outcome.STOPPED)  # keeps an earlier reason (DROPPED) if there is one
                 if span is not None:
-                    span.end(now_us(), **{"voicebus.stopped": True})
+                    span.end(self.clock_us(), **{"voicebus.stopped": True})
                 return False
-            chunk["published_at_us"] = now_us()
+            chunk["published_at_us"] = self.clock_us()
             try:
                 await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", chunk, headers)
                 if span is not None:
-                    span.end(now_us())
+                    span.end(self.clock_us())
                 return True
             except KafkaError as exc:
                 self.metrics.publish_retries.labels(type(exc).__name__).inc()

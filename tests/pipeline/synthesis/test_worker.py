@@ -160,6 +160,55 @@ def test_offset_tracker_commits_only_contiguous_settled_offsets():
     assert t.settle("p", 8) is None
 
 
+class StepClock:
+    """Epoch µs that move only when the test says (the pure core's clock, passed in)."""
+
+    def __init__(self, now_us: int = 1_000_000) -> None:
+        self.now_us = now_us
+
+    def __call__(self) -> int:
+        return self.now_us
+
+
+def test_the_scheduler_stamps_jobs_with_the_clock_it_is_given():
+    clock = StepClock(50_000)
+    sched = SynthesisScheduler(max_in_flight=2, clock_us=clock)
+    job = sched.submit(request())
+    clock.now_us = 80_000
+    assert sched.next_job() is job
+    assert (job.received_at_us, job.started_at_us) == (50_000, 80_000)
+
+
+def test_the_assembler_stamps_chunks_and_measures_the_real_time_factor_on_its_clock():
+    clock = StepClock(1_000_000)
+    assembler = ChunkAssembler(SynthesisJob(request(last=True), received_at_us=1), chunk_ms=CHUNK_MS,
+                               sample_rate=SAMPLE_RATE, clock_us=clock)
+    assert assembler.realtime_factor is None  # no audio yet
+    second = SAMPLE_RATE * 2  # bytes of one second of PCM16
+    clock.now_us += 500_000
+    out = assembler.feed(b"\x01\x00" * (second // 2))  # 1 s of audio, ready 0.5 s after the start
+    assert assembler.realtime_factor == pytest.approx(0.5)
+    clock.now_us += 1_500_000
+    out += assembler.feed(b"\x01\x00" * (second // 2))  # 2 s of audio in 2 s: as fast as it plays
+    clock.now_us += 9_000_000  # publishing the last chunks is not synthesis
+    out += assembler.finish()
+    assert assembler.realtime_factor == pytest.approx(1.0)
+    assert {c["synthesis_started_at_us"] for c in out} == {1_000_000}
+    assert out[0]["audio_ready_at_us"] == 1_500_000 and out[-1]["audio_ready_at_us"] == 12_000_000
+
+
+def test_the_real_time_watch_warns_once_when_the_worker_falls_behind_and_again_after_it_recovered():
+    from pipeline.synthesis.metrics import RealTimeWatch
+
+    watch = RealTimeWatch(window=4, min_sentences=3)
+    assert [watch.observe(f) for f in (1.6, 1.4)] == [None, None]  # too few sentences to say
+    assert watch.observe(1.2) == pytest.approx(1.4)  # median of three over 1: the warning
+    assert [watch.observe(f) for f in (2.0, 1.1)] == [None, None]  # still behind: said once
+    assert [watch.observe(f) for f in (0.3, 0.4, 0.3)] == [None, None, None]  # back under 1
+    assert watch.slow is False
+    assert [watch.observe(f) for f in (1.5, 1.7, 1.9)] == [None, None, pytest.approx(1.6)]
+
+
 # --- chunks over the real kokoro code -------------------------------------------------------------
 
 def build_chunks(engine, job, chunk_ms=CHUNK_MS):

@@ -5,6 +5,7 @@ two workers share the load; a worker killed mid-turn leaves no lost sentence."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -178,6 +179,7 @@ async def test_requests_in_chunks_out_in_order_per_session(make_settings, engine
         assert health_status == 200 and health["healthy"] and health["restarts"] == 0
         assert set(health["tasks"]) == {"control", "fetch", "synthesis", "commit", "lag"}
         assert "voicebus_worker_queue_depth 0.0" in metrics_text
+        assert "voicebus_worker_realtime_factor_count 4.0" in metrics_text  # the sentences with audio
         assert "voicebus_worker_consumer_lag" in metrics_text
         marker = [c for c in bus.of("s2") if c["sentence_seq"] == 1]
         assert len(marker) == 1 and marker[0]["pcm"] == b"" and marker[0]["is_last_in_turn"]
@@ -211,6 +213,24 @@ async def test_cancel_purges_queued_and_in_flight_work(make_settings, engine):
         assert outcomes.get("cancelled", 0) + outcomes.get("stopped", 0) == 4
         assert outcomes.get("spoken") == 1  # the next turn
         assert complete_sentences(bus.of("s1", "t2")) == {0}
+
+
+async def test_a_worker_slower_than_real_time_says_so_and_measures_it(make_settings, engine, caplog):
+    # The worker's clock (injected) moves 10 s at every reading: each sentence looks made far
+    # slower than it plays, as on a CPU too slow for the model.
+    readings = itertools.count()
+    settings = make_settings(worker_max_in_flight=2, partitions=1)
+    async with Bus(settings) as bus:
+        async with SynthesisWorker(settings, engine, worker_id="slow", warm_up=False,
+                                   clock_us=lambda: now_us() + next(readings) * 10_000_000) as worker:
+            await bus.requests(turn_requests("s1", "t1", SENTENCES[:3]))
+            await bus.wait_for(turn_done(bus, "s1", "t1"), what="the turn")
+    [warning] = [r for r in caplog.records if "slower than it plays" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "VOICEBUS_SYNTHESIS_THREADS" in warning.getMessage()
+    registry = worker.metrics.registry
+    assert registry.get_sample_value("voicebus_worker_realtime_factor_count") == 3
+    assert registry.get_sample_value("voicebus_worker_realtime_factor_bucket", {"le": "4.0"}) == 0  # all above 4
+    assert worker.speed.slow
 
 
 def partition_of(session: str, partitions: int) -> int:
