@@ -357,6 +357,9 @@ def test_the_first_window_grows_only_as_much_as_the_decode_speed_needs():
 
 
 LONG_TEXT = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
+# ~100 frames of the tiny model: enough for the folds' windows, a third of LONG_TEXT's cost (the
+# decoder is full size, and bfloat16 without AMX is ~6x slower than float32: 90 s on LONG_TEXT)
+FOLD_TEXT = "Good morning, my friend."
 
 
 def _tiny_frames(tiny_engine, text: str = LONG_TEXT) -> "kokoro_frames.Frames":
@@ -365,13 +368,13 @@ def _tiny_frames(tiny_engine, text: str = LONG_TEXT) -> "kokoro_frames.Frames":
     return kokoro_frames.predict_frames(tiny_engine.model, phonemes, tiny_engine.voice_packs["af_heart"][len(phonemes) - 1])
 
 
-def _span(tiny_engine, seed: int = 5):
+def _span(tiny_engine, seed: int = 5, text: str = LONG_TEXT):
     """A prepared span of the tiny model with stand-in weights and a known edge silence."""
     import torch
 
     model = tiny_engine.model
     torch.manual_seed(seed)
-    frames = _tiny_frames(tiny_engine)
+    frames = _tiny_frames(tiny_engine, text)
     weights = torch.ones(frames.count)
     weights[:2] += 10.0
     prepared = kokoro_frames.prepare_decoder(model, frames, weights=weights)
@@ -390,7 +393,7 @@ def test_the_folded_generator_in_float32_is_kokoros_generator(tiny_engine):
     model = tiny_engine.model
     folded = FoldedGenerator(model, torch.float32)
     with torch.inference_mode():
-        prepared = _span(tiny_engine)
+        prepared = _span(tiny_engine, text=FOLD_TEXT)
         unweighted = kokoro_frames.DecoderInput(prepared.x, prepared.source, prepared.style, None, prepared.silent)
         carried = window_input(prepared, 20, 40)
         assert carried[3], "a middle window gets a silence carrier"
@@ -410,7 +413,7 @@ def test_the_folded_generator_in_bfloat16_stays_close_to_kokoros(tiny_engine):
     from pipeline.synthesis.kokoro_frames import FoldedGenerator
 
     with torch.inference_mode():
-        prepared = _span(tiny_engine)
+        prepared = _span(tiny_engine, text=FOLD_TEXT)
         expected = kokoro_frames.generate(tiny_engine.model, prepared)
         got = FoldedGenerator(tiny_engine.model, torch.bfloat16)(prepared)
     assert got.dtype == torch.float32 and got.shape == expected.shape
