@@ -476,7 +476,8 @@ class SynthesisWorker:
         if median is not None:
             log.warning("worker %s makes speech slower than it plays (real-time factor %.2f, median of its last "
                         "sentences): its listeners hear gaps inside sentences; give it more threads on free cores "
-                        "(VOICEBUS_SYNTHESIS_THREADS), a CPU with AMX (bfloat16) or a GPU (docs/worker.md)", self.worker_id, median)
+                        "(VOICEBUS_SYNTHESIS_THREADS), a CPU with AMX (bfloat16) or a GPU (docs/worker.md)",
+                        self.worker_id, median)
 
     def _open_synthesis_span(self, job: SynthesisJob, started_at_us: int) -> None:
         """Tracing on: the request's ``synthesis.queue`` span (received .. synthesis start) and
