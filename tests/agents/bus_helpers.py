@@ -9,7 +9,7 @@ from typing import Callable
 
 from pipeline.bus import ensure_topics, make_consumer
 from pipeline.codecs import Codec
-from tests.waiting import WaitTimeout, eventually
+from tests.waiting import eventually
 
 
 @dataclass
@@ -58,11 +58,8 @@ class TopicReader:
                     self.received.append(Received(tp.topic, m.key, decoded.type, decoded.value, now))
 
     async def wait_for(self, done: Callable[[list[Received]], bool], timeout_s: float = 20.0) -> list[Received]:
-        try:
-            await eventually(lambda: done(self.received), timeout_s=timeout_s, interval_s=0.02,
-                             what=f"records on {', '.join(self.topics)}")
-        except WaitTimeout as e:
-            raise WaitTimeout(f"{e}; got {len(self.received)} records") from None
+        await eventually(lambda: done(self.received), timeout_s=timeout_s, interval_s=0.02,
+                         what=f"records on {', '.join(self.topics)}", detail=lambda: f"got {len(self.received)} records")
         return list(self.received)
 
 

@@ -19,7 +19,7 @@ from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
 from pipeline.topics import text_topic
 from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
-from tests.waiting import WaitTimeout, eventually
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -268,11 +268,9 @@ async def test_worker_killed_mid_turn_restarts_without_gap_or_repeat(make_settin
     def split():
         a2, a3 = text_parts(second.latest_assignment()), text_parts(third.latest_assignment())
         return a2 and a3 and not a2 & a3 and len(a2 | a3) == PARTITIONS
-    try:
-        await eventually(split, timeout_s=90, interval_s=0.2, what="the text partitions split between two workers")
-    except WaitTimeout as e:
-        raise WaitTimeout(f"{e}: second {second.assigned}, third {third.assigned}; stderr of the second: "
-                          f"{open(second.stderr.name).read()[-2000:]}") from None
+    await eventually(split, timeout_s=90, interval_s=0.2, what="the text partitions split between two workers",
+                     detail=lambda: f"second {second.assigned}, third {third.assigned}; stderr of the second: "
+                                    f"{open(second.stderr.name).read()[-2000:]}")
 
     await send_all(settings, [("llm", ev) for s in turns for ev in second_half[s]])
     got = await collect(settings, ended_sessions(len(turns)), timeout=90)

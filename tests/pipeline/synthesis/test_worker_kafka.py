@@ -21,7 +21,7 @@ from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, r
 from pipeline.clock import now_us
 from pipeline.codecs import Codec
 from pipeline.synthesis.worker import SynthesisWorker
-from tests.waiting import WaitTimeout, eventually
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -107,10 +107,7 @@ class Bus:
         return [c for c in self.chunks if c["session_id"] == session and (turn is None or c["turn_id"] == turn)]
 
     async def wait_for(self, condition, timeout=WAIT_S, what="condition"):
-        try:
-            await eventually(condition, timeout_s=timeout, what=what)
-        except WaitTimeout as e:
-            raise WaitTimeout(f"{e}; {len(self.chunks)} chunks so far") from None
+        await eventually(condition, timeout_s=timeout, what=what, detail=lambda: f"{len(self.chunks)} chunks so far")
 
 
 async def _all_committed(worker) -> dict | None:
