@@ -24,11 +24,14 @@ system-deps:
 
 # uv (from PyPI) installs the same packages as pip (checked: the same pip freeze) from its cache
 # in seconds where pip takes ~3 minutes to unpack torch and its CUDA wheels: most of a CI run's setup.
+# --compile-bytecode: pip writes the .pyc files at install, uv does not by default, and where
+# PYTHONDONTWRITEBYTECODE is set (CI's machines) no process writes them: each one that imports
+# kokoro then compiled torch and transformers from source, ~13 s a worker start instead of ~4.
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip uv
-	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[dev]'
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -e '.[dev]'
 	touch $(STAMP)
 
 kafka-jars: venv
