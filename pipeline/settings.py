@@ -210,8 +210,9 @@ class Settings:
     "Mid-phrase pauses")."""
     synthesis_precision: str = "auto"
     """The dtype of the decoder's generator (~90 % of a forward pass): ``auto`` (bfloat16 on a CPU
-    with AMX, else float32), ``float32`` or ``bfloat16``. On this project's CPU bfloat16 made the
-    generator 3.6-4x faster and Whisper hears the same words (docs/synthesis.md, "The generator,
+    that multiplies it in hardware: AMX or AVX-512 BF16; else float32), ``float32`` or ``bfloat16``.
+    bfloat16 made the generator 3.6-4x faster with AMX, the whole synthesis 1.4-1.7x with AVX-512
+    BF16 (a Zen 5 EPYC), and Whisper hears the same words (docs/synthesis.md, "The generator,
     folded"); float32 is kokoro's arithmetic (the audio within 1e-5)."""
     synthesis_threads: int = 1
     """torch intra-op threads of a worker that loads the real model. 1 (the default) on a node

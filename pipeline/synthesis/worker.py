@@ -476,7 +476,7 @@ class SynthesisWorker:
         if median is not None:
             log.warning("worker %s makes speech slower than it plays (real-time factor %.2f, median of its last "
                         "sentences): its listeners hear gaps inside sentences; give it more threads on free cores "
-                        "(VOICEBUS_SYNTHESIS_THREADS), a CPU with AMX (bfloat16) or a GPU (docs/worker.md)",
+                        "(VOICEBUS_SYNTHESIS_THREADS), a CPU with AMX or AVX-512 BF16 (bfloat16) or a GPU (docs/worker.md)",
                         self.worker_id, median)
 
     def _open_synthesis_span(self, job: SynthesisJob, started_at_us: int) -> None:

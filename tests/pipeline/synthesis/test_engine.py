@@ -246,18 +246,22 @@ def test_windows_are_planned_from_the_decode_speed_the_engine_measured():
     assert engine.last_seams[0] == fast[0]
 
 
-def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_has_amx(tmp_path):
-    """`Settings.synthesis_precision`: ``auto`` gives bfloat16 on a CPU with AMX (read from
-    /proc/cpuinfo's flags), float32 on one without and on a GPU; an unknown name is an error."""
+def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_multiplies_it(tmp_path):
+    """`Settings.synthesis_precision`: ``auto`` gives bfloat16 on a CPU with AMX or AVX-512 BF16
+    (read from /proc/cpuinfo's flags), float32 on one with neither (AVX2 only: emulated, slower)
+    and on a GPU; an unknown name is an error."""
     import torch
 
-    from pipeline.synthesis.engine import EngineError, cpu_has_amx_bf16, pick_precision
+    from pipeline.synthesis.engine import EngineError, cpu_has_bf16, pick_precision
 
-    with_amx, without = tmp_path / "amx", tmp_path / "plain"
-    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n\n")
-    without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\n")
-    assert cpu_has_amx_bf16(str(with_amx)) and not cpu_has_amx_bf16(str(without))
-    assert not cpu_has_amx_bf16(str(tmp_path / "missing"))
+    amx, zen5, avx2, avx512 = (tmp_path / name for name in ("amx", "zen5", "avx2", "avx512"))
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n\n")
+    zen5.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n\n")
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu avx avx2 fma f16c\n\n")
+    avx512.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw avx512_bf16x\n\n")
+    assert cpu_has_bf16(str(amx)) and cpu_has_bf16(str(zen5))
+    assert not cpu_has_bf16(str(avx2)) and not cpu_has_bf16(str(avx512))  # whole flags, not prefixes
+    assert not cpu_has_bf16(str(tmp_path / "missing"))
     assert pick_precision("auto", "cpu", lambda: True) is torch.bfloat16
     assert pick_precision("auto", "cpu", lambda: False) is torch.float32
     assert pick_precision("auto", "cuda", lambda: True) is torch.float32
