@@ -36,7 +36,7 @@ const player = (window.voicebusPlayer = {
   lastFinished: null, // turn id of the last turn played to its end (or stopped): a reconnect between turns resumes after it
   reports: [],
   bargeIns: [], // server-clock µs of each barge-in click
-  captions: [], // every word highlighted: {turn, sentence, index, text, lagMs} (lag behind its rendered start)
+  captions: [], // every word highlighted: {turn, sentence, index, text, lagMs, postedMs, deliveryMs, shownAtMs} (lag behind its rendered start)
   errors: [],
   stats: {},
   framesReceived: 0,
@@ -160,11 +160,15 @@ function showCaption(turn, pos) {
     span.className = k < index ? "heard" : k === index ? "now" : "ahead";
     box.appendChild(span);
   });
-  // how much audio had been rendered past the word's start when it was shown
+  // how much audio had been rendered past the word's start when it was shown (lagMs), in two
+  // parts: the worklet's own (the word's start to the position it posted: at most two render
+  // quanta) and the browser's (the position message waiting for this page's main thread)
+  const msPerFrame = 1000 / player.ctx.sampleRate;
   const renderedFrame = player.ctx.currentTime * player.ctx.sampleRate;
   const startFrame = pos.frame - (pos.samples - words[index].start);
-  const lagMs = ((renderedFrame - startFrame) / player.ctx.sampleRate) * 1000;
-  player.captions.push({ turn: turn.turnId, sentence: pos.sentence, index, text: words[index].text, lagMs });
+  const lagMs = (renderedFrame - startFrame) * msPerFrame;
+  const deliveryMs = (renderedFrame - pos.frame) * msPerFrame;
+  player.captions.push({ turn: turn.turnId, sentence: pos.sentence, index, text: words[index].text, lagMs, postedMs: lagMs - deliveryMs, deliveryMs, shownAtMs: performance.now() });
   if (player.captions.length > 1000) player.captions.shift();
 }
 

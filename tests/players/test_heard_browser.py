@@ -19,6 +19,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.browser]
 CHUNK_SAMPLES = 3600  # 150 ms at 24 kHz
 CHUNKS_PER_SENTENCE = 10  # 1.5 s a sentence
 WORD_SAMPLES = 6000  # 250 ms a word: six words a sentence
+POSTED_MAX_MS = 2 * 128 / 24  # the worklet posts its position every two render quanta (128 frames at 24 kHz)
+# The page's main thread, watched: a 5 ms heartbeat that records every gap of 20 ms or more
+# between two beats ([from, to] in performance.now() ms), i.e. when no task of this page ran
+HEARTBEAT = """window.__stalls = []; let __beat = performance.now(); setInterval(() => {
+  const now = performance.now(); if (now - __beat >= 20) window.__stalls.push([__beat, now]); __beat = now; }, 5);"""
 SENTENCES = [
     "Your order shipped this morning, friend.".split(),
     "It should arrive on Monday afternoon.".split(),
@@ -49,6 +54,7 @@ async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_repor
             page = await browser.new_page()
             errors = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.add_init_script(HEARTBEAT)
             await page.goto(player_url(str(client.make_url("/")), "S", issue_token(SECRET, "S", 300)))
             await page.click("#start")
             await wait_in_page(page, "window.voicebusPlayer.state === 'ready'")
@@ -88,9 +94,19 @@ async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_repor
             print(f"TurnHeard {delay_ms:.1f} ms after the barge-in; captions' lag behind the rendered word start: "
                   f"max {max(c['lagMs'] for c in captions):.1f} ms over {len(captions)} words")
             assert delay_ms <= 200, delay_ms
-            # every caption word was shown within 100 ms of its start being rendered, in order
+            # every caption word was shown within 100 ms of its start being rendered, in order; the
+            # lag's own part (the word's start to the position the worklet posted) is at most two
+            # render quanta, and a word later than 100 ms was held only by the page's main thread
+            # not running (CI once: 112 ms on a loaded 2-core machine), seen by the heartbeat
             assert len(captions) >= len(SENTENCES[0]) + 2
-            assert all(-10 <= c["lagMs"] <= 100 for c in captions), captions  # -10: a render quantum of clock skew
+            assert all(-10 <= c["postedMs"] <= POSTED_MAX_MS + 0.5 for c in captions), captions
+            assert all(c["lagMs"] >= -10 for c in captions), captions  # -10: a render quantum of clock skew
+            stalls = await page.evaluate("window.__stalls")
+            late = [c for c in captions if c["lagMs"] > 100]
+            unexplained = [c for c in late if not any(
+                start <= c["shownAtMs"] - (c["deliveryMs"] - 25) and end >= c["shownAtMs"] - 10 for start, end in stalls)]
+            assert not unexplained, (unexplained, stalls)
+            assert sorted(c["lagMs"] for c in captions)[len(captions) // 2] <= 50, captions
             assert [(c["sentence"], c["index"]) for c in captions] == sorted((c["sentence"], c["index"]) for c in captions)
             assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
         finally:
