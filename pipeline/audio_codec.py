@@ -76,6 +76,12 @@ class AudioFormat:
     def frame_samples(self) -> int:
         return self.sample_rate * self.frame_ms // 1000 if self.encoding == AudioEncoding.OPUS else 1
 
+    @property
+    def unit_bytes(self) -> int:
+        """The PCM bytes a chunk that is not a sentence's last is made of: whole Opus frames, or
+        whole samples."""
+        return self.frame_samples * BYTES_PER_SAMPLE if self.encoding == AudioEncoding.OPUS else BYTES_PER_SAMPLE
+
     def chunk_bytes(self, chunk_ms: int) -> int:
         """PCM bytes of one chunk of about ``chunk_ms``: whole Opus frames (at least one)."""
         samples = max(1, self.sample_rate * chunk_ms // 1000)

@@ -20,8 +20,9 @@ others change one runtime option: torch intra-op threads, ``no_grad`` instead of
 those planned from the decode speed), ``unbaked`` (kokoro's weight-norm hooks kept, recomputing every weight on
 every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; a second copy of
 the model is loaded for it), and the generator: ``kokoro`` (kokoro's own, float32, as the engine
-was before `kokoro_frames.FoldedGenerator` and `FoldedFrameRateHalf`), ``fp32`` or ``bf16`` (folded, in that precision;
-without either, the precision `Settings.synthesis_precision` gives).
+was before `kokoro_frames.FoldedGenerator` and `FoldedFrameRateHalf`), ``fp32`` or ``bf16`` (folded, in that precision,
+bfloat16 with `kokoro_frames.Bfloat16Bert`; without either, the precision `Settings.synthesis_precision`
+gives); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `pipeline.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
@@ -59,7 +60,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
     p.add_argument("--variants", default="before,after,windowed",
-                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed and/or -unbaked")
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -bf16")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
     p.add_argument("--pauses", action="store_true",
@@ -70,8 +71,9 @@ def register(bench_subparsers) -> None:
 
 def _variant(name: str, threads: int) -> dict:
     """Engine attributes and thread count of a variant name: ``before``, ``after`` or
-    ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked`` and/or
-    one of ``-kokoro``, ``-fp32``, ``-bf16`` (e.g. ``after-1thread-no_grad``, ``windowed-kokoro``)."""
+    ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked``,
+    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-bf16`` (e.g. ``after-1thread-no_grad``,
+    ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
     base, *options = name.split("-")
     if base not in {"before", "after", "windowed"}:
         raise SystemExit(f"unknown variant {name!r}")
@@ -84,6 +86,8 @@ def _variant(name: str, threads: int) -> dict:
             variant["baked"] = False
         elif option == "fixed":
             variant["adaptive"] = False
+        elif option == "bert32":
+            variant["bert32"] = True
         elif option in GENERATORS:
             variant["generator"] = option
         elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
@@ -134,20 +138,23 @@ def _apply(engine, variant: dict) -> None:
     engine.grad_mode = variant["grad_mode"]
     engine.adaptive_windows = variant["adaptive"]
     engine.decode_s_per_frame = variant.get("decode_s_per_frame")  # each variant's own speed (threads differ)
-    engine.generator, engine.frame_rate_half = variant["generators"][variant["generator"]]
+    engine.generator, engine.frame_rate_half, engine.bert = variant["generators"][variant["generator"]]
+    if variant.get("bert32"):
+        engine.bert = None
 
 
 def _generators(engine, named: set[str]) -> dict:
-    """The decoders the variants name, built once, as (generator, frame-rate half): the
-    engine's own, kokoro's, or folded in one precision."""
+    """The decoders the variants name, built once, as (generator, frame-rate half, bert): the
+    engine's own, kokoro's, or folded in one precision (bfloat16's with the bfloat16 PL-BERT)."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf, FoldedGenerator
+    from pipeline.synthesis.kokoro_frames import Bfloat16Bert, FoldedFrameRateHalf, FoldedGenerator
 
     def folded(dtype):
-        return FoldedGenerator(engine.model, dtype), FoldedFrameRateHalf(engine.model, dtype)
+        bert = Bfloat16Bert(engine.model, dtype) if dtype == torch.bfloat16 else None
+        return FoldedGenerator(engine.model, dtype), FoldedFrameRateHalf(engine.model, dtype), bert
 
-    built = {"default": (engine.generator, engine.frame_rate_half), "kokoro": (None, None)}
+    built = {"default": (engine.generator, engine.frame_rate_half, engine.bert), "kokoro": (None, None, None)}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         if name in named:
             built[name] = folded(dtype)
@@ -239,7 +246,7 @@ def run(args, settings) -> int:
     generators = {id(e): _generators(e, named) for e in {id(e): e for e in engines.values()}.values()}
     for name, variant in variants.items():
         variant["generators"] = generators[id(engines[name])]
-    default_generator, default_half = engine.generator, engine.frame_rate_half
+    default_generator, default_half, default_bert = engine.generator, engine.frame_rate_half, engine.bert
     voice = engine.resolve_voice(args.voice or settings.default_voice)
     for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
         _apply(engines[name], variant)
@@ -257,7 +264,7 @@ def run(args, settings) -> int:
                 variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
     engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
-    engine.generator, engine.frame_rate_half = default_generator, default_half
+    engine.generator, engine.frame_rate_half, engine.bert = default_generator, default_half, default_bert
     if variants:
         frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
         load = os.getloadavg()[0]

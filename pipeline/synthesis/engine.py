@@ -398,14 +398,18 @@ class VoicedPart(NamedTuple):
     durations: "torch.Tensor"
     bound: int
     sound_end: int | None = None
+    final: bool = True  # the piece's last part: False while windows of it remain to be decoded
 
 
 class TimedChunk(NamedTuple):
     """A chunk of `SynthesisEngine.stream_timed`: PCM16LE, and on the first chunk of each piece
-    the piece's words in samples from the start of the sentence (empty on the others)."""
+    the piece's words in samples from the start of the sentence (empty on the others).
+    ``pause``: the last chunk before the engine decodes more of this sentence (the next window
+    or piece): all of the sentence's audio so far can go out, none of it is the last."""
 
     pcm: bytes
     words: list[WordTiming]
+    pause: bool = False
 
 
 class SpokenPiece(NamedTuple):
@@ -417,6 +421,7 @@ class SpokenPiece(NamedTuple):
     voiced: Voiced
     words: list[WordTiming]
     offset: int
+    more: bool = False  # more of this sentence follows, after another forward pass or window
 
 
 @dataclass
@@ -451,6 +456,9 @@ class SynthesisEngine:
     frame_rate_half: "Callable | None" = field(default=None, repr=False)
     """What computes the decoder's frame-rate half: `kokoro_frames.FoldedFrameRateHalf` in the
     engine's precision (`load`, `tiny`); None: kokoro's own."""
+    bert: "Callable | None" = field(default=None, repr=False)
+    """What encodes the phonemes for prediction: `kokoro_frames.Bfloat16Bert` where the engine's
+    precision is bfloat16 (`load`); None: kokoro's own, in float32."""
     inner_pause_frames: int | None = None
     """With sound-only decoding: the frames of predicted silence kept at most inside a phrase
     (`kokoro_frames.shorten_inner_silence`, before anything is decoded); None: Kokoro's own
@@ -507,10 +515,11 @@ class SynthesisEngine:
         precision = pick_precision(settings.synthesis_precision, device)
         generator = kokoro_frames.FoldedGenerator(model, precision) if folded else None
         half = kokoro_frames.FoldedFrameRateHalf(model, precision) if folded else None
+        bert = kokoro_frames.Bfloat16Bert(model, precision) if folded and precision == torch.bfloat16 else None
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
-            windowed=settings.windowed_decoding, generator=generator, frame_rate_half=half,
+            windowed=settings.windowed_decoding, generator=generator, frame_rate_half=half, bert=bert,
             inner_pause_frames=kokoro_frames.MAX_INNER_SILENCE_FRAMES if settings.shorten_inner_pauses else None,
         )
 
@@ -620,7 +629,7 @@ class SynthesisEngine:
         ``inner_pause_frames`` (docs/synthesis.md, "Mid-phrase pauses"). Called with the lock held."""
         from pipeline.synthesis import kokoro_frames
 
-        frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed)
+        frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed, bert=self.bert)
         if self.inner_pause_frames is None:
             return frames
         return kokoro_frames.shorten_inner_silence(frames, kokoro_frames.token_symbols(self.model, phonemes), self.inner_pause_frames)
@@ -709,7 +718,7 @@ class SynthesisEngine:
                 published["since"] = self.clock()
             published["s"] += len(pcm) / 2 / self.sample_rate
             yield VoicedPart(pcm, start * kf.SAMPLES_PER_FRAME + trimmer.cut, frames.durations, bound,
-                             sound_end if prepared.silent != (0, 0) else bound)
+                             sound_end if prepared.silent != (0, 0) else bound, final=last)
             if last:
                 return
 
@@ -743,10 +752,11 @@ class SynthesisEngine:
         start and end in samples from the start of this sentence's audio."""
         chunk_samples = max(1, self.sample_rate * chunk_ms // 1000)
         for spoken_piece in self.spoken_pieces(text, language, voice, speed, should_stop, first_clause_min_words):
-            for i, chunk in enumerate(chunk_pcm(spoken_piece.voiced.pcm, chunk_samples)):
+            chunks = chunk_pcm(spoken_piece.voiced.pcm, chunk_samples)
+            for i, chunk in enumerate(chunks):
                 if should_stop():
                     return
-                yield TimedChunk(chunk, spoken_piece.words if i == 0 else [])
+                yield TimedChunk(chunk, spoken_piece.words if i == 0 else [], spoken_piece.more and i == len(chunks) - 1)
 
     def spoken_pieces(
         self,
@@ -764,12 +774,15 @@ class SynthesisEngine:
             raise ValueError(f"speed must be positive, got {speed}")
         spoken = 0  # samples of this sentence before the current piece
         first_max, rest_max = piece_limits(self.windows_decoding)
-        for text_piece in split_for_early_audio(text, first_max, rest_max, first_clause_min_words):
+        text_pieces = split_for_early_audio(text, first_max, rest_max, first_clause_min_words)
+        for t, text_piece in enumerate(text_pieces):
             if should_stop():
                 return
-            for piece in self.pieces(text_piece, language):
+            pieces = self.pieces(text_piece, language)
+            for p, piece in enumerate(pieces):
                 if should_stop():
                     return
+                later_pieces = t < len(text_pieces) - 1 or p < len(pieces) - 1
                 words = None  # placed with the piece's first audio
                 samples = 0
                 for part in self.voice_parts(piece.phonemes, voice, speed):
@@ -785,7 +798,7 @@ class SynthesisEngine:
                         words = place(piece.time_words(part.durations), self.sample_rate, part.raw_offset, part.bound,
                                       spoken, sound=sound)
                     yield SpokenPiece(piece, Voiced(part.pcm, part.raw_offset, part.durations),
-                                      words if first else [], spoken + samples)
+                                      words if first else [], spoken + samples, later_pieces or not part.final)
                     samples += len(part.pcm) // 2
                     if should_stop():
                         return

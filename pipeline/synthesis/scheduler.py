@@ -385,9 +385,13 @@ class ChunkAssembler:
     rounded to whole frames; one encoder per request, flushed with its last audio).
 
     One full chunk is held back until more audio (or the end) arrives, so the last chunk of the
-    sentence can carry ``is_last_chunk``; the engine produces a segment's audio at once, so the
-    hold-back rarely delays anything. A remainder shorter than a quarter chunk is appended to the
-    last chunk instead of going out as a tiny chunk of its own.
+    sentence can carry ``is_last_chunk``. Where the engine pauses to decode more of the sentence
+    (the end of a window or piece: ``feed(..., pause=True)``) nothing is held: the held chunk and
+    the remainder go out at once (the remainder cut to whole Opus frames), since the audio after
+    the pause is the sentence's end, not them; held, they left a player with one chunk to play
+    while the next window decoded (bench ttfa: 40-100 ms of silence after a turn's first chunk).
+    A remainder shorter than a quarter chunk is appended to the last chunk instead of going out
+    as a tiny chunk of its own.
 
     Word timings fed with the audio (samples from the sentence's start) go out on the chunk
     whose audio holds the word's start, so a player has a word before it renders its start;
@@ -417,9 +421,10 @@ class ChunkAssembler:
         self._built_samples = 0  # samples of the chunks built so far
         self.finished = False
 
-    def feed(self, pcm: bytes, words: Iterable[Any] = ()) -> list[dict]:
+    def feed(self, pcm: bytes, words: Iterable[Any] = (), pause: bool = False) -> list[dict]:
         """Add engine output (and the word timings that came with it: `WordTiming`s or their
-        records); returns the chunks now ready to publish, in order."""
+        records); returns the chunks now ready to publish, in order. ``pause``: the engine decodes
+        more of this sentence before its next output, so all that is whole goes out now."""
         if self.finished:
             raise RuntimeError("feed after finish")
         ready_at = self._last_ready_us = self.clock_us()
@@ -434,6 +439,14 @@ class ChunkAssembler:
             if self._held is not None:
                 out.append(self._build(*self._held, last=False))
             self._held = (piece, ready_at)
+        if pause:
+            if self._held is not None:
+                out.append(self._build(*self._held, last=False))
+                self._held = None
+            whole = len(self._buffer) - len(self._buffer) % self.audio.unit_bytes
+            if whole >= self.chunk_bytes // 4:
+                out.append(self._build(bytes(self._buffer[:whole]), ready_at, last=False))
+                del self._buffer[:whole]
         return out
 
     @property

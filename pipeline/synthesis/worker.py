@@ -428,7 +428,7 @@ class SynthesisWorker:
                 timed = await loop.run_in_executor(self._executor, next, stream, _END)
                 if timed is _END:
                     break
-                if not await self._publish_all(job, assembler.feed(timed.pcm, timed.words)):
+                if not await self._publish_all(job, assembler.feed(timed.pcm, timed.words, timed.pause)):
                     break
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())

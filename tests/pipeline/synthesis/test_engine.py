@@ -174,7 +174,8 @@ def test_a_long_sentence_is_not_cut_mid_phrase_when_the_first_audio_comes_from_a
 
 def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
     """Windowed decoding: the piece's first chunk comes after one run of the generator, the
-    others after the later windows; the chunks' samples are those of all windows joined."""
+    others after the later windows; the chunks' samples are those of all windows joined, and
+    the last chunk of each window but the last is marked as a pause."""
     engine = SynthesisEngine.tiny(seed=0)
     engine.silence_margins_ms = (20, 250)  # the real engine's margins
     engine.windowed = True
@@ -193,6 +194,10 @@ def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
     rest = list(stream)
     assert len(engine.last_seams) >= 1 and len(runs) == len(engine.last_seams) + 1
     assert all(not c.words for c in rest)
+    # each window's last chunk says the engine pauses there to decode more (the worker then holds
+    # nothing back); the sentence's last chunk does not
+    chunks = [first, *rest]
+    assert sum(c.pause for c in chunks) == len(engine.last_seams) and not chunks[-1].pause
     decoded, _ = engine.last_decoded_frames
     assert 0 < len(first.pcm) + sum(len(c.pcm) for c in rest) <= 2 * 600 * decoded
 

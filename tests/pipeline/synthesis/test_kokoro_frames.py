@@ -471,6 +471,48 @@ def test_the_engine_s_decoder_sounds_as_kokoro_s_in_float32(real_engine):
     assert log_mel_distance(ours, kokoro) < seed_distance, (log_mel_distance(ours, kokoro), seed_distance)
 
 
+def test_the_bfloat16_bert_stays_close_to_kokoro_s_and_leaves_the_model_s_own(tiny_engine):
+    """`Bfloat16Bert`: a copy in bfloat16, float32 out, close to kokoro's float32 PL-BERT; the
+    model's ``bert`` (kokoro's forward uses it) stays float32."""
+    import torch
+
+    model = tiny_engine.model
+    (phonemes,) = tiny_engine.phonemize("Good morning, how are you?", "en")
+    ids = kokoro_frames.token_ids(model, phonemes)
+    mask = torch.ones_like(ids, dtype=torch.int)
+    bert = kokoro_frames.Bfloat16Bert(model)
+    with torch.inference_mode():
+        ours, theirs = bert(ids, mask), model.bert(ids, attention_mask=mask)
+    assert ours.dtype == theirs.dtype == torch.float32 and ours.shape == theirs.shape
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 0.05
+    assert next(model.bert.parameters()).dtype == torch.float32
+
+
+def test_the_bfloat16_bert_predicts_kokoro_s_durations(real_engine):
+    """On the real weights the bfloat16 PL-BERT (the engine's where its precision is bfloat16)
+    predicts the durations kokoro's float32 one does: a token's frames differ by one at most, on
+    at most 2 % of the tokens (measured: 1 token of 174)."""
+    import torch
+
+    model = real_engine.model
+    bert = kokoro_frames.Bfloat16Bert(model)
+    generator = real_engine.generator
+    assert (real_engine.bert is not None) == (generator is not None and generator.dtype == torch.bfloat16)
+    ref = real_engine.voice_packs[real_engine.resolve_voice("af_heart")]
+    differing, tokens = 0, 0
+    for text in ("The train to the airport leaves every twenty minutes from the second platform.",
+                 "When the morning train finally pulled into the station after a long delay, the passengers, "
+                 "who had been waiting since dawn in the cold, hurried towards the exits without a word.",
+                 "Your refund was issued this morning.", "Sure, I can help with that."):
+        for phonemes in real_engine.phonemize(text, "en"):
+            with torch.inference_mode():
+                ours = kokoro_frames.predict_frames(model, phonemes, ref[len(phonemes) - 1], bert=bert).durations
+                theirs = kokoro_frames.predict_frames(model, phonemes, ref[len(phonemes) - 1]).durations
+            assert (ours - theirs).abs().max().item() <= 1, text
+            differing, tokens = differing + int((ours != theirs).sum()), tokens + len(theirs)
+    assert differing <= 0.02 * tokens, (differing, tokens)
+
+
 def test_the_folded_frame_rate_half_in_float32_is_kokoros(tiny_engine):
     """`FoldedFrameRateHalf` computes kokoro's frame-rate half of the decoder (encode and the
     decode blocks, the last upsampling) with this module's weighted norms, and in bfloat16

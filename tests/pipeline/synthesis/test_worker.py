@@ -243,6 +243,32 @@ def test_chunks_are_timed_ordered_flagged_and_valid_audio_chunks(engine):
         assert codec.decode(codec.encode("AudioChunk", c)).value["chunk_seq"] == c["chunk_seq"]
 
 
+def test_where_the_engine_pauses_to_decode_more_nothing_made_so_far_is_held_back():
+    """A window's end (``pause``): the held chunk and the whole remainder go out then, not after
+    the next window is decoded (held, a player had one chunk to play meanwhile: bench ttfa's
+    silence after a turn's first chunk); the last chunk still closes the sentence."""
+    job = SynthesisJob(request(last=True), received_at_us=10)
+    assembler = ChunkAssembler(job, chunk_ms=CHUNK_MS, sample_rate=SAMPLE_RATE)
+    chunk_bytes = SAMPLE_RATE * CHUNK_MS // 1000 * 2
+    window = b"\x01\x00" * (chunk_bytes + chunk_bytes // 2 // 2)  # two chunks and a half, in two feeds
+    out = assembler.feed(window[:chunk_bytes]) + assembler.feed(window[chunk_bytes:], pause=True)
+    assert [len(c["pcm"]) for c in out] == [chunk_bytes, chunk_bytes, chunk_bytes // 2]  # all of it, now
+    assert not any(c["is_last_chunk"] for c in out)
+    tiny = assembler.feed(b"\x01\x00" * 10, pause=True)  # under a quarter chunk: kept for what follows
+    assert tiny == []
+    rest = assembler.feed(b"\x02\x00" * (chunk_bytes // 2)) + assembler.finish()
+    assert [(len(c["pcm"]), c["is_last_chunk"]) for c in rest] == [(chunk_bytes + 20, True)]
+    assert [c["chunk_seq"] for c in out + rest] == list(range(4))
+    # Opus: what goes out before the end is whole 20 ms frames, the rest waits for the next window
+    from schemas.contract import split_opus_packets
+
+    opus = opus_assembler(SynthesisJob(request(last=True), received_at_us=10))
+    early = opus.feed(b"\x01\x00" * (8 * 480 + 3 * 480 + 100), pause=True)  # a chunk, 3 frames and a bit
+    assert [len(split_opus_packets(c["pcm"])) for c in early] == [8, 3]
+    closing = opus.feed(b"\x01\x00" * 380) + opus.finish()  # the bit and the rest: one more frame
+    assert [(len(split_opus_packets(c["pcm"])), c["is_last_chunk"]) for c in closing] == [(1 + 1, True)]
+
+
 def test_end_of_turn_marker_yields_one_empty_last_chunk_without_synthesis():
     job = SynthesisJob(request(text="", seq=4, last=True), received_at_us=1)
     assert job.is_end_marker
