@@ -209,7 +209,8 @@ class Settings:
     phrases ("before nine | to confirm"); False: Kokoro's own pauses (docs/synthesis.md,
     "Mid-phrase pauses")."""
     synthesis_precision: str = "auto"
-    """The dtype of the decoder's generator (~90 % of a forward pass): ``auto`` (bfloat16 on a CPU
+    """The dtype of the decoder (~90 % of a forward pass) and of the PL-BERT that reads the
+    phonemes (`kokoro_frames.Bfloat16Bert`): ``auto`` (bfloat16 on a CPU
     that multiplies it in hardware: AMX or AVX-512 BF16; else float32), ``float32`` or ``bfloat16``.
     bfloat16 made the generator 3.6-4x faster with AMX, the whole synthesis 1.4-1.7x with AVX-512
     BF16 (a Zen 5 EPYC), and Whisper hears the same words (docs/synthesis.md, "The generator,
