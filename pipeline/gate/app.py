@@ -169,6 +169,7 @@ class GateWorker:
         self._dirty_positions: set[int] = set()
         self._control_done: dict[int, int] = {}  # control partition -> next offset applied
         self._control_committed: dict[int, int] = {}
+        self.ticks_done = 0  # timer ticks completed, their effects acknowledged (what a test can wait on)
         self.producer = None
         self.control = None
         self.text = None
@@ -552,6 +553,7 @@ class GateWorker:
         async with self._lock:
             for p in sorted(self._dirty_positions & self._owned):
                 await self._write_positions(p)
+        self.ticks_done += 1
 
     # --- one control record ---------------------------------------------------------------------
     async def _process_control(self, record: Any, partition: int) -> None:

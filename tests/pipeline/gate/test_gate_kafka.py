@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
+from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
 from pipeline.codecs import Codec
 from pipeline.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess
 from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
@@ -130,6 +130,28 @@ async def collect(settings, done, timeout=60.0, topic=None):
     return got
 
 
+async def gate_caught_up(settings, agents, timeout_s: float = 90.0) -> list:
+    """Wait until the gate's stored text positions (its changelog's positions record of each
+    partition) cover every record now on the agents' text topics; then every synthesis request.
+    The gate writes positions only after the broker acknowledged all the requests their records
+    made, so from then on the synthesis topic holds everything the gate will make of that input,
+    late repeats included: nothing is left to a quiet interval's guess."""
+    ends = {(r.topic, r.partition): r.offset + 1 for r in await read_to_end(settings, [text_topic(settings, a) for a in agents])}
+    behind: dict = {}
+
+    async def covered() -> bool:
+        stored = {r.partition: json.loads(r.value) for r in await read_to_end(settings, [settings.gate_changelog_topic])
+                  if r.key == POSITIONS_KEY}
+        behind.clear()
+        behind.update({tp: (stored.get(tp[1], {}).get(tp[0], 0), end) for tp, end in ends.items()
+                       if stored.get(tp[1], {}).get(tp[0], 0) < end})
+        return not behind
+    await eventually(covered, timeout_s=timeout_s, interval_s=0.2, what="the gate's stored positions at the text topics' ends",
+                     detail=lambda: f"behind (stored, end): {behind}")
+    codec = Codec()
+    return [codec.decode(r.value, expect="SynthesisRequest").value for r in await read_to_end(settings, [settings.synthesis_topic])]
+
+
 def by_session(requests):
     out: dict[str, list] = {}
     for r in requests:
@@ -201,8 +223,7 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
     )
     await send_all(settings, phase2)
     await collect(settings, ended_sessions(5), timeout=90)
-    time.sleep(1.0)
-    got = await collect(settings, lambda got: False, timeout=2)  # all of it, late extras included
+    got = await gate_caught_up(settings, ["llm", "retriever", "newcomer"])  # all of it, late extras included
     sessions = by_session(got)
 
     assert [x[2] for x in sessions["sa"]] == ["Good morning.", "The weather is fine today."]
@@ -273,9 +294,8 @@ async def test_worker_killed_mid_turn_restarts_without_gap_or_repeat(make_settin
                                     f"{open(second.stderr.name).read()[-2000:]}")
 
     await send_all(settings, [("llm", ev) for s in turns for ev in second_half[s]])
-    got = await collect(settings, ended_sessions(len(turns)), timeout=90)
-    time.sleep(1.0)
-    got = await collect(settings, lambda g: False, timeout=2)  # everything, including late repeats
+    await collect(settings, ended_sessions(len(turns)), timeout=90)
+    got = await gate_caught_up(settings, ["llm"])  # everything, including late repeats
     for s in turns:
         mine = [(r["sentence_seq"], r["text"], r["is_last_in_turn"]) for r in got if r["session_id"] == s]
         assert mine == [(0, "First sentence is here.", False), (1, "Second one follows now.", False),
@@ -303,12 +323,7 @@ async def test_cancel_overtakes_a_backlog_of_text(make_settings, gate_processes)
     finally:
         await producer.stop()
 
-    last_count, still = -1, 0
-    got: list = []
-    while still < 3:  # until nothing new for 3 s
-        got = await collect(settings, lambda g: False, timeout=1)
-        still = still + 1 if len(got) == last_count else 0
-        last_count = len(got)
+    got = await gate_caught_up(settings, ["llm"])  # the whole backlog read, its requests all out
     seqs = [r["sentence_seq"] for r in got]
     assert seqs == list(range(len(got)))  # in order, no gap, no repeat
     assert len(got) < sentences, "the cancel waited for the whole backlog"

@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from agents.sdk import Publisher
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
+from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
 from pipeline.codecs import Codec
 from pipeline.gate.app import POSITIONS_KEY, GateStartError, GateWorker
 from pipeline.topics import session_key, text_topic
@@ -75,6 +75,17 @@ class Requests:
     async def poll(self) -> list[dict]:
         for records in (await self.consumer.getmany(timeout_ms=100)).values():
             self.got.extend(self.codec.decode(r.value, expect="SynthesisRequest").value for r in records)
+        return self.got
+
+    async def to_end(self) -> list[dict]:
+        """Every request on the topic up to its end offsets as of now."""
+        tps = list(self.consumer.assignment())
+        ends = await self.consumer.end_offsets(tps)
+
+        async def caught_up():
+            await self.poll()
+            return all([await self.consumer.position(tp) >= ends[tp] for tp in tps])
+        await eventually(caught_up, what="the synthesis topic read to its end")
         return self.got
 
     async def until(self, done, what, timeout_s=60.0) -> list[dict]:
@@ -197,9 +208,11 @@ async def test_a_rebalance_mid_turn_releases_every_sentence_exactly_once(make_se
         await send(settings, "retriever", [Turn(session=s, agent="retriever").ready("c") for s in ready])
         await send(settings, "llm", [e for s in sessions for e in turns[s].tokens("After it. ") + [turns[s].end()]])
         await requests.until(ended(len(sessions)), "every turn ended", timeout_s=60)
-        # Late duplicates would come from a timer tick of the old owner: give it two.
-        await asyncio.sleep(3 * first.timer_interval_s)
-        await requests.poll()
+        # Late duplicates would come from a timer tick of the old owner: two more of them done
+        # (their sends acknowledged), then everything on the topic.
+        ticked = first.ticks_done
+        await eventually(lambda: first.ticks_done >= ticked + 2, what="two more ticks of the old owner")
+        await requests.to_end()
 
     for s in sessions:
         assert requests.of(s) == [("t1", 0, "Before the claim.", False), ("t1", 1, "Held one.", False),
@@ -338,20 +351,29 @@ async def test_a_whole_session_cancel_is_resolved_and_published_once(make_settin
         await requests.until(lambda got: any(r["turn_id"] == "t3" and r["is_last_in_turn"] for r in got), "t3")
     assert [(t, x) for t, _, x, _ in requests.of("barge")] == [
         ("t1", "Spoken first."), ("t2", "Then this."), ("t3", "A new turn.")]
-    control = make_consumer(settings, settings.control_topic, auto_offset_reset="earliest")
-    await control.start()
-    try:
-        events: list[dict] = []
+    codec = Codec()
+    resolution = None
 
-        async def probe():
-            for records in (await control.getmany(timeout_ms=200)).values():
-                events.extend(Codec().decode(r.value, expect="ControlEvent").value for r in records)
-            return len(events) >= 2
-        await eventually(probe, what="the gate's resolution on the control topic")
-        await asyncio.sleep(0.5)  # a second resolution (the gate answering its own) would be here by now
-        await probe()
+    async def resolved():
+        nonlocal resolution
+        resolution = next((r for r in await read_to_end(settings, [settings.control_topic])
+                           if codec.decode(r.value, expect="ControlEvent").value["source"] == "gate"), None)
+        return resolution is not None
+    await eventually(resolved, what="the gate's resolution on the control topic")
+    # The gate reads its own resolution back. Once its group has committed past it, the gate has
+    # applied it and sent whatever that made: a second resolution (the gate answering its own)
+    # would be on the topic by then.
+    tp = TopicPartition(settings.control_topic, resolution.partition)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        async def applied():
+            committed = (await admin.list_consumer_group_offsets(settings.gate_app_id)).get(tp)
+            return committed is not None and committed.offset > resolution.offset
+        await eventually(applied, what="the gate's control commit past its own resolution")
     finally:
-        await control.stop()
+        await admin.close()
+    events = [codec.decode(r.value, expect="ControlEvent").value for r in await read_to_end(settings, [settings.control_topic])]
     resolutions = [e for e in events if e["source"] == "gate"]
     assert len(resolutions) == 1 and resolutions[0]["turn_ids"] == ["t1", "t2"]
     assert resolutions[0]["turn_id"] is None and resolutions[0]["session_id"] == "barge"
