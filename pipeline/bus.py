@@ -111,11 +111,8 @@ async def seek_to_beginning_quietly(consumer: AIOKafkaConsumer, tps: list) -> di
     return ends
 
 
-async def read_to_end(settings: Settings, topics: Iterable[str]) -> list:
-    """Every record now on `topics`, from the beginning to the end offsets they had when asked, in
-    order per partition (aiokafka ``ConsumerRecord``s, undecoded). A topic that does not exist
-    is skipped. One fetch is not enough for this: it returns what one fetch response carried, not
-    every partition to its end."""
+async def partitions_of(settings: Settings, topics: Iterable[str]) -> list:
+    """Every partition (``TopicPartition``) of `topics`; a topic that does not exist has none."""
     from aiokafka.structs import TopicPartition
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
@@ -126,7 +123,58 @@ async def read_to_end(settings: Settings, topics: Iterable[str]) -> list:
         described = await admin.describe_topics(wanted) if wanted else []
     finally:
         await admin.close()
-    tps = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d.get("partitions", ())]
+    return [TopicPartition(d["topic"], p["partition"]) for d in described for p in d.get("partitions", ())]
+
+
+async def topics_matching(settings: Settings, pattern: str) -> list[str]:
+    """The topics whose name matches the regex `pattern` now, sorted."""
+    import re
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        return sorted(t for t in await admin.list_topics() if re.match(pattern, t))
+    finally:
+        await admin.close()
+
+
+async def end_offsets(settings: Settings, topics: Iterable[str]) -> dict:
+    """``TopicPartition`` -> the offset the next record written to it will get, for every
+    partition of `topics` now."""
+    tps = await partitions_of(settings, topics)
+    if not tps:
+        return {}
+    consumer = make_consumer(settings, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+
+
+async def committed_offsets(settings: Settings, group_id: str) -> dict:
+    """``TopicPartition`` -> the offset consumer group `group_id` has committed (none: absent).
+    No coordinator yet (no group has committed on this cluster, or it is still electing one):
+    nothing is known to be committed, so nothing is returned."""
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        committed = await admin.list_consumer_group_offsets(group_id)
+    except GroupCoordinatorNotAvailableError:
+        return {}
+    finally:
+        await admin.close()
+    return {tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0}
+
+
+async def read_to_end(settings: Settings, topics: Iterable[str]) -> list:
+    """Every record now on `topics`, from the beginning to the end offsets they had when asked, in
+    order per partition (aiokafka ``ConsumerRecord``s, undecoded). A topic that does not exist
+    is skipped. One fetch is not enough for this: it returns what one fetch response carried, not
+    every partition to its end."""
+    tps = await partitions_of(settings, topics)
     if not tps:
         return []
     out: list = []

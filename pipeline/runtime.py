@@ -148,6 +148,39 @@ class PipelineStack:
                 lane.gate = None
         await asyncio.to_thread(self._exit.close)
 
+    async def drained(self) -> bool:
+        """One look: has everything sent into the pipeline so far gone all the way through? Each
+        lane's gate has applied every text record (its stored positions at its text topics' ends),
+        each worker has settled every request (its group's commits at the synthesis topic's end:
+        it publishes nothing more of them), and the edge has routed every audio record, with no
+        frame left in a client's outbox. Tests poll it instead of waiting a quiet interval; what
+        the edge has sent may still be on the socket (a client's ping round trip settles that)."""
+        from pipeline.bus import committed_offsets, end_offsets, topics_matching
+        from pipeline.gate.app import stored_positions
+        from pipeline.synthesis.worker import worker_group_id
+        from pipeline.topics import text_topic_pattern
+
+        def covered(ends: dict, done: dict) -> bool:
+            # keys: aiokafka's TopicPartition, a named tuple, equal to (topic, partition) tuples
+            return all(done.get(tp, 0) >= end for tp, end in ends.items())
+
+        for lane in self.lanes.values():
+            s = lane.settings
+            text_ends = await end_offsets(s, await topics_matching(s, text_topic_pattern(s)))
+            if not covered(text_ends, await stored_positions(s)):
+                return False
+            if not covered(await end_offsets(s, [s.synthesis_topic]), await committed_offsets(s, worker_group_id(s))):
+                return False
+        if self.edge_app is not None:
+            from players.edge import LINK_KEY, ROUTER_KEY
+
+            link = self.edge_app[LINK_KEY]
+            if link is not None and not covered(await end_offsets(self.settings, [self.settings.audio_topic]),
+                                                await link.routed()):
+                return False
+            return self.edge_app[ROUTER_KEY].idle()
+        return True
+
     async def _start_gate(self, lane: Lane, timeout: float = 90.0) -> None:
         from pipeline.gate.app import READY_LINE, start_gate_subprocess
 

@@ -428,6 +428,12 @@ class KafkaLink:
             await self._close_consumer()
             raise
 
+    async def routed(self) -> dict:
+        """Owned audio partition -> the next offset to route, every record before it handed to the
+        router; empty while a backfill holds live records back (they are routed after it)."""
+        async with self._lock:
+            return {} if any(self._deferred.values()) else dict(self._positions)
+
     async def _close_consumer(self) -> None:
         consumer, self.consumer = self.consumer, None
         if consumer is not None:

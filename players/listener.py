@@ -127,6 +127,7 @@ class Listener:
         self.redirects: list[str] = []  # the URLs it was redirected to, in order
         self.ws_url: str | None = None  # the /ws it is connected to
         self.ready: dict = {}
+        self._pongs: dict[float, asyncio.Future] = {}  # t0 of a ping -> its pong's server time
 
     async def __aenter__(self) -> "Listener":
         await self.start()
@@ -172,6 +173,19 @@ class Listener:
             turn.cancelled_at_us = turn.cancelled_at_us or cancelled_at
         fields = {"reason": reason} if turn_id is None else {"turn_id": turn_id, "reason": reason}
         await self._ws.send_str(protocol.encode_control(protocol.CANCEL, **fields))
+
+    async def ping(self, timeout: float = 10.0) -> int:
+        """A ``ping`` round trip; the edge's ``server_time_us``. The edge answers ahead of the
+        audio still in the client's outbox, but after what it has already written: with that
+        outbox empty (`SessionRouter.idle`), every frame sent before has arrived by the answer."""
+        t0 = float(now_us())
+        answered = self._pongs.setdefault(t0, asyncio.get_running_loop().create_future())
+        await self._ws.send_str(protocol.encode_control(protocol.PING, t0=t0))
+        try:
+            async with asyncio.timeout(timeout):
+                return await answered
+        finally:
+            self._pongs.pop(t0, None)
 
     async def wait_turn_end(self, turn_id: str, timeout: float) -> HeardTurn:
         async with asyncio.timeout(timeout):
@@ -220,6 +234,10 @@ class Listener:
             turn.timelines.setdefault(int(message.get("sentence_seq", message.get("sentence", 0))), message)
             if turn.frames:
                 turn.heard_event.set()
+        elif mtype == protocol.PONG:
+            answered = self._pongs.get(message.get("t0"))
+            if answered is not None and not answered.done():
+                answered.set_result(int(message.get("server_time_us", 0)))
         elif mtype in (protocol.TURN_END, protocol.STOP):
             turn_id = message.get("turn_id") or self._numbers.get(message.get("turn"))
             for turn in ([self.turns[turn_id]] if turn_id in self.turns else list(self.turns.values())):

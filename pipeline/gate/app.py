@@ -92,6 +92,19 @@ class PartitionRevoked(Exception):
     """The partition of the event being handled was revoked while its output was retried."""
 
 
+async def stored_positions(settings: Settings) -> dict[tuple[str, int], int]:
+    """(text topic, partition) -> the next offset the gate will apply, as its changelog says now.
+    The gate writes a partition's positions only after the broker acknowledged every request the
+    records before them made: a text record below its position has had all its effects."""
+    from pipeline.bus import read_to_end
+
+    out: dict[tuple[str, int], int] = {}
+    for record in await read_to_end(settings, [settings.gate_changelog_topic]):
+        if record.key == POSITIONS_KEY and record.value is not None:
+            out.update({(topic, record.partition): offset for topic, offset in json.loads(record.value).items()})
+    return out
+
+
 def _tp(topic: str, partition: int) -> Any:
     from aiokafka.structs import TopicPartition
 

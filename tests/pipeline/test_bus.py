@@ -11,8 +11,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.bus import (TopicCreationError, decoded_records, ensure_topics, make_consumer, make_producer, publish,
-                          read_to_end)
+from pipeline.bus import (TopicCreationError, committed_offsets, decoded_records, end_offsets, ensure_topics,
+                          make_consumer, make_producer, publish, read_to_end, topics_matching)
 from pipeline.codecs import MAGIC, Codec
 from pipeline.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
                              text_topic, text_topic_pattern)
@@ -152,6 +152,30 @@ async def test_read_to_end_reads_every_partition_to_its_end(make_settings):
     for r in records:
         per_partition.setdefault(r.partition, []).append(r.offset)
     assert len(per_partition) > 1 and all(offsets == list(range(len(offsets))) for offsets in per_partition.values())
+
+
+async def test_end_and_committed_offsets_and_topics_by_pattern(make_settings):
+    """What tests and `PipelineStack.drained` observe: where each partition ends, where a group
+    has committed, which topics match a pattern."""
+    settings = make_settings(partitions=2)
+    topic, other = text_topic(settings, "a1"), text_topic(settings, "a2")
+    await ensure_topics(settings, [topic, other])
+    assert await topics_matching(settings, text_topic_pattern(settings)) == sorted([topic, other])
+    async with make_producer(settings) as producer:
+        for i in range(5):
+            await producer.send_and_wait(topic, b"x", partition=i % 2)
+    ends = await end_offsets(settings, [topic, "no-such-topic"])
+    assert ends == {TopicPartition(topic, 0): 3, TopicPartition(topic, 1): 2}
+    group = f"{topic}.readers"
+    assert await committed_offsets(settings, group) == {}
+    consumer = make_consumer(settings, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        await consumer.commit({TopicPartition(topic, 0): 2})
+    finally:
+        await consumer.stop()
+    assert await committed_offsets(settings, group) == {TopicPartition(topic, 0): 2}
 
 
 async def test_two_consumers_in_a_group_split_partitions_and_one_takes_over(make_settings):

@@ -58,6 +58,11 @@ async def test_a_turn_flows_end_to_end_in_order_with_every_stage_stamped(make_se
     assert turn.first_audio_at_us >= turn.timelines[sentences[0]]["published_at_us"]
 
 
+def seen_cancel_at_us(stack) -> int:
+    """When the worker saw the cancel: the ping's answer (the edge's clock, this machine's) comes later."""
+    return max((o.seen_at_us for o in stack.lanes["main"].worker.cancel_log), default=0)
+
+
 async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
     settings = make_settings(edge_port=free_port(), worker_max_in_flight=2)
     text = " ".join(f"Sentence number {n} is here." for n in range(8))
@@ -71,7 +76,10 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
                              interval_s=0.01, what="the turn's first audio at the listener")
             await listener.cancel("t1")
             await speaking
-            await asyncio.sleep(3.0)  # anything still in the pipeline would arrive by now
+            # Everything still in the pipeline arrives: each stage through, then a ping round
+            # trip behind whatever the edge already wrote to the listener.
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            assert await listener.ping() > seen_cancel_at_us(stack)
             turn = listener.turns["t1"]
             worker = stack.lanes["main"].worker
             seen = [o for o in worker.cancel_log if o.session_id == "s-cancel"]

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
+from pipeline.bus import end_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
 from pipeline.codecs import Codec
-from pipeline.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess
+from pipeline.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess, stored_positions
 from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
 from pipeline.topics import text_topic
 from tests.foreign import foreign_encode
@@ -131,20 +131,19 @@ async def collect(settings, done, timeout=60.0, topic=None):
 
 
 async def gate_caught_up(settings, agents, timeout_s: float = 90.0) -> list:
-    """Wait until the gate's stored text positions (its changelog's positions record of each
-    partition) cover every record now on the agents' text topics; then every synthesis request.
-    The gate writes positions only after the broker acknowledged all the requests their records
-    made, so from then on the synthesis topic holds everything the gate will make of that input,
-    late repeats included: nothing is left to a quiet interval's guess."""
-    ends = {(r.topic, r.partition): r.offset + 1 for r in await read_to_end(settings, [text_topic(settings, a) for a in agents])}
+    """Wait until the gate's stored text positions cover every record now on the agents' text
+    topics; then every synthesis request. The gate writes positions only after the broker
+    acknowledged all the requests their records made, so from then on the synthesis topic holds
+    everything the gate will make of that input, late repeats included: nothing is left to a
+    quiet interval's guess."""
+    ends = await end_offsets(settings, [text_topic(settings, a) for a in agents])
     behind: dict = {}
 
     async def covered() -> bool:
-        stored = {r.partition: json.loads(r.value) for r in await read_to_end(settings, [settings.gate_changelog_topic])
-                  if r.key == POSITIONS_KEY}
+        stored = await stored_positions(settings)
         behind.clear()
-        behind.update({tp: (stored.get(tp[1], {}).get(tp[0], 0), end) for tp, end in ends.items()
-                       if stored.get(tp[1], {}).get(tp[0], 0) < end})
+        behind.update({tp: (stored.get((tp.topic, tp.partition), 0), end) for tp, end in ends.items()
+                       if stored.get((tp.topic, tp.partition), 0) < end})
         return not behind
     await eventually(covered, timeout_s=timeout_s, interval_s=0.2, what="the gate's stored positions at the text topics' ends",
                      detail=lambda: f"behind (stored, end): {behind}")

@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from agents.sdk import Publisher
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
+from pipeline.bus import committed_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
 from pipeline.codecs import Codec
 from pipeline.gate.app import POSITIONS_KEY, GateStartError, GateWorker
 from pipeline.topics import session_key, text_topic
@@ -364,15 +364,10 @@ async def test_a_whole_session_cancel_is_resolved_and_published_once(make_settin
     # applied it and sent whatever that made: a second resolution (the gate answering its own)
     # would be on the topic by then.
     tp = TopicPartition(settings.control_topic, resolution.partition)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
-    await admin.start()
-    try:
-        async def applied():
-            committed = (await admin.list_consumer_group_offsets(settings.gate_app_id)).get(tp)
-            return committed is not None and committed.offset > resolution.offset
-        await eventually(applied, what="the gate's control commit past its own resolution")
-    finally:
-        await admin.close()
+
+    async def applied():
+        return (await committed_offsets(settings, settings.gate_app_id)).get(tp, -1) > resolution.offset
+    await eventually(applied, what="the gate's control commit past its own resolution")
     events = [codec.decode(r.value, expect="ControlEvent").value for r in await read_to_end(settings, [settings.control_topic])]
     resolutions = [e for e in events if e["source"] == "gate"]
     assert len(resolutions) == 1 and resolutions[0]["turn_ids"] == ["t1", "t2"]
