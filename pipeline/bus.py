@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
@@ -126,10 +127,8 @@ async def partitions_of(settings: Settings, topics: Iterable[str]) -> list:
     return [TopicPartition(d["topic"], p["partition"]) for d in described for p in d.get("partitions", ())]
 
 
-async def topics_matching(settings: Settings, pattern: str) -> list[str]:
+async def topics_matching(settings: Settings, pattern: "str | re.Pattern[str]") -> list[str]:
     """The topics whose name matches the regex `pattern` now, sorted."""
-    import re
-
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
     await admin.start()
     try:

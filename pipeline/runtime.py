@@ -178,7 +178,7 @@ class PipelineStack:
             if link is not None and not covered(await end_offsets(self.settings, [self.settings.audio_topic]),
                                                 await link.routed()):
                 return False
-            return self.edge_app[ROUTER_KEY].idle()
+            return self.edge_app[ROUTER_KEY].outboxes_empty()
         return True
 
     async def _start_gate(self, lane: Lane, timeout: float = 90.0) -> None:

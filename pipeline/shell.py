@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from pipeline.bus import DecodedRecord, seek_to_beginning_quietly
+from pipeline.bus import DecodedRecord, seek_to_beginning_quietly, topics_matching
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, CodecError, deadletter_headers
 from pipeline.settings import Settings
@@ -529,14 +529,7 @@ class TopicDiscovery:
             await self._hand_over(found)
 
     async def _list(self) -> set[str]:
-        from aiokafka.admin import AIOKafkaAdminClient
-
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap)
-        await admin.start()
-        try:
-            return {t for t in await admin.list_topics() if self.pattern.match(t)}
-        finally:
-            await admin.close()
+        return set(await topics_matching(self.settings, self.pattern))
 
     def _topics_in(self, batch: dict) -> set[str]:
         found: set[str] = set()

@@ -177,7 +177,7 @@ class Listener:
     async def ping(self, timeout: float = 10.0) -> int:
         """A ``ping`` round trip; the edge's ``server_time_us``. The edge answers ahead of the
         audio still in the client's outbox, but after what it has already written: with that
-        outbox empty (`SessionRouter.idle`), every frame sent before has arrived by the answer."""
+        outbox empty (`SessionRouter.outboxes_empty`), every frame sent before has arrived by the answer."""
         t0 = float(now_us())
         answered = self._pongs.setdefault(t0, asyncio.get_running_loop().create_future())
         await self._ws.send_str(protocol.encode_control(protocol.PING, t0=t0))

@@ -439,7 +439,7 @@ class SessionRouter:
             self._idle[session_id] = self.clock()
             self._idle.move_to_end(session_id)
 
-    def idle(self) -> bool:
+    def outboxes_empty(self) -> bool:
         """No frame waits in any client's outbox (each sender has taken all it was given)."""
         return not any(c.outbox for session in self._sessions.values() for c in session.clients.values())
 

@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
 
-from pipeline.bus import await_group_coordinator, ensure_topics, make_producer, seek_to_beginning_quietly
+from pipeline.bus import await_group_coordinator, ensure_topics, make_producer, read_to_end, seek_to_beginning_quietly
 from pipeline.clock import now_us
 from pipeline.codecs import CodecError, codec_for
 from pipeline import tracing
@@ -96,8 +96,6 @@ async def stored_positions(settings: Settings) -> dict[tuple[str, int], int]:
     """(text topic, partition) -> the next offset the gate will apply, as its changelog says now.
     The gate writes a partition's positions only after the broker acknowledged every request the
     records before them made: a text record below its position has had all its effects."""
-    from pipeline.bus import read_to_end
-
     out: dict[tuple[str, int], int] = {}
     for record in await read_to_end(settings, [settings.gate_changelog_topic]):
         if record.key == POSITIONS_KEY and record.value is not None:

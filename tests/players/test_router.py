@@ -19,16 +19,16 @@ def test_an_idle_client_is_not_taken_for_a_stalled_one():
     assert sum(f.is_audio for f in channel.outbox) == 3
 
 
-async def test_the_router_is_idle_only_when_every_outbox_is_empty():
+async def test_the_outboxes_are_empty_only_when_every_client_s_is():
     router = SessionRouter(clock=FakeClock())
-    assert router.idle()  # nobody connected
+    assert router.outboxes_empty()  # nobody connected
     first, second = router.connect("s1"), router.connect("s2")
     for chunk in tone_turn("s1", "t1", sentences=1, chunks_per_sentence=2):
         router.route(chunk)
-    assert not router.idle() and first.outbox and not second.outbox
+    assert not router.outboxes_empty() and first.outbox and not second.outbox
     while first.outbox:
         await first.next_frame()
-    assert router.idle()
+    assert router.outboxes_empty()
 
 
 def test_a_client_that_stops_reading_while_frames_wait_is_closed():
