@@ -25,6 +25,7 @@ from aiohttp import web
 
 from pipeline.broker import ensure_local_kafka
 from pipeline.bus import ensure_topics
+from pipeline.lifecycle import Owned
 from pipeline.settings import Settings
 from pipeline.topics import fixed_topics, text_topic
 
@@ -57,7 +58,7 @@ class Lane:
     gate_output: list[str] = field(default_factory=list)
 
 
-class PipelineStack:
+class PipelineStack(Owned):
     def __init__(self, settings: Settings, engine: Any, lanes: dict[str, Settings] | None = None,
                  *, edge: bool = True, gate_loglevel: str = "WARNING", agent_ids: tuple[str, ...] = (),
                  edge_setup: Callable[[web.Application, "PipelineStack"], None] | None = None) -> None:
@@ -76,18 +77,7 @@ class PipelineStack:
 
     @property
     def edge_url(self) -> str:
-        return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
-
-    async def __aenter__(self) -> "PipelineStack":
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
+        return self.settings.edge_url
 
     async def start(self, progress=None) -> None:
         step = progress or (lambda message: None)

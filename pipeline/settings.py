@@ -333,6 +333,12 @@ class Settings:
         return env
 
     @property
+    def edge_url(self) -> str:
+        """The edge's base URL on the address it listens on (``/ws``, ``/healthz`` below it); what
+        players elsewhere are told is `edge_public_url`."""
+        return f"http://{self.edge_host}:{self.edge_port}"
+
+    @property
     def kafka_dir(self) -> Path:
         return self.cache_dir / "kafka"
 

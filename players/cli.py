@@ -50,5 +50,5 @@ def print_token(args: argparse.Namespace, settings) -> int:
         return 2
     token = issue_token(settings.edge_secret, args.session, args.ttl or settings.token_ttl_s)
     print(token)
-    print(player_url(f"http://{settings.edge_host}:{settings.edge_port}", args.session, token))
+    print(player_url(settings.edge_url, args.session, token))
     return 0

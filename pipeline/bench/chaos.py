@@ -51,6 +51,7 @@ from typing import Any, Callable
 from pipeline.bench.stages import StageProcess, healthz_probe, stage_env
 from pipeline.clock import now_us
 from pipeline.latency import STAGES
+from pipeline.lifecycle import Owned
 from pipeline.settings import Settings
 
 KINDS = ("broker_leader", "broker_single", "gate", "worker", "edge")
@@ -336,7 +337,7 @@ class ChaosPlan:
         return round_no % self.every == min(1, self.every - 1)
 
 
-class ChaosRun:
+class ChaosRun(Owned):
     """One pipeline (gate, worker, edge processes; agent and listeners here) on one cluster, and
     the faults of the kinds that run on it. Owns everything it starts: use ``async with``."""
 
@@ -355,18 +356,7 @@ class ChaosRun:
 
     @property
     def edge_url(self) -> str:
-        return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
-
-    async def __aenter__(self) -> "ChaosRun":
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
+        return self.settings.edge_url
 
     async def start(self) -> None:
         from agents.sdk import Publisher

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from pipeline.daemon import free_port, popen_dying_with_parent, signal_group
+from pipeline.lifecycle import Owned
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,7 +186,7 @@ class StageProcess:
         return "\n".join(list(self.output)[-n:])
 
 
-class StageProcesses:
+class StageProcesses(Owned):
     """One gate, ``workers`` synthesis workers (the tiny seeded model unless ``tiny=False``) and
     one edge, each its own process. Use as ``async with``; `settings` then names the edge's port."""
 
@@ -201,18 +202,7 @@ class StageProcesses:
 
     @property
     def edge_url(self) -> str:
-        return f"http://{self.settings.edge_host}:{self.settings.edge_port}"
-
-    async def __aenter__(self) -> "StageProcesses":
-        try:
-            await self.start()
-        except BaseException:
-            await self.stop()
-            raise
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
+        return self.settings.edge_url
 
     async def start(self) -> None:
         from pipeline.gate.app import READY_LINE
