@@ -32,6 +32,7 @@ from typing import Any, AsyncIterable, Iterable
 
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, codec_for
+from pipeline.lifecycle import Owned
 from pipeline.settings import Settings
 from pipeline import tracing
 from pipeline.topics import text_topic
@@ -187,7 +188,7 @@ async def _wait_until_partitions_lead(settings: Settings, topic: str, partitions
         await probe.stop()
 
 
-class Publisher:
+class Publisher(Owned):
     """Owns one Kafka producer and publishes agents' events. Use as `async with`.
 
     `agent_id` is the default agent; `turn(..., agent_id=...)` speaks for another one. Each
@@ -206,13 +207,6 @@ class Publisher:
         self._ready_topics: set[str] = set()
         # (session, turn) -> the turn's root span, open from its first event to its END_OF_TURN
         self._turn_spans: OrderedDict[tuple[str, str], LiveSpan] = OrderedDict()
-
-    async def __aenter__(self) -> "Publisher":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         from pipeline.bus import ensure_topics, make_producer, register_schemas
@@ -418,7 +412,7 @@ class HeardTimeout(AgentError, TimeoutError):
     """No TurnHeard for a turn within the time given (no player reported it, or none listened)."""
 
 
-class HeardFollower:
+class HeardFollower(Owned):
     """What listeners heard of turns: every TurnHeard the edge publishes (``settings.heard_topic``,
     docs/protocol.md "Heard report"), for an agent to continue from what was actually heard.
 
@@ -447,13 +441,6 @@ class HeardFollower:
         self._waiters: dict[tuple[str, str], list] = {}
         self._follower = None
         self._task = None
-
-    async def __aenter__(self) -> "HeardFollower":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self.stop()
 
     def add_callback(self, callback: Any) -> None:
         self._callbacks.append(callback)

@@ -1,5 +1,6 @@
 """`Owned`: the one ``async with`` of the things that start processes, clients or tasks and must
-stop them (a pipeline stack, a bench's stage processes, a chaos run).
+stop them: the synthesis worker, the SDK's publisher and heard follower, the listener, a pipeline
+stack, a bench's stage processes, a chaos run.
 
 A subclass writes `start` and `stop`; its `stop` must release whatever a `start` that failed half
 way had started. ``async with`` then stops it on the way out, and also when `start` itself fails,

@@ -17,6 +17,7 @@ import aiohttp
 
 from pipeline.audio_codec import OpusDecoder
 from pipeline.clock import now_us
+from pipeline.lifecycle import Owned
 from players import protocol
 from players.auth import issue_token
 
@@ -110,7 +111,7 @@ class HeardTurn:
         return gap_ms, gaps
 
 
-class Listener:
+class Listener(Owned):
     """Connects to the edge for one session and collects what it hears. Owns its socket and
     reader task: use `async with` or `start()` / `stop()`."""
 
@@ -128,13 +129,6 @@ class Listener:
         self.ws_url: str | None = None  # the /ws it is connected to
         self.ready: dict = {}
         self._pongs: dict[float, asyncio.Future] = {}  # t0 of a ping -> its pong's server time
-
-    async def __aenter__(self) -> "Listener":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Connect and say hello. An edge that does not own the session answers ``redirect`` with

@@ -56,6 +56,7 @@ from pipeline.bus import await_group_coordinator, ensure_topics, make_consumer, 
 from pipeline.cancel import CancelRegistry
 from pipeline.clock import now_us
 from pipeline.codecs import Codec, CodecError, codec_for
+from pipeline.lifecycle import Owned
 from pipeline.settings import Settings
 from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
 from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
@@ -124,7 +125,7 @@ def speak_failure_reason(error: BaseException) -> str:
     return "engine-error"
 
 
-class SynthesisWorker:
+class SynthesisWorker(Owned):
     """One worker: owns its producer, both consumers, the executor, its tasks and the HTTP
     server. Use ``async with SynthesisWorker(...)`` or `start`/`stop`.
 
@@ -189,13 +190,6 @@ class SynthesisWorker:
         self._synthesis_spans: dict[SynthesisJob, LiveSpan] = {}
 
     # --- lifecycle ---------------------------------------------------------------------------
-    async def __aenter__(self) -> "SynthesisWorker":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         s = self.settings
         try:

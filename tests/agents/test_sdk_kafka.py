@@ -59,3 +59,19 @@ async def test_a_turn_block_that_raises_still_ends_the_turn(make_settings):
         got = await reader.wait_for(count_kind("END_OF_TURN"))
     assert [r.value["kind"] for r in got] == ["TOKEN", "END_OF_TURN"]
     assert got[1].value["turn_id"] == turn.turn_id
+
+
+async def test_a_publisher_whose_start_fails_stops_the_producer_it_had_started(make_settings, monkeypatch):
+    """`async with Publisher`: a start that fails after the producer is up (here its agent topic
+    cannot be made ready) stops that producer on the way out, instead of leaking a live client."""
+    from pipeline.bus import TopicCreationError
+
+    publisher = Publisher(make_settings(), "assistant")
+
+    async def refused(agent_id: str) -> str:
+        raise TopicCreationError(f"{agent_id}: refused by the broker")
+    monkeypatch.setattr(publisher, "ensure_agent_topic", refused)  # the fault, after the producer started
+    with pytest.raises(TopicCreationError):
+        async with publisher:
+            pytest.fail("a publisher that did not start must not be entered")
+    assert publisher._producer is None

@@ -43,3 +43,19 @@ def test_turn_end_s_reason_is_kept():
     listener._on_control({"type": "turn_start", "v": 1, "turn_id": "t1", "turn": 1, "sample_rate": 24000}, 0)
     listener._on_control({"type": "turn_end", "v": 1, "turn_id": "t1", "turn": 1, "reason": "sentence-failed"}, 1)
     assert listener.turns["t1"].ended and listener.turns["t1"].end_reason == "sentence-failed"
+
+
+async def test_a_listener_the_edge_refuses_leaves_no_open_session_behind():
+    """`async with` a listener whose start fails (the edge refuses its token): the HTTP session
+    and socket it opened are closed on the way out, not left to the garbage collector."""
+    import pytest
+
+    from players.listener import Listener
+    from tests.players.edge_helpers import edge_settings, running_edge
+
+    async with running_edge(edge_settings(), with_kafka=False) as (app, client):
+        listener = Listener(str(client.make_url("/")), "s1", "not-the-edge-secret")
+        with pytest.raises(ConnectionError, match="refused"):
+            async with listener:
+                pytest.fail("a refused listener must not get in")
+        assert listener._http.closed and listener._ws.closed
