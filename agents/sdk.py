@@ -172,22 +172,6 @@ class TurnEvents:
         return event
 
 
-async def _wait_until_partitions_lead(settings: Settings, topic: str, partitions: Iterable[int]) -> None:
-    """Return once every partition's leader serves requests. Right after a topic is created the
-    metadata already names leaders that still answer NotLeaderForPartition for a few hundred
-    milliseconds, and the producer would retry (with back-off) on the first tokens."""
-    from aiokafka import TopicPartition
-
-    from pipeline.bus import make_consumer
-
-    probe = make_consumer(settings)
-    await probe.start()
-    try:
-        await probe.end_offsets([TopicPartition(topic, p) for p in partitions])  # retries until led
-    finally:
-        await probe.stop()
-
-
 class Publisher(Owned):
     """Owns one Kafka producer and publishes agents' events. Use as `async with`.
 
@@ -244,8 +228,7 @@ class Publisher(Owned):
         if topic not in self._ready_topics:
             await ensure_topics(self.settings, [topic, self.settings.agents_topic])
             producer = self._require_producer()
-            partitions = await producer.partitions_for(topic)
-            await _wait_until_partitions_lead(self.settings, topic, partitions)
+            await producer.partitions_for(topic)  # ensure_topics returned once its leaders serve
             await register_schemas(self.codec, {topic: "TextEvent"})
             # The gate follows the agent registry: it reads the new topic within milliseconds
             # instead of finding it by its periodic listing (docs/gate.md, "New agents").

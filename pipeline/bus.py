@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import (KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
+from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
                              TopicAlreadyExistsError)
 
 from pipeline.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
@@ -91,12 +91,39 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
         attempt += 1
         try:
             await _ensure_topics_once(settings, names, partitions)
-            return
+            break
         except (*RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
             if time.monotonic() >= deadline:
                 raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
             log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)
             await asyncio.sleep(min(1.0, 0.1 * attempt))
+    await _await_leaders(settings, names)
+
+
+# How long `ensure_topics` waits for the leaders of its topics' partitions to serve requests.
+LEADER_WAIT_S = 30.0
+
+
+async def _await_leaders(settings: Settings, names: list[str], timeout_s: float = LEADER_WAIT_S) -> None:
+    """Return once every partition of `names` has a leader that answers ListOffsets. Right after
+    a topic is created (by this stage or by another starting beside it) the metadata already
+    names leaders that answer NotLeaderForPartition for a few hundred milliseconds: a consumer
+    resetting its offsets then logs an ERROR per retry (the gate, then the edge in
+    test_start_order) and a producer retries its first sends with back-off. ``end_offsets``
+    retries that quietly. Past `timeout_s` (a leader gone with its broker) the stage goes on
+    with a warning: its clients retry on their own, as they would have without this wait."""
+    tps = await partitions_of(settings, names)
+    if not tps:
+        return
+    consumer = make_consumer(settings, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
+    except (KafkaError, asyncio.TimeoutError) as exc:
+        log.warning("topics %s: not every partition's leader answered within %.0f s (%r); going on",
+                    ", ".join(names), timeout_s, exc)
+    finally:
+        await consumer.stop()
 
 
 async def seek_to_beginning_quietly(consumer: AIOKafkaConsumer, tps: list) -> dict:

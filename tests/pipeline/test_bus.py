@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from pathlib import Path
 
@@ -152,6 +153,27 @@ async def test_read_to_end_reads_every_partition_to_its_end(make_settings):
     for r in records:
         per_partition.setdefault(r.partition, []).append(r.offset)
     assert len(per_partition) > 1 and all(offsets == list(range(len(offsets))) for offsets in per_partition.values())
+
+
+async def test_topics_are_led_when_ensure_topics_returns(make_settings, caplog):
+    """A consumer that resets its offsets right after `ensure_topics` finds every leader serving:
+    no "Failed fetch offsets ... NotLeaderForPartition" ERROR (the edge logged one in
+    test_start_order; without the wait this failed on every run here, 12 fresh partitions)."""
+    settings = make_settings(partitions=12)
+    topics = [text_topic(settings, f"fresh{i}") for i in range(2)]
+    await ensure_topics(settings, topics)
+    consumer = make_consumer(settings, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in range(12)]
+        consumer.assign(tps)
+        with caplog.at_level(logging.ERROR, logger="aiokafka"):
+            await consumer.seek_to_end()
+            for tp in tps:
+                assert await consumer.position(tp) == 0
+    finally:
+        await consumer.stop()
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 async def test_end_and_committed_offsets_and_topics_by_pattern(make_settings):
