@@ -91,13 +91,14 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
         attempt += 1
         try:
             await _ensure_topics_once(settings, names, partitions)
-            break
+            # inside the retries: its admin listing, too, may reach a broker just killed
+            await _await_leaders(settings, names)
+            return
         except (*RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
             if time.monotonic() >= deadline:
                 raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
             log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)
             await asyncio.sleep(min(1.0, 0.1 * attempt))
-    await _await_leaders(settings, names)
 
 
 # How long `ensure_topics` waits for the leaders of its topics' partitions to serve requests.
