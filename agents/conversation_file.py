@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Union
 
-from agents.sdk import END_OF_TURN, EVIDENCE_KINDS, TEXT_EVENT_KINDS, TOKEN, InvalidEventError, cancel_event, text_event
-from pipeline.settings import Settings
-from pipeline.topics import text_topic
-from schemas.contract import ControlAction
+from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_KINDS, TEXT_EVENT_KINDS, TOKEN, InvalidEventError, cancel_event, text_event
+from voicebus.settings import Settings
+from voicebus.topics import text_topic
+from voicebus.schemas.contract import ControlAction
 
 FORMAT_VERSION = 1
 HEADER_KEY = "voicebus_conversation"
@@ -150,7 +150,7 @@ def event_from_json(obj: Any, source: str = "<events>", line: int | None = None)
             language=_require(obj, "language", str, where, optional=True),
             voice=_require(obj, "voice", str, where, optional=True),
         )
-        # What replay will publish must be something the pipeline can act on (schemas.contract):
+        # What replay will publish must be something the pipeline can act on (voicebus.schemas.contract):
         # a file naming a language no stage can speak is refused here, not half-way through a replay.
         _speakable(lambda: text_event(
             session_id=line.session_id, turn_id=line.turn_id, agent_id=line.agent_id, seq=0, kind=line.kind,

@@ -1,8 +1,8 @@
 """The shipped conversation corpus (`agents/conversations/*.jsonl`) and how it was built.
 
-Each conversation is written here as text plus a timing model, and `python -m agents.corpus`
+Each conversation is written here as text plus a timing model, and `python -m voicebus.agents.corpus`
 regenerates the JSONL files deterministically (seeded): tokens are LLM-like word pieces
-(`agents.tokens.split_like_llm`), the first token comes after a model-like time to first token
+(`voicebus.agents.tokens.split_like_llm`), the first token comes after a model-like time to first token
 (250-450 ms) and each next one 20-60 ms later. Tests check that the shipped files parse and match
 what this module builds, so the texts below are the corpus's source of truth.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine, save
-from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY, TOKEN
-from agents.tokens import split_like_llm
-from schemas.contract import ControlAction
+from voicebus.agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine, save
+from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY, TOKEN
+from voicebus.agents.tokens import split_like_llm
+from voicebus.schemas.contract import ControlAction
 
 CORPUS_DIR = Path(str(resources.files("agents"))) / "conversations"
 

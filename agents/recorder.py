@@ -20,14 +20,14 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine
-from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
-from pipeline.clock import now_us
-from pipeline.settings import Settings
-from schemas.contract import ControlAction
+from voicebus.agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine
+from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
+from voicebus.clock import now_us
+from voicebus.settings import Settings
+from voicebus.schemas.contract import ControlAction
 
 if TYPE_CHECKING:
-    from pipeline.shell import ErrorCallback, RecordFailure
+    from voicebus.shell import ErrorCallback, RecordFailure
 
 log = logging.getLogger(__name__)
 
@@ -145,9 +145,9 @@ async def record(
     from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
-    from pipeline.bus import ensure_topics, make_consumer
-    from pipeline.codecs import codec_for
-    from pipeline.shell import RecordPolicy
+    from voicebus.bus import ensure_topics, make_consumer
+    from voicebus.codecs import codec_for
+    from voicebus.shell import RecordPolicy
 
     if duration_s is None and turns is None:
         raise RecordError("give a duration or a number of turns to stop after")

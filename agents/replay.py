@@ -17,10 +17,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from agents.conversation_file import ControlLine, ConversationEvent, TextLine
-from agents.sdk import Publisher, cancel_event, text_event
-from pipeline.clock import now_us
-from pipeline.settings import Settings
+from voicebus.agents.conversation_file import ControlLine, ConversationEvent, TextLine
+from voicebus.agents.sdk import Publisher, cancel_event, text_event
+from voicebus.clock import now_us
+from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
 

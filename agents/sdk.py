@@ -12,13 +12,13 @@ them. A few lines stream a turn:
 Pure core: `TurnEvents` numbers a turn's events (`seq` from 0) and refuses events after the end
 of the turn; it builds the record dicts without touching Kafka. Thin shell: `Publisher` (an async
 context manager that owns one producer) sends them, each agent to its own topic
-(`pipeline.topics.text_topic`, created on first use), keyed by session id. One `Publisher` can
+(`voicebus.topics.text_topic`, created on first use), keyed by session id. One `Publisher` can
 speak for several agents at once (`agent_id=` on `turn` / `evidence_source`).
 
 `seq` counts per (agent, session, turn): each agent numbers only the events it produces, so a
 retrieval agent that resolves a claim of the assistant's turn has its own sequence from 0.
 
-Tracing (``VOICEBUS_TRACING``, `pipeline.tracing`): a turn's first event opens its trace (the
+Tracing (``VOICEBUS_TRACING``, `voicebus.tracing`): a turn's first event opens its trace (the
 root span ``voicebus.turn``) and every event of the turn carries its W3C context in the record
 headers; END_OF_TURN (or a cancel) ends the root span.
 """
@@ -30,19 +30,19 @@ import uuid
 from collections import OrderedDict
 from typing import Any, AsyncIterable, Iterable
 
-from pipeline.clock import now_us
-from pipeline.codecs import Codec, codec_for
-from pipeline.lifecycle import Owned
-from pipeline.settings import Settings
-from pipeline import tracing
-from pipeline.topics import text_topic
-from pipeline.tracing import LiveSpan, StageTracer, tracer_for
-from schemas import contract
-from schemas.contract import ControlAction, TextEventKind
+from voicebus.clock import now_us
+from voicebus.codecs import Codec, codec_for
+from voicebus.lifecycle import Owned
+from voicebus.settings import Settings
+from voicebus import tracing
+from voicebus.topics import text_topic
+from voicebus.tracing import LiveSpan, StageTracer, tracer_for
+from voicebus.schemas import contract
+from voicebus.schemas.contract import ControlAction, TextEventKind
 
 log = logging.getLogger(__name__)
 
-# The kinds of TextEvent, as the schema's enum (schemas.contract): equal to their Avro symbols.
+# The kinds of TextEvent, as the schema's enum (voicebus.schemas.contract): equal to their Avro symbols.
 TOKEN = TextEventKind.TOKEN
 EVIDENCE_PENDING = TextEventKind.EVIDENCE_PENDING
 EVIDENCE_READY = TextEventKind.EVIDENCE_READY
@@ -193,7 +193,7 @@ class Publisher(Owned):
         self._turn_spans: OrderedDict[tuple[str, str], LiveSpan] = OrderedDict()
 
     async def start(self) -> None:
-        from pipeline.bus import ensure_topics, make_producer, register_schemas
+        from voicebus.bus import ensure_topics, make_producer, register_schemas
 
         if self._producer is not None:
             return
@@ -221,8 +221,8 @@ class Publisher(Owned):
         publisher). Call it before the clock matters: on a new topic this takes a few
         hundred milliseconds (creation, leader election) that would otherwise delay the first
         token and everything queued behind it."""
-        from pipeline.bus import ensure_topics, register_schemas
-        from pipeline.shell import register_topic
+        from voicebus.bus import ensure_topics, register_schemas
+        from voicebus.shell import register_topic
 
         topic = text_topic(self.settings, agent_id)
         if topic not in self._ready_topics:
@@ -274,7 +274,7 @@ class Publisher(Owned):
 
     async def _send(self, producer, topic: str, message_type: str, value: dict[str, Any], wait: bool,
                     headers: list[tuple[str, bytes]] | None = None):
-        from pipeline.topics import session_key
+        from voicebus.topics import session_key
 
         data = self.codec.encode(message_type, value, topic)
         if wait:
@@ -431,8 +431,8 @@ class HeardFollower(Owned):
     async def start(self) -> None:
         import asyncio
 
-        from pipeline.bus import ensure_topics
-        from pipeline.shell import ControlFollower, RecordPolicy
+        from voicebus.bus import ensure_topics
+        from voicebus.shell import ControlFollower, RecordPolicy
 
         await ensure_topics(self.settings, [self.settings.heard_topic])
         policy = RecordPolicy("agent-heard", self.settings, self.publisher.codec, self.publisher._require_producer())

@@ -1,6 +1,6 @@
 """Splitting text into LLM-like tokens: word pieces that carry their leading spaces.
 
-Used by `voicebus say` and by the corpus builder (`agents.corpus`) so text that did not come from
+Used by `voicebus say` and by the corpus builder (`voicebus.agents.corpus`) so text that did not come from
 a model still streams the way a model streams it. Joining the pieces gives the text back exactly.
 """
 

@@ -1,7 +1,7 @@
-"""`python -m pipeline` is the `voicebus` command."""
+"""`python -m voicebus` is the `voicebus` command."""
 
 import sys
 
-from pipeline.cli import main
+from voicebus.cli import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ bytes as they are):
 
 * ``pcm16`` (`AudioEncoding.PCM16LE`): 16-bit little-endian mono samples, 48 KB/s at 24 kHz;
 * ``opus`` (`AudioEncoding.OPUS`): Opus packets (``opus_bitrate``, constrained VBR, ``opus_frame_ms`` per
-  packet, application VOIP: tuned for speech), framed as `schemas.contract.pack_opus_packets`
+  packet, application VOIP: tuned for speech), framed as `voicebus.schemas.contract.pack_opus_packets`
   says. 3.74 KB/s of AudioChunk records per session at 24 kbit/s vs 48.5 for PCM16
   (docs/benchmarks.md, `voicebus bench scale`).
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from schemas.contract import (
+from voicebus.schemas.contract import (
     OPUS_SAMPLE_RATES,
     AudioEncoding,
     pack_opus_packets,
@@ -35,7 +35,7 @@ from schemas.contract import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.settings import Settings
+    from voicebus.settings import Settings
 
 BYTES_PER_SAMPLE = 2
 PCM16 = "pcm16"

@@ -6,7 +6,7 @@ Every client made here has an owner that stops it (`async with` or an explicit `
 Durability is set here for every stage at once: producers wait for every in-sync replica
 (acks=all) and are idempotent (a retried send is written once), and `ensure_topics` creates
 topics with the replication, ``min.insync.replicas``, retention and cleanup policy of
-`pipeline.topics` (docs/kafka.md).
+`voicebus.topics` (docs/kafka.md).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
                              TopicAlreadyExistsError)
 
-from pipeline.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
-from pipeline.settings import Settings
-from pipeline.topics import Durability, durability, fixed_topics, session_key, topic_configs
+from voicebus.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
+from voicebus.settings import Settings
+from voicebus.topics import Durability, durability, fixed_topics, session_key, topic_configs
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
                         retry_s: float = ADMIN_RETRY_S) -> None:
     """Create `names` (default: every fixed topic) if missing; idempotent.
 
-    Each new topic gets the replication of `pipeline.topics.durability` for the brokers the
+    Each new topic gets the replication of `voicebus.topics.durability` for the brokers the
     cluster reports now, its class's retention and cleanup policy, and min.insync.replicas.
     Topics that exist are left as they are (Kafka never changes a topic's replication by itself;
     docs/kafka.md says how to alter one). A refusal raises `TopicCreationError`.
@@ -333,7 +333,7 @@ async def _wait_until_described(admin: AIOKafkaAdminClient, names: list[str], ti
 
 
 async def cluster_durability(settings: Settings, admin: AIOKafkaAdminClient) -> Durability:
-    """`pipeline.topics.durability` for the brokers the cluster reports (alive, not fenced)."""
+    """`voicebus.topics.durability` for the brokers the cluster reports (alive, not fenced)."""
     brokers = len((await admin.describe_cluster())["brokers"])
     durable = durability(settings, brokers)
     if not settings.replication_factor and brokers == 2:  # e.g. a 3-broker cluster with one down

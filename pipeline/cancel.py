@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from schemas.contract import ControlAction
+from voicebus.schemas.contract import ControlAction
 
 MAX_SESSIONS = 100_000
 MAX_TURNS_PER_SESSION = 64

@@ -14,20 +14,20 @@ import sys
 import warnings
 from typing import Iterator
 
-from pipeline.settings import Settings, SettingsError
+from voicebus.settings import Settings, SettingsError
 
 SUBCOMMAND_MODULES = [
-    "pipeline.broker",  # kafka fetch|start|status|stop
-    "pipeline.registry_server",  # registry fetch|start|status|stop|register
-    "pipeline.topics_cli",  # topics
-    "pipeline.settings_cli",  # settings
-    "pipeline.tracing_cli",  # traces
-    "pipeline.gate.cli",  # segment, gate
-    "pipeline.synthesis.cli",  # synth, weights, worker
-    "players.cli",  # edge, token
-    "agents.cli",  # record, replay, say
-    "pipeline.demo",  # demo
-    "pipeline.bench.cli",  # bench bus|segment|synth|edge|ttfa
+    "voicebus.ops.broker",  # kafka fetch|start|status|stop
+    "voicebus.ops.registry_server",  # registry fetch|start|status|stop|register
+    "voicebus.topics_cli",  # topics
+    "voicebus.settings_cli",  # settings
+    "voicebus.ops.tracing_cli",  # traces
+    "voicebus.gate.cli",  # segment, gate
+    "voicebus.synthesis.cli",  # synth, weights, worker
+    "voicebus.players.cli",  # edge, token
+    "voicebus.agents.cli",  # record, replay, say
+    "voicebus.ops.demo",  # demo
+    "voicebus.ops.bench.cli",  # bench bus|segment|synth|edge|ttfa
 ]
 
 

@@ -13,7 +13,7 @@ to the other without a stop):
 
       00 | schema id in the registry (4 bytes, big-endian) | Avro binary body
 
-  The schema ids come from a Confluent-compatible schema registry (`pipeline.registry`, given to
+  The schema ids come from a Confluent-compatible schema registry (`voicebus.registry`, given to
   the codec; `codec_for(settings)` builds it from ``VOICEBUS_REGISTRY_URL``). A writer registers
   the current ``.avsc`` of a topic's message type under the subject ``<topic>-value``
   (TopicNameStrategy) with compatibility BACKWARD the first time it writes to that topic (or
@@ -24,7 +24,7 @@ Either way any Avro implementation can read it. The codec knows every current sc
 every older writer schema in `schemas/history/`; it decodes a record written with any of them by
 fingerprint and resolves it to the current reader schema (schema evolution: additive changes with
 defaults). Every message is also checked against the rules Avro cannot express
-(`schemas.contract`) on both sides: encoding refuses to produce it, decoding to hand it on.
+(`voicebus.schemas.contract`) on both sides: encoding refuses to produce it, decoding to hand it on.
 Errors are typed (`CodecError` and subclasses) and carry a short machine reason that
 the dead-letter headers use.
 """
@@ -41,12 +41,12 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.read import SchemaResolutionError
 from fastavro.schema import SchemaParseException, fingerprint, to_parsing_canonical_form
 
-import schemas
-from schemas import contract
+from voicebus import schemas
+from voicebus.schemas import contract
 
 if TYPE_CHECKING:
-    from pipeline.registry import SchemaRegistry
-    from pipeline.settings import Settings
+    from voicebus.registry import SchemaRegistry
+    from voicebus.settings import Settings
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = len(MAGIC) + 8
@@ -100,7 +100,7 @@ class WrongMessageType(CodecError):
 
 
 class InvalidMessage(CodecError):
-    """Avro accepts the record but it breaks the contract (`schemas.contract`): a negative
+    """Avro accepts the record but it breaks the contract (`voicebus.schemas.contract`): a negative
     sequence number, a language the pipeline cannot speak, an id too long, ..."""
 
     reason = "contract-violation"
@@ -188,7 +188,7 @@ class Codec:
         compatibility BACKWARD) and return its id; cached, so only the first call per topic
         asks the registry. Call it at start (off the event loop) for the topics a process
         writes; `encode` calls it on a topic's first record otherwise."""
-        from pipeline.registry import RegistryError, subject_for
+        from voicebus.registry import RegistryError, subject_for
 
         key = (topic, message_type)
         schema_id = self._topic_ids.get(key)
@@ -277,7 +277,7 @@ class Codec:
         """The writer schema registered as `schema_id`: from the cache, else from the registry
         (once). A schema we already know by fingerprint is reused as is; another one must be a
         record of one of our message types, and is resolved to its current schema on read."""
-        from pipeline.registry import RegistryError, SchemaNotFound
+        from voicebus.registry import RegistryError, SchemaNotFound
 
         known = self._by_id.get(schema_id)
         if known is not None:
@@ -331,8 +331,8 @@ def codec_for(settings: "Settings") -> Codec:
     attached whenever ``VOICEBUS_REGISTRY_URL`` is set (so a single-object writer still reads
     Confluent-framed records); the confluent format requires one. Nothing here touches the
     network."""
-    from pipeline.registry import SchemaRegistry
-    from pipeline.settings import SettingsError
+    from voicebus.registry import SchemaRegistry
+    from voicebus.settings import SettingsError
 
     if settings.wire_format not in WIRE_FORMATS:
         raise SettingsError(f"VOICEBUS_WIRE_FORMAT={settings.wire_format!r}: one of {', '.join(WIRE_FORMATS)}")

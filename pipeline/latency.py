@@ -80,7 +80,7 @@ def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], setti
     turn's TextEvents, `requests` its SynthesisRequests (any order). Requests whose text differs
     from the replay's (a config that differs from the gate's) and empty end-of-turn requests are
     left out."""
-    from pipeline.gate.core import GateConfig, GateSession
+    from voicebus.gate.core import GateConfig, GateSession
 
     ordered = sorted(events, key=lambda e: e["seq"])
     if not ordered:

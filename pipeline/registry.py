@@ -4,7 +4,7 @@ This module owns the HTTP conversation with the registry and nothing else: regis
 under a subject (and setting that subject's compatibility rule), and fetching a schema by its
 id. It speaks the Confluent Schema Registry REST API, which Apicurio Registry serves under
 ``/apis/ccompat/v7`` (`voicebus registry start` runs one) and Confluent's own registry serves at
-its root. `Codec` takes one of these as an argument (`pipeline.codecs.codec_for` builds it from
+its root. `Codec` takes one of these as an argument (`voicebus.codecs.codec_for` builds it from
 `Settings.registry_url`); nothing here runs at import, and a codec without a registry never
 touches the network.
 

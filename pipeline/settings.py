@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from schemas.contract import LIMITS
+from voicebus.schemas.contract import LIMITS
 
 ENV_PREFIX = "VOICEBUS_"
 DEFAULT_EDGE_SECRET = "voicebus-dev-secret-change-me"  # public: the edge refuses it off loopback
@@ -39,7 +39,7 @@ class Settings:
     replication_factor: int = 0
     """Replicas of each topic voicebus creates. 0 (default): min(3, brokers the cluster reports
     when the topic is created), so 1 on the demo's single broker and 3 on a 3-broker cluster
-    (`pipeline.topics.durability`; the cluster is asked because a bootstrap list often names
+    (`voicebus.topics.durability`; the cluster is asked because a bootstrap list often names
     only some of its brokers)."""
     min_insync_replicas: int = 0
     """``min.insync.replicas`` of each topic voicebus creates: how many replicas must have a

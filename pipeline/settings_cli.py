@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from pipeline.settings import ENV_PREFIX, Settings, field_docs
+from voicebus.settings import ENV_PREFIX, Settings, field_docs
 
 
 SECRET_FIELDS = frozenset({"edge_secret"})

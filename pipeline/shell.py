@@ -1,7 +1,7 @@
 """The plumbing every Kafka shell shares (gate, synthesis worker, edge, recorder), in one place.
 
 - `RecordPolicy`: what happens to one consumer record. It is decoded and checked against the
-  contract (`pipeline.codecs`, `schemas.contract`), then handed to the stage's handler. Any
+  contract (`voicebus.codecs`, `voicebus.schemas.contract`), then handed to the stage's handler. Any
   failure of that one record (undecodable, breaks the contract, or the handler raises) goes to the
   one error callback, which by default dead-letters the record unchanged with the reason in its
   headers, counts it (``voicebus_records_dead_lettered_total{stage,reason}``) and logs it; the
@@ -23,7 +23,7 @@
   registry topic followed from its beginning (what the SDK writes, `register_topic`), and a
   periodic listing of the broker's topics for producers that do not register.
 
-Layering: stages -> shell -> bus, codecs -> schemas.contract, settings.
+Layering: stages -> shell -> bus, codecs -> voicebus.schemas.contract, settings.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from pipeline.bus import DecodedRecord, seek_to_beginning_quietly, topics_matching
-from pipeline.clock import now_us
-from pipeline.codecs import Codec, CodecError, deadletter_headers
-from pipeline.settings import Settings
+from voicebus.bus import DecodedRecord, seek_to_beginning_quietly, topics_matching
+from voicebus.clock import now_us
+from voicebus.codecs import Codec, CodecError, deadletter_headers
+from voicebus.settings import Settings
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -513,7 +513,7 @@ class TopicDiscovery:
         next listing finds whatever this one missed, so a broker failover is no task death."""
         from aiokafka.errors import KafkaError
 
-        from pipeline.bus import RETRIABLE_ADMIN_ERRORS
+        from voicebus.bus import RETRIABLE_ADMIN_ERRORS
 
         while True:
             await asyncio.sleep(self.interval_s)

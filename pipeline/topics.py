@@ -7,7 +7,7 @@ The README's topic table is generated from `TOPIC_MAP` (`voicebus topics`).
 It also owns how durable and how long-lived each topic is: `durability` turns the settings and
 the cluster's broker count into a replication factor and ``min.insync.replicas``, and each
 `TopicSpec` carries its class's retention and cleanup policy (`topic_configs` gives the Kafka
-topic configs `pipeline.bus.ensure_topics` creates a topic with). docs/kafka.md explains the
+topic configs `voicebus.bus.ensure_topics` creates a topic with). docs/kafka.md explains the
 numbers.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.settings import Settings
+from voicebus.settings import Settings
 
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
@@ -172,7 +172,7 @@ def text_topic_pattern(settings: Settings) -> str:
 def fixed_topics(settings: Settings) -> list[str]:
     """The topics created at start (text topics are created by each agent's producer).
 
-    Every stage creates the fixed topics it uses when it starts (`pipeline.bus.ensure_topics`),
+    Every stage creates the fixed topics it uses when it starts (`voicebus.bus.ensure_topics`),
     so stages start in any order; `voicebus topics --create` creates them all at once."""
     return [t.name for t in topic_map(settings) if not t.pattern]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pipeline.topics import fixed_topics, topic_map
+from voicebus.topics import fixed_topics, topic_map
 
 
 def register(subparsers) -> None:
@@ -18,7 +18,7 @@ def register(subparsers) -> None:
 
 def run(args, settings) -> int:
     if getattr(args, "create", False):
-        from pipeline.bus import ensure_topics
+        from voicebus.bus import ensure_topics
 
         asyncio.run(ensure_topics(settings))
         for name in fixed_topics(settings):

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from pipeline.settings import Settings
+    from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
 

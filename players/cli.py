@@ -24,7 +24,7 @@ def run_edge(args: argparse.Namespace, settings) -> int:
 
     from aiohttp import web
 
-    from players.edge import InsecureEdgeConfig, make_app
+    from voicebus.players.edge import InsecureEdgeConfig, make_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings.replace(edge_host=args.host or settings.edge_host, edge_port=args.port or settings.edge_port)
@@ -40,8 +40,8 @@ def run_edge(args: argparse.Namespace, settings) -> int:
 
 
 def print_token(args: argparse.Namespace, settings) -> int:
-    from players.auth import issue_token, player_url
-    from players.edge import InsecureEdgeConfig, check_exposure
+    from voicebus.players.auth import issue_token, player_url
+    from voicebus.players.edge import InsecureEdgeConfig, check_exposure
 
     try:
         check_exposure(settings)  # the edge these settings describe would refuse this secret

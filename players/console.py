@@ -1,9 +1,9 @@
 """The demo console: a page on the edge where a person hears buffered vs streamed hand-off.
 
 `install_console(app, console)` adds the console's routes to an edge app built by
-`players.edge.make_app` (the demo does it through `PipelineStack(edge_setup=...)`); nothing
+`voicebus.players.edge.make_app` (the demo does it through `PipelineStack(edge_setup=...)`); nothing
 else in the edge changes. The console plays the part of an agent: it publishes TextEvents with
-the agents SDK, per page session, onto one of two *lanes* (`pipeline.runtime.buffered_lane`):
+the agents SDK, per page session, onto one of two *lanes* (`voicebus.ops.runtime.buffered_lane`):
 ``incremental`` (the gate releases each sentence as soon as it is certain) or ``buffered`` (a
 second gate app in ``gate_mode=buffered``: the whole answer at the end of the turn, on its own
 synthesis topic). Both lanes publish to the one audio and control topic, so the audio comes back
@@ -44,10 +44,10 @@ from typing import Any, AsyncIterator, Sequence
 
 from aiohttp import web
 
-from agents.conversation_file import Conversation, ConversationEvent, ControlLine, TextLine
-from pipeline.settings import Settings
-from players.edge import ROUTER_KEY, is_loopback_host as is_loopback
-from schemas.contract import DEFAULT_VOICES, LANGUAGES, TextEventKind, kokoro_code
+from voicebus.agents.conversation_file import Conversation, ConversationEvent, ControlLine, TextLine
+from voicebus.settings import Settings
+from voicebus.players.edge import ROUTER_KEY, is_loopback_host as is_loopback
+from voicebus.schemas.contract import DEFAULT_VOICES, LANGUAGES, TextEventKind, kokoro_code
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def conversation_play(conversation: Conversation, session_id: str, play: int) ->
 
 def text_play(text: str, language: str, session_id: str, play: int, token_ms: float) -> list[ConversationEvent]:
     """Typed text as one turn of LLM-like tokens, one every `token_ms`, then END_OF_TURN."""
-    from agents.tokens import split_like_llm
+    from voicebus.agents.tokens import split_like_llm
 
     voice = DEFAULT_VOICES[kokoro_code(language)]
     turn_id = f"typed.p{play}"
@@ -162,7 +162,7 @@ class _Session:
 class Console:
     """The console's state: its key, the lanes it publishes to (mode -> settings, bootstrap
     resolved), the shipped conversations, the page sessions and their running plays. Owns one
-    `agents.sdk.Publisher` per lane between `start()` and `stop()` (the app's cleanup_ctx)."""
+    `voicebus.agents.sdk.Publisher` per lane between `start()` and `stop()` (the app's cleanup_ctx)."""
 
     def __init__(self, key: str, lanes: dict[str, Settings], conversations: dict[str, Conversation],
                  edge_settings: Settings) -> None:
@@ -181,7 +181,7 @@ class Console:
         self._reaper: asyncio.Task | None = None
 
     async def start(self) -> None:
-        from agents.sdk import Publisher
+        from voicebus.agents.sdk import Publisher
 
         agents = sorted({e.agent_id for c in self.conversations.values() for e in c.events
                          if isinstance(e, TextLine)} | {AGENT_ID})
@@ -259,7 +259,7 @@ class Console:
         self.publishers.clear()
 
     def new_session(self) -> dict[str, Any]:
-        from players.auth import issue_token
+        from voicebus.players.auth import issue_token
 
         session_id = "console-" + secrets.token_hex(5)
         self.sessions[session_id] = _Session(session_id)
@@ -311,8 +311,8 @@ class Console:
             if language not in LANGUAGES:
                 raise ConsoleError(f"language {language!r} cannot be spoken; known: {sorted(LANGUAGES)}")
             events = text_play(text, language, session.session_id, session.plays, self.settings.console_token_ms)
-        from agents.replay import ReplayError, plan_replay
-        from agents.sdk import AgentError
+        from voicebus.agents.replay import ReplayError, plan_replay
+        from voicebus.agents.sdk import AgentError
 
         try:
             plan_replay(events, keep_session_ids=True)  # every record checked against the contract now
@@ -326,7 +326,7 @@ class Console:
     async def _publish(self, mode: str, events: list[ConversationEvent]) -> None:
         from aiokafka.errors import KafkaError
 
-        from agents.replay import replay
+        from voicebus.agents.replay import replay
 
         try:
             await replay(self.lanes[mode], events, publisher=self.publishers[mode], keep_session_ids=True)

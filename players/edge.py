@@ -7,7 +7,7 @@ playback reports and directory claims) and stops it on shutdown; each WebSocket 
 one sender task. Sharded edges (docs/edge.md): a player whose session another edge owns is
 redirected there after its hello; when a rebalance moves a session away its players are told to
 reconnect; a resume of a session that moved here is served from its partition, re-read. Routing, cancel, slow-client
-and replay logic live in the pure `players.router.SessionRouter`; this module is the thin shell.
+and replay logic live in the pure `voicebus.players.router.SessionRouter`; this module is the thin shell.
 
 Routes: ``/`` (the web player), ``/web/*`` (its files), ``/ws`` (the protocol of
 `docs/protocol.md`), ``/metrics`` (Prometheus), ``/healthz``.
@@ -33,23 +33,23 @@ from typing import Any, AsyncIterator
 from aiohttp import WSMsgType, web
 from aiokafka.abc import ConsumerRebalanceListener
 
-from pipeline import tracing
-from pipeline.bus import farewell, seek_to_beginning_quietly
-from pipeline.clock import now_us
-from pipeline.codecs import codec_for
-from pipeline.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
-from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
-from pipeline.topics import partition_of, session_key
-from pipeline.tracing import StageTracer, tracer_for
-from players import protocol
-from players.auth import TokenError, verify_token
-from players.heard import HEARD_KINDS, Rendered
-from players.metrics import EdgeMetrics
-from players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
-from players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_key, directory_record,
+from voicebus import tracing
+from voicebus.bus import farewell, seek_to_beginning_quietly
+from voicebus.clock import now_us
+from voicebus.codecs import codec_for
+from voicebus.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
+from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
+from voicebus.topics import partition_of, session_key
+from voicebus.tracing import StageTracer, tracer_for
+from voicebus.players import protocol
+from voicebus.players.auth import TokenError, verify_token
+from voicebus.players.heard import HEARD_KINDS, Rendered
+from voicebus.players.metrics import EdgeMetrics
+from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
+from voicebus.players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_key, directory_record,
                            edge_group_id,
                            new_edge_id, public_url)
-from schemas.contract import ControlAction, PlaybackKind
+from voicebus.schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +155,14 @@ class NoOwner(Exception):
 class KafkaLink:
     """The edge's Kafka clients, owned by the app's cleanup_ctx (docs/edge.md, "Sharded edges"):
 
-    * a **membership** consumer in the edges' consumer group (`players.shard.edge_group_id`),
+    * a **membership** consumer in the edges' consumer group (`voicebus.players.shard.edge_group_id`),
       subscribed to the control topic with its partitions paused: owning control partition p means
       owning every session on p (the gate's mechanism, docs/gate.md);
     * an **audio** consumer without a group, assigned partition p of the audio topic for every owned
       p (at the end of a partition it just took, where it was for one it kept);
     * a `ControlFollower` with its own consumer of every control partition (control never waits
       behind audio, and a session that moves here finds its cancels applied already);
-    * a **directory** follower (`players.shard.EdgeDirectory`) and one producer for cancels,
+    * a **directory** follower (`voicebus.players.shard.EdgeDirectory`) and one producer for cancels,
       playback reports, the directory claims and dead letters.
 
     Every record goes through one `RecordPolicy` (stage ``edge``): a record that cannot be decoded,
@@ -201,7 +201,7 @@ class KafkaLink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaConsumer
 
-        from pipeline.bus import await_group_coordinator, ensure_topics, make_producer
+        from voicebus.bus import await_group_coordinator, ensure_topics, make_producer
 
         s = self.settings
         await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.heard_topic,
@@ -244,7 +244,7 @@ class KafkaLink:
         await self.supervisor.stop()
         for task in list(self._backfills.values()):
             task.cancel()
-        # Every farewell is bounded (`pipeline.bus.farewell`): with no broker answering, leaving the
+        # Every farewell is bounded (`voicebus.bus.farewell`): with no broker answering, leaving the
         # group, the directory tombstone and the producer's flush would each retry for minutes.
         if self.membership is not None:
             membership, self.membership = self.membership, None
@@ -417,7 +417,7 @@ class KafkaLink:
         """The audio consumer: no consumer group (the membership consumer says which partitions
         are this edge's), assigned the owned partitions where the previous consumer stopped (a
         restart after the task died)."""
-        from pipeline.bus import make_consumer
+        from voicebus.bus import make_consumer
 
         self.consumer = make_consumer(self.settings, group_id=None)
         await self.consumer.start()
@@ -560,7 +560,7 @@ class KafkaLink:
 
     async def publish(self, topic: str, message_type: str, value: dict,
                       headers: list[tuple[str, bytes]] | None = None) -> None:
-        from pipeline.bus import publish
+        from voicebus.bus import publish
 
         await publish(self.producer, self.codec, topic, message_type, value, headers)
 
@@ -569,7 +569,7 @@ class KafkaLink:
         playback topic, so what was heard can still be rebuilt)."""
         from aiokafka.errors import KafkaError
 
-        from pipeline.codecs import CodecError
+        from voicebus.codecs import CodecError
 
         try:
             await self.publish(self.settings.heard_topic, "TurnHeard", heard)
@@ -611,7 +611,7 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
              tracer: StageTracer | None = None) -> web.Application:
     """The edge app. `with_kafka=False` runs it without the bus (the router is then fed directly).
     Raises `InsecureEdgeConfig` for settings that would expose it (`check_exposure`). `tracer`:
-    default `pipeline.tracing.tracer_for` the settings (off unless ``VOICEBUS_TRACING``)."""
+    default `voicebus.tracing.tracer_for` the settings (off unless ``VOICEBUS_TRACING``)."""
     check_exposure(settings)
     metrics = router.metrics if router is not None else EdgeMetrics()
     router = router or SessionRouter.from_settings(settings, metrics, stall_timeout_s=stall_timeout_s)
@@ -976,7 +976,7 @@ async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, m
         return
     from aiokafka.errors import KafkaError
 
-    from pipeline.codecs import CodecError
+    from voicebus.codecs import CodecError
 
     try:
         await link.publish(topic, message_type, value, headers)

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from schemas.contract import PlaybackKind
+from voicebus.schemas.contract import PlaybackKind
 
 HEARD_KINDS = frozenset({PlaybackKind.PLAYBACK_END, PlaybackKind.STOPPED})
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import aiohttp
 
-from pipeline.audio_codec import OpusDecoder
-from pipeline.clock import now_us
-from pipeline.lifecycle import Owned
-from players import protocol
-from players.auth import issue_token
+from voicebus.audio_codec import OpusDecoder
+from voicebus.clock import now_us
+from voicebus.lifecycle import Owned
+from voicebus.players import protocol
+from voicebus.players.auth import issue_token
 
 
 MAX_REDIRECTS = 4

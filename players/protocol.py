@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.contract import (
+from voicebus.schemas.contract import (
     LIMITS,
     AudioEncoding,
     MalformedOpusPayload,
@@ -183,7 +183,7 @@ def encode_control(message_type: str, **fields: Any) -> str:
     return json.dumps({"type": message_type, "v": PROTOCOL_VERSION, **fields}, separators=(",", ":"))
 
 
-# Ids in client frames end up in bus events: the contract's rule (schemas.contract.is_valid_id).
+# Ids in client frames end up in bus events: the contract's rule (voicebus.schemas.contract.is_valid_id).
 ID_RULE = f"1-{LIMITS.max_id_chars} characters, no control characters"
 
 # Required fields (name -> accepted types) of each client message.
@@ -245,6 +245,6 @@ def parse_client_message(text: str) -> dict[str, Any]:
 
 
 # Integer fields of client messages and their bounds (they end up in Avro int/long fields).
-# rendered_*: how far a player rendered a turn (its heard report, players.heard).
+# rendered_*: how far a player rendered a turn (its heard report, voicebus.players.heard).
 _INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1,
                    "rendered_sentence_seq": LIMITS.max_seq + 1, "rendered_samples": LIMITS.max_seq + 1}

@@ -1,7 +1,7 @@
 """The edge's pure core: which client gets which audio, in which order, and what is dropped.
 
 `SessionRouter` is fed decoded AudioChunks and ControlEvents (by the Kafka shell in
-`players.edge`, or directly by tests and the benchmark) and the clients' cancels. It keeps state
+`voicebus.players.edge`, or directly by tests and the benchmark) and the clients' cancels. It keeps state
 only for the sessions this edge serves (a client attached now, or within the grace window after
 the last one left); chunks of any other session are counted and dropped unframed. For those:
 
@@ -33,12 +33,12 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
-from pipeline.cancel import CancelRegistry
-from pipeline.clock import now_us
-from players import protocol
-from players.heard import HeardTracker
-from players.metrics import EdgeMetrics
-from schemas.contract import LIMITS, AudioEncoding, ControlAction
+from voicebus.cancel import CancelRegistry
+from voicebus.clock import now_us
+from voicebus.players import protocol
+from voicebus.players.heard import HeardTracker
+from voicebus.players.metrics import EdgeMetrics
+from voicebus.schemas.contract import LIMITS, AudioEncoding, ControlAction
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -101,7 +101,7 @@ class OutFrame:
     """One queued frame. Audio frames carry their turn/sentence so they can be dropped by cancel
     or skip, the consume time for the overhead metric, and (first chunk of a sentence) the
     timeline that is sent right after them and the chunk's trace context (opaque here: the
-    edge's ``on_timeline_sent`` hook records the send, `pipeline.tracing`)."""
+    edge's ``on_timeline_sent`` hook records the send, `voicebus.tracing`)."""
 
     payload: bytes | str
     turn_id: str | None = None
@@ -564,7 +564,7 @@ class SessionRouter:
         if words:
             # the words of this chunk go just before its audio (and into the replay with it), so a
             # player knows a word before it renders the word's start; the edge keeps them for the
-            # heard report (players.heard)
+            # heard report (voicebus.players.heard)
             self.heard.add_words(session_id, turn_id, sentence, words)
             message = protocol.encode_control(protocol.WORDS, turn_id=turn_id, turn=turn.number, sentence_seq=sentence,
                                               words=[{"text": w["text"], "start": w["start"], "end": w["end"]} for w in words])

@@ -7,7 +7,7 @@ subscribed to the **control topic**; owning control partition p means owning eve
 and the edge then reads partition p of the audio topic with a group-less consumer (`assign`), as
 the gate reads its text topics. The group consumer itself only holds the membership: its
 partitions are paused, because every edge follows every control partition anyway
-(`pipeline.shell.ControlFollower`: control is a few events per turn, and a session that moves to
+(`voicebus.shell.ControlFollower`: control is a few events per turn, and a session that moves to
 an edge finds its cancels there already).
 
 Players are sent to the owner through the **edge directory** (`Settings.edges_topic`): after
@@ -26,7 +26,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 
-from pipeline.settings import Settings
+from voicebus.settings import Settings
 
 DIRECTORY_PARTITION = 0  # every directory record goes here: one log, one order
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import struct
 
-from pipeline.clock import now_us
-from pipeline.audio_codec import AudioFormat
-from schemas.contract import AudioEncoding
+from voicebus.clock import now_us
+from voicebus.audio_codec import AudioFormat
+from voicebus.schemas.contract import AudioEncoding
 
 
 def tone_pcm(duration_s: float, sample_rate: int = 24000, freq_hz: float = 440.0, amplitude: float = 0.3,

@@ -2,10 +2,10 @@
 
 Avro says a field is an ``int`` or a ``string``; it cannot say that a sequence number is never
 negative, which languages the pipeline can speak, or how long an id may be. This module says it,
-once, for every stage: the codec (`pipeline.codecs.Codec`) checks every message against it when it
+once, for every stage: the codec (`voicebus.codecs.Codec`) checks every message against it when it
 encodes (so a producer such as the agents SDK refuses what the pipeline cannot speak, at the
 source, with a clear error) and when it decodes (so a consumer never hands a handler a record that
-breaks it: the record policy in `pipeline.shell` dead-letters it with the violation's reason).
+breaks it: the record policy in `voicebus.shell` dead-letters it with the violation's reason).
 
 What is here:
 
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import schemas
+from voicebus import schemas
 
 # --- enums, from the schemas ---------------------------------------------------------------------
 

@@ -1,16 +1,16 @@
 """Shared fixtures: the test session's own Apache Kafka (one broker, or a 3-node cluster) and
 settings pointed at it.
 
-* `kafka_broker` (session): a real single-node KRaft Kafka (`pipeline.broker.LocalKafka`) on free
+* `kafka_broker` (session): a real single-node KRaft Kafka (`voicebus.ops.broker.LocalKafka`) on free
   loopback ports, with a temporary data dir; the jars come from the shared cache
   (``<cache_dir>/kafka/jars/<version>``, fetched once per machine). It starts only when a test
   asks for it, so pure tests run without Java. If it cannot start, the test FAILS with the broker
   log's tail: a Kafka test never skips.
-* `kafka_cluster` (session): a real 3-node KRaft cluster (`pipeline.broker.LocalCluster`: three
+* `kafka_cluster` (session): a real 3-node KRaft cluster (`voicebus.ops.broker.LocalCluster`: three
   combined broker + controller nodes, a 3-voter quorum) on free loopback ports, started lazily
   like `kafka_broker`, only by the tests that ask for it. A test that kills or restarts a node
   must leave the cluster as it found it (`kafka_cluster.restart(n)`, `wait_in_sync()`).
-* `schema_registry` (session): a real Apicurio Registry (`pipeline.registry_server.LocalRegistry`,
+* `schema_registry` (session): a real Apicurio Registry (`voicebus.ops.registry_server.LocalRegistry`,
   in-memory storage) on a free loopback port, from the shared cache
   (``<cache_dir>/registry/apicurio-<version>``, fetched once per machine). Like the broker it
   starts only when a test asks for it (`registry_url`), and a failure to start FAILS the
@@ -35,11 +35,11 @@ from typing import Any, Callable
 
 import pytest
 
-from pipeline.broker import (QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster, LocalKafka, fetch_jars,
+from voicebus.ops.broker import (QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster, LocalKafka, fetch_jars,
                              free_port)
-from pipeline.registry_server import QUICK_START_JVM_OPTIONS as REGISTRY_QUICK_START
-from pipeline.registry_server import LocalRegistry, RegistryServerError, fetch_registry
-from pipeline.settings import Settings
+from voicebus.ops.registry_server import QUICK_START_JVM_OPTIONS as REGISTRY_QUICK_START
+from voicebus.ops.registry_server import LocalRegistry, RegistryServerError, fetch_registry
+from voicebus.settings import Settings
 
 CLUSTER_NODES = 3
 

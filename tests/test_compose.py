@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.broker import cluster_properties
-from pipeline.settings import ENV_PREFIX, Settings
-from pipeline.topics import durability
+from voicebus.ops.broker import cluster_properties
+from voicebus.settings import ENV_PREFIX, Settings
+from voicebus.topics import durability
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -61,7 +61,7 @@ def test_compose_requires_the_edge_secret_to_be_set(secret):
 def test_the_compose_edges_pass_the_edges_own_exposure_check(compose, name):
     """Each edge service listens on 0.0.0.0 with the secret the user set: the edge accepts that
     (and would refuse the same service with the public default)."""
-    from players.edge import InsecureEdgeConfig, check_exposure
+    from voicebus.players.edge import InsecureEdgeConfig, check_exposure
 
     edge = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
     assert edge.edge_host == "0.0.0.0" and edge.edge_secret == TEST_SECRET
@@ -76,7 +76,7 @@ def test_the_edges_share_one_group_and_the_proxy_routes_to_each_by_its_public_ur
     and routes each edge's public URL (what its redirects name) to that edge alone."""
     import re
 
-    from players.shard import edge_group_id
+    from voicebus.players.shard import edge_group_id
 
     edges = {name: Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
              for name in EDGES}

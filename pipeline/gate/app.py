@@ -1,6 +1,6 @@
 """The gate's Kafka shell (aiokafka): agents' text topics in, synthesis requests out.
 
-The pure core (`pipeline.gate.core.GateSession`) decides; this module owns everything Kafka:
+The pure core (`voicebus.gate.core.GateSession`) decides; this module owns everything Kafka:
 
 - **Co-partitioning.** Every text topic, the control topic and the gate's changelog have
   ``settings.partitions`` partitions and are keyed by session id, so session S lives on the same
@@ -11,7 +11,7 @@ The pure core (`pipeline.gate.core.GateSession`) decides; this module owns every
   rebalance, nobody waits. A text topic with another partition count cannot be co-partitioned:
   it is refused (error log, counter ``voicebus_gate_topics_refused_total``); a text record whose
   key hashes to another partition is dead-lettered (reason ``wrong-partition``).
-- **Discovery** (`pipeline.shell.TopicDiscovery`): the agent registry topic (written by the SDK)
+- **Discovery** (`voicebus.shell.TopicDiscovery`): the agent registry topic (written by the SDK)
   followed from its beginning, and a periodic listing of topics matching the text prefix.
 - **State.** Each owned session's `GateSession` lives in memory; its state (``to_state()``) is
   written to the compacted changelog (``settings.gate_changelog_topic``) on partition p, followed
@@ -25,9 +25,9 @@ The pure core (`pipeline.gate.core.GateSession`) decides; this module owns every
   then p's sessions and text partitions are dropped. On assignment of p: changelog partition p is
   read to its end (states and text positions), then the text partitions are sought there (no
   stored position: their beginning). `READY_LINE` is printed after that (with ``--announce``).
-- **Bad input** goes through `pipeline.shell.RecordPolicy` (stage ``gate``): dead-lettered with
+- **Bad input** goes through `voicebus.shell.RecordPolicy` (stage ``gate``): dead-lettered with
   its reason; a turn the gate failed on still ends (`GateSession.end_failed_turn`).
-- **Tracing** (off by default, `pipeline.tracing`): the trace context of a turn's first text
+- **Tracing** (off by default, `voicebus.tracing`): the trace context of a turn's first text
   record is kept in memory per (session, turn); each request it releases gets a ``gate.hold``
   span (sentence complete .. released, the core's stamps) and carries that span's context in its
   headers to the worker.
@@ -36,7 +36,7 @@ The pure core (`pipeline.gate.core.GateSession`) decides; this module owns every
 - **Timer** (every ``timer_interval_s``): hold timeouts (`GateSession.tick`) and idle-session
   expiry (`GateSession.expire`, then a tombstone on the changelog) for owned sessions.
 
-Run it: ``voicebus gate``, ``python -m pipeline.gate.app``, or `start_gate_subprocess`.
+Run it: ``voicebus gate``, ``python -m voicebus.gate.app``, or `start_gate_subprocess`.
 docs/gate.md has the design and the alternatives weighed.
 """
 
@@ -58,15 +58,15 @@ from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
 
-from pipeline.bus import await_group_coordinator, ensure_topics, make_producer, read_to_end, seek_to_beginning_quietly
-from pipeline.clock import now_us
-from pipeline.codecs import CodecError, codec_for
-from pipeline import tracing
-from pipeline.gate.core import GateConfig, GateSession
-from pipeline.settings import Settings
-from pipeline.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
-from pipeline.topics import fixed_topics, session_key, text_topic_pattern
-from pipeline.tracing import StageTracer, tracer_for
+from voicebus.bus import await_group_coordinator, ensure_topics, make_producer, read_to_end, seek_to_beginning_quietly
+from voicebus.clock import now_us
+from voicebus.codecs import CodecError, codec_for
+from voicebus import tracing
+from voicebus.gate.core import GateConfig, GateSession
+from voicebus.settings import Settings
+from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
+from voicebus.topics import fixed_topics, session_key, text_topic_pattern
+from voicebus.tracing import StageTracer, tracer_for
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class GateWorker:
         self.clock_us = clock_us
         self._announce = announce
         self._out = out
-        self.metrics_port = metrics_port  # /healthz and /metrics on it (pipeline.shell.serve_health)
+        self.metrics_port = metrics_port  # /healthz and /metrics on it (voicebus.shell.serve_health)
         self._http_runner = None
         self.registry = registry if registry is not None else CollectorRegistry()
         self._refused_counter = Counter("voicebus_gate_topics_refused", "Text topics the gate refused, by reason",
@@ -763,17 +763,16 @@ def start_gate_subprocess(
     settings: Settings, *, commit_interval_s: float = 1.0, session_timeout_s: float = 10.0,
     stdout: Any = subprocess.PIPE, stderr: Any = None, loglevel: str = "WARNING",
 ) -> subprocess.Popen:
-    """Start a gate worker as a child process (`python -m pipeline.gate.app --announce`).
+    """Start a gate worker as a child process (`python -m voicebus.gate.app --announce`).
 
     The caller owns the process: it must terminate (or kill) and wait for it. With the default
     stdout, the child prints `READY_LINE` and its partitions after each rebalance, once it has
     recovered them.
     """
     env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "pipeline.gate.app", "--announce", "--loglevel", loglevel,
+    cmd = [sys.executable, "-m", "voicebus.gate.app", "--announce", "--loglevel", loglevel,
            "--commit-interval", str(commit_interval_s), "--session-timeout", str(session_timeout_s)]
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.Popen(cmd, env=env, cwd=str(root), stdout=stdout, stderr=stderr, text=True)
+    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -800,7 +799,7 @@ def gate_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.gate.app", description="Run one gate worker.")
+    parser = argparse.ArgumentParser(prog="python -m voicebus.gate.app", description="Run one gate worker.")
     add_worker_arguments(parser)
     return gate_command(parser.parse_args(argv), Settings.from_env())
 

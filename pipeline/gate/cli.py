@@ -45,7 +45,7 @@ def _sentence_json(sentence) -> str:
 
 
 def run_segment(args: argparse.Namespace, settings) -> int:
-    from pipeline.gate.segmenter import StreamingSegmenter
+    from voicebus.gate.segmenter import StreamingSegmenter
 
     if args.chunk is not None and args.chunk < 1:
         print("voicebus segment: --chunk must be at least 1", file=sys.stderr)
@@ -90,7 +90,7 @@ def register(subparsers) -> None:
     seg.set_defaults(func=run_segment)
 
     # `voicebus gate`: one gate worker (aiokafka) until stopped; see pipeline/gate/app.py.
-    from pipeline.gate.app import add_worker_arguments, gate_command
+    from voicebus.gate.app import add_worker_arguments, gate_command
 
     gate = subparsers.add_parser(
         "gate", help="run a gate worker: agents' text topics in, synthesis requests out",

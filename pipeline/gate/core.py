@@ -1,9 +1,9 @@
 """The gate's pure core: one session's token events in, synthesis requests out.
 
-`GateSession` combines, per turn, the streaming segmenter (`pipeline.gate.segmenter`), evidence
-gating (`pipeline.gate.evidence`) and cancellation. It takes decoded `TextEvent` and
+`GateSession` combines, per turn, the streaming segmenter (`voicebus.gate.segmenter`), evidence
+gating (`voicebus.gate.evidence`) and cancellation. It takes decoded `TextEvent` and
 `ControlEvent` dicts and returns `SynthesisRequest` dicts; time comes in as explicit ``now_us``
-arguments, so the core runs the same in tests, in the Kafka worker (`pipeline.gate.app`) and in
+arguments, so the core runs the same in tests, in the Kafka worker (`voicebus.gate.app`) and in
 replays. Its whole state is a JSON-serialisable dict (`to_state` / `from_state`): the worker keeps
 it in memory and in its changelog topic.
 
@@ -35,7 +35,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from pipeline.gate.evidence import (
+from voicebus.gate.evidence import (
     FAILED,
     HOLD_TIMEOUT_POLICIES,
     READY,
@@ -45,8 +45,8 @@ from pipeline.gate.evidence import (
 )
 import json
 
-from pipeline.settings import Settings, SettingsError
-from schemas.contract import DEFAULT_VOICES, LANGUAGES, LIMITS, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
+from voicebus.settings import Settings, SettingsError
+from voicebus.schemas.contract import DEFAULT_VOICES, LANGUAGES, LIMITS, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -153,7 +153,7 @@ def split_text(text: str, max_bytes: int) -> list[str]:
 
 def _segmenter_class():
     # Imported lazily so evidence-only users of this module need not load the segmenter rules.
-    from pipeline.gate.segmenter import StreamingSegmenter
+    from voicebus.gate.segmenter import StreamingSegmenter
 
     return StreamingSegmenter
 

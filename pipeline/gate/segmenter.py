@@ -35,8 +35,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.gate.abbreviations import LanguageRules, rules_for
-from pipeline.gate.markdown import speakable_text
+from voicebus.gate.abbreviations import LanguageRules, rules_for
+from voicebus.gate.markdown import speakable_text
 
 STOPS = ".!?…"
 CLOSERS = "\"'”’»)]}*_"

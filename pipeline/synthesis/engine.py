@@ -6,7 +6,7 @@ the splitting of long sentences into pieces so the first audio chunk comes early
 trimming of the silence Kokoro pads each piece with (`trim_silence`). It knows
 nothing about Kafka: the synthesis worker calls `SynthesisEngine.stream` in a thread.
 
-Weights come from `pipeline.synthesis.weights` (`SynthesisEngine.load`); `SynthesisEngine.tiny`
+Weights come from `voicebus.synthesis.weights` (`SynthesisEngine.load`); `SynthesisEngine.tiny`
 builds the same Kokoro code with a tiny random-weight config for fast, deterministic tests.
 """
 
@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
-from pipeline.synthesis.words import TimedWord, WordTiming, english_words, phoneme_words, place
-from schemas.contract import LANGUAGES
+from voicebus.synthesis.words import TimedWord, WordTiming, english_words, phoneme_words, place
+from voicebus.schemas.contract import LANGUAGES
 
 if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
     import torch
 
-    from pipeline.settings import Settings
-    from pipeline.synthesis.kokoro_frames import Frames
+    from voicebus.settings import Settings
+    from voicebus.synthesis.kokoro_frames import Frames
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def tiny_config() -> dict:
     """The real Kokoro-82M architecture with everything that can shrink shrunk: ALBERT hidden
     32 with one layer, one predictor/text-encoder layer, max_dur 8. ``hidden_dim`` 512,
     ``style_dim`` 128 and the decoder's channels are fixed by the kokoro code."""
-    from pipeline.synthesis.weights import KOKORO_CONFIG
+    from voicebus.synthesis.weights import KOKORO_CONFIG
 
     vocab = {s: i + 1 for i, s in enumerate(dict.fromkeys(_TINY_SYMBOLS))}
     shrunk_albert = {"hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64,
@@ -367,7 +367,7 @@ class PartTrimmer:
 
 class Piece(NamedTuple):
     """One forward pass's input: its phonemes, and how its words are timed from the durations
-    the model predicts for them (`pipeline.synthesis.words`); English pieces also carry
+    the model predicts for them (`voicebus.synthesis.words`); English pieces also carry
     misaki's tokens (benchmarks compare other alignments of them)."""
 
     phonemes: str
@@ -487,12 +487,12 @@ class SynthesisEngine:
 
     @classmethod
     def load(cls, settings: "Settings", bake_weight_norms: bool = True, folded: bool = True) -> "SynthesisEngine":
-        """The real Kokoro-82M, weights resolved by `pipeline.synthesis.weights`; its weight
+        """The real Kokoro-82M, weights resolved by `voicebus.synthesis.weights`; its weight
         norms baked (`kokoro_frames.bake_weight_norms`) unless ``bake_weight_norms`` is False,
         its decoder folded (`kokoro_frames.FoldedGenerator`, `FoldedFrameRateHalf`, in `Settings.synthesis_precision`)
         unless ``folded`` is False (both False: the engine as it was, for `voicebus bench synth`'s
         A/B)."""
-        from pipeline.synthesis.weights import load_voice_packs, resolve_weights
+        from voicebus.synthesis.weights import load_voice_packs, resolve_weights
 
         import torch
         from kokoro import KModel
@@ -501,7 +501,7 @@ class SynthesisEngine:
         resolved = resolve_weights(settings)
         model = KModel(repo_id=REPO_ID, config=str(resolved.config_path), model=str(resolved.model_path))
         model = model.to(device).eval()
-        from pipeline.synthesis import kokoro_frames
+        from voicebus.synthesis import kokoro_frames
 
         kokoro_frames.check_kokoro_internals(model)
         if bake_weight_norms:
@@ -534,7 +534,7 @@ class SynthesisEngine:
         empty_state.seek(0)
         torch.manual_seed(seed)
         model = KModel(repo_id=REPO_ID, config=tiny_config(), model=empty_state).to(device).eval()
-        from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf, FoldedGenerator, bake_weight_norms
+        from voicebus.synthesis.kokoro_frames import FoldedFrameRateHalf, FoldedGenerator, bake_weight_norms
 
         bake_weight_norms(model)
         noise = torch.Generator().manual_seed(seed)
@@ -565,7 +565,7 @@ class SynthesisEngine:
 
     def pieces(self, text: str, language: str) -> list[Piece]:
         """`phonemize`, each phoneme string with the timing of its words: English from misaki's
-        tokens, the espeak languages from the phoneme groups (`pipeline.synthesis.words`)."""
+        tokens, the espeak languages from the phoneme groups (`voicebus.synthesis.words`)."""
         code = resolve_language(language)
         pipeline = self._pipeline(code)
         out = []
@@ -610,7 +610,7 @@ class SynthesisEngine:
     def _decode_sound(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> Voiced:
         """Kokoro's prediction for the whole piece, the decoder on its sounding frames only
         (docs/synthesis.md, "No compute on silence"). Called with the lock held."""
-        from pipeline.synthesis import kokoro_frames
+        from voicebus.synthesis import kokoro_frames
 
         lead_ms, trail_ms = self.silence_margins_ms
         frames = self._predict(phonemes, ref_s, speed)
@@ -627,7 +627,7 @@ class SynthesisEngine:
     def _predict(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> "Frames":
         """Kokoro's prediction for the whole piece, its silences inside a phrase shortened to
         ``inner_pause_frames`` (docs/synthesis.md, "Mid-phrase pauses"). Called with the lock held."""
-        from pipeline.synthesis import kokoro_frames
+        from voicebus.synthesis import kokoro_frames
 
         frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed, bert=self.bert)
         if self.inner_pause_frames is None:
@@ -647,7 +647,7 @@ class SynthesisEngine:
         decoding, and other requests' forward passes may run between two windows."""
         import torch
 
-        from pipeline.synthesis import kokoro_frames as kf
+        from voicebus.synthesis import kokoro_frames as kf
 
         if not self.windows_decoding:
             voiced = self.synthesize_timed(phonemes, voice, speed)

@@ -794,7 +794,7 @@ def window_input(prepared: DecoderInput, left: int, right: int) -> tuple[Decoder
     statistics depend most on how much of it is silence: the span's edge silence carries the
     weight of all the silence cut around it (`stand_in_weights`), so the first window (the
     lead silence and 16 frames of speech) was mostly silence to its norms and a middle window
-    none: measured on the 20 sentences of `pipeline.bench.seams.ENGLISH`, Whisper tiny.en's
+    none: measured on the 20 sentences of `voicebus.ops.bench.seams.ENGLISH`, Whisper tiny.en's
     word error rate rose from 0.098 (whole decode) to 0.163 windowed. Here each window's
     silence keeps the share of the statistics it has in the whole span: the window's own edge
     silence is weighted to it, and a window with none gets ``SILENCE_CARRIER_FRAMES`` frames

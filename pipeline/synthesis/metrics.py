@@ -1,7 +1,7 @@
 """What a synthesis worker measures: its Prometheus metrics and what each cancel did.
 
 `WorkerMetrics` owns one registry per worker (no global state: tests run several workers in one
-process); the shared shell (`pipeline.shell`) registers its own counters (records dead-lettered,
+process); the shared shell (`voicebus.shell`) registers its own counters (records dead-lettered,
 tasks restarted) in the same registry, so ``/metrics`` shows them all. `CancelObservation` is one
 cancel's record, kept in `SynthesisWorker.cancel_log` for logs, tests and the benchmark.
 `RealTimeWatch` says when the worker makes speech slower than it plays.

@@ -1,6 +1,6 @@
 """Dequantize the Kokoro-82M v1.0 int8 ONNX export back into a `kokoro.KModel` state dict.
 
-The offline weight pack (see `pipeline.synthesis.weights`) only has the dynamically quantized
+The offline weight pack (see `voicebus.synthesis.weights`) only has the dynamically quantized
 ONNX model (ONNX Runtime's MatMulInteger / ConvInteger / DynamicQuantizeLSTM). This module owns
 turning it into float tensors in the layout ``kokoro`` loads: ``{'bert': {...},
 'bert_encoder': {...}, 'predictor': {...}, 'text_encoder': {...}, 'decoder': {...}}``.

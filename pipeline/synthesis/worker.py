@@ -1,9 +1,9 @@
 """The synthesis worker on the bus: SynthesisRequests in, AudioChunks out, cancel-aware.
 
-Owns the Kafka shell around the pure core of `pipeline.synthesis.scheduler`: fetch, speak,
-publish, commit. The plumbing every stage shares comes from `pipeline.shell`; the metrics from
-`pipeline.synthesis.metrics`; arguments, signals and the process entry from
-`pipeline.synthesis.cli`.
+Owns the Kafka shell around the pure core of `voicebus.synthesis.scheduler`: fetch, speak,
+publish, commit. The plumbing every stage shares comes from `voicebus.shell`; the metrics from
+`voicebus.synthesis.metrics`; arguments, signals and the process entry from
+`voicebus.synthesis.cli`.
 
 - a consumer in the workers' group on ``settings.synthesis_topic`` (partitions by session keep a
   session's sentences in order; add workers for throughput); auto-commit is off and a request's
@@ -50,18 +50,18 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline import tracing
-from pipeline.audio_codec import audio_format
-from pipeline.bus import await_group_coordinator, ensure_topics, make_consumer, make_producer, publish
-from pipeline.cancel import CancelRegistry
-from pipeline.clock import now_us
-from pipeline.codecs import Codec, CodecError, codec_for
-from pipeline.lifecycle import Owned
-from pipeline.settings import Settings
-from pipeline.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
-from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
-from pipeline.synthesis.metrics import CancelObservation, RealTimeWatch, WorkerMetrics
-from pipeline.synthesis.scheduler import (
+from voicebus import tracing
+from voicebus.audio_codec import audio_format
+from voicebus.bus import await_group_coordinator, ensure_topics, make_consumer, make_producer, publish
+from voicebus.cancel import CancelRegistry
+from voicebus.clock import now_us
+from voicebus.codecs import Codec, CodecError, codec_for
+from voicebus.lifecycle import Owned
+from voicebus.settings import Settings
+from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
+from voicebus.synthesis.engine import EngineError, NoVoices, UnknownLanguage
+from voicebus.synthesis.metrics import CancelObservation, RealTimeWatch, WorkerMetrics
+from voicebus.synthesis.scheduler import (
     COMMITTABLE,
     ChunkAssembler,
     OffsetTracker,
@@ -70,14 +70,14 @@ from pipeline.synthesis.scheduler import (
     SynthesisScheduler,
     synthesis_args,
 )
-from pipeline.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
-from schemas import contract
-from schemas.contract import ControlAction
+from voicebus.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
+from voicebus.schemas import contract
+from voicebus.schemas.contract import ControlAction
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
 __all__ = [
     "CancelObservation", "SynthesisWorker", "WorkerError", "WorkerMetrics", "new_worker_id",
@@ -702,9 +702,9 @@ class _Rebalance(ConsumerRebalanceListener):
         self.worker.on_assigned(assigned)
 
 
-if __name__ == "__main__":  # `python -m pipeline.synthesis.worker`: the entry lives in the CLI module
+if __name__ == "__main__":  # `python -m voicebus.synthesis.worker`: the entry lives in the CLI module
     import sys
 
-    from pipeline.synthesis.cli import main
+    from voicebus.synthesis.cli import main
 
-    sys.exit(main(prog="python -m pipeline.synthesis.worker"))
+    sys.exit(main(prog="python -m voicebus.synthesis.worker"))

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.bus import ensure_topics, make_consumer
-from pipeline.codecs import Codec
+from voicebus.bus import ensure_topics, make_consumer
+from voicebus.codecs import Codec
 from tests.waiting import eventually
 
 

@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from agents.conversation_file import load
-from agents.corpus import corpus_path
-from pipeline.cli import build_parser
-from pipeline.topics import text_topic
+from voicebus.agents.conversation_file import load
+from voicebus.agents.corpus import corpus_path
+from voicebus.cli import build_parser
+from voicebus.topics import text_topic
 from tests.agents.bus_helpers import TopicReader, count_kind
 
 pytestmark = pytest.mark.kafka
@@ -55,7 +55,7 @@ def test_say_prints_the_turn_id_first_while_the_turn_is_still_being_spoken(make_
     async def run() -> tuple[str, list]:
         async with TopicReader(settings, [text_topic(settings, "bot")]) as reader:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pipeline", "say", "--agent", "bot", "--session", "s1", "--token-ms", "100",
+                sys.executable, "-m", "voicebus", "say", "--agent", "bot", "--session", "s1", "--token-ms", "100",
                 words, env={**os.environ, **settings.to_env()}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             try:
                 first = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()

@@ -2,11 +2,11 @@ import json
 
 import pytest
 
-from agents import corpus
-from agents.conversation_file import (
+from voicebus.agents import corpus
+from voicebus.agents.conversation_file import (
     ControlLine, ConversationFormatError, TextLine, dump_lines, load, parse_lines,
 )
-from agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY, TOKEN
+from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY, TOKEN
 
 
 def _line(**fields):
@@ -107,10 +107,10 @@ def test_corpus_covers_what_the_issue_lists():
 
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
 
-from agents.conversation_file import ConversationFormatError, parse_lines  # noqa: E402
-from pipeline.codecs import Codec  # noqa: E402
-from agents.replay import plan_replay  # noqa: E402
-from agents.sdk import InvalidEventError  # noqa: E402
+from voicebus.agents.conversation_file import ConversationFormatError, parse_lines  # noqa: E402
+from voicebus.codecs import Codec  # noqa: E402
+from voicebus.agents.replay import plan_replay  # noqa: E402
+from voicebus.agents.sdk import InvalidEventError  # noqa: E402
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=12),

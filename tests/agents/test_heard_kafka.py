@@ -7,11 +7,11 @@ import asyncio
 import aiohttp
 import pytest
 
-from agents.openai_adapter import Conversation
-from agents.sdk import HeardFollower, HeardTimeout, Publisher
-from pipeline.bus import ensure_topics, make_producer, publish
-from pipeline.clock import now_us
-from pipeline.codecs import Codec
+from voicebus.agents.openai_adapter import Conversation
+from voicebus.agents.sdk import HeardFollower, HeardTimeout, Publisher
+from voicebus.bus import ensure_topics, make_producer, publish
+from voicebus.clock import now_us
+from voicebus.codecs import Codec
 from tests.agents.fake_openai import FakeChatServer, Script
 
 pytestmark = pytest.mark.kafka

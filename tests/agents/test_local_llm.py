@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.local_llm import MODEL_ALIAS, LocalLlmServer, server_command
-from pipeline.bench.agents import turn_events
-from pipeline.daemon import free_port
-from pipeline.latency import percentile, release_latencies_ms
+from voicebus.agents.local_llm import MODEL_ALIAS, LocalLlmServer, server_command
+from voicebus.ops.bench.agents import turn_events
+from voicebus.ops.daemon import free_port
+from voicebus.latency import percentile, release_latencies_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ("What is the capital of France?", "Why is the sky blue?")
@@ -66,7 +66,7 @@ async def _ask(settings, server, agent: str, session: str, question: str) -> tup
     """`voicebus ask` as its own process; returns (turn id, its output)."""
     env = {**os.environ, **settings.to_env(), "PYTHONPATH": str(REPO_ROOT)}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pipeline", "ask", question, "--url", server.base_url, "--model", server.alias,
+        sys.executable, "-m", "voicebus", "ask", question, "--url", server.base_url, "--model", server.alias,
         "--system", SYSTEM, "--agent", agent, "--session", session, "--max-tokens", "48",
         "--temperature", "0", "--seed", "7", "--stall-timeout", "60",
         cwd=REPO_ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
@@ -87,10 +87,10 @@ async def test_a_real_llm_through_voicebus_ask_is_heard_and_a_new_agents_first_t
     and edge started before any of them. Every turn is heard (audio, turn end), and a new agent's
     first turn releases its sentences as fast as its later turns: release latency p50 within 50
     ms (issue 16's acceptance; with faust it was ~3.5 s more)."""
-    from pipeline.demo_llm import turn_release_latencies
-    from pipeline.runtime import PipelineStack
-    from pipeline.synthesis.engine import SynthesisEngine
-    from players.listener import Listener
+    from voicebus.ops.demo_llm import turn_release_latencies
+    from voicebus.ops.runtime import PipelineStack
+    from voicebus.synthesis.engine import SynthesisEngine
+    from voicebus.players.listener import Listener
 
     settings = make_settings(edge_port=free_port())
     first: list[float] = []

@@ -5,9 +5,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from agents.openai_adapter import BROKEN, DONE, STALLED, UpstreamError, speak_chat_completion
-from agents.sdk import Publisher
-from pipeline.topics import text_topic
+from voicebus.agents.openai_adapter import BROKEN, DONE, STALLED, UpstreamError, speak_chat_completion
+from voicebus.agents.sdk import Publisher
+from voicebus.topics import text_topic
 from tests.agents.bus_helpers import TopicReader, count_kind
 from tests.agents.fake_openai import FakeChatServer, Script
 

@@ -6,7 +6,7 @@ import time
 import aiohttp
 import pytest
 
-from agents.openai_adapter import (
+from voicebus.agents.openai_adapter import (
     SseDecoder, SseLineTooLong, StreamBroken, StreamStalled, UpstreamError, chat_completions_url, delta_text,
     stream_deltas,
 )

@@ -5,11 +5,11 @@ import statistics
 
 import pytest
 
-from agents import corpus
-from agents.conversation_file import TextLine, load, save
-from agents.recorder import record
-from agents.replay import replay
-from pipeline.topics import text_topic
+from voicebus.agents import corpus
+from voicebus.agents.conversation_file import TextLine, load, save
+from voicebus.agents.recorder import record
+from voicebus.agents.replay import replay
+from voicebus.topics import text_topic
 from tests.agents.bus_helpers import TopicReader
 
 pytestmark = pytest.mark.kafka
@@ -116,10 +116,10 @@ async def test_a_bad_record_is_left_out_and_reported_and_the_recording_goes_on(m
 
     from fastavro import parse_schema, schemaless_writer
 
-    import schemas
-    from pipeline.bus import ensure_topics, make_producer, publish
-    from pipeline.clock import now_us
-    from pipeline.codecs import MAGIC, Codec
+    from voicebus import schemas
+    from voicebus.bus import ensure_topics, make_producer, publish
+    from voicebus.clock import now_us
+    from voicebus.codecs import MAGIC, Codec
 
     settings = make_settings()
     topic = text_topic(settings, "assistant")

@@ -1,9 +1,9 @@
 import pytest
 
-from agents import corpus
-from agents.conversation_file import load
-from agents.recorder import RecordedRecord, TurnTracker, to_conversation
-from agents.replay import ReplayError, plan_replay
+from voicebus.agents import corpus
+from voicebus.agents.conversation_file import load
+from voicebus.agents.recorder import RecordedRecord, TurnTracker, to_conversation
+from voicebus.agents.replay import ReplayError, plan_replay
 
 
 def test_copies_get_distinct_sessions_and_seq_per_agent_and_turn():

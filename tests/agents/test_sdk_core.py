@@ -1,9 +1,9 @@
 import pytest
 
-from agents.sdk import (
+from voicebus.agents.sdk import (
     END_OF_TURN, EVIDENCE_PENDING, TOKEN, InvalidEventError, TurnEndedError, TurnEvents, cancel_event, text_event,
 )
-from pipeline.codecs import Codec
+from voicebus.codecs import Codec
 
 
 def test_turn_events_number_from_zero_and_refuse_events_after_the_end():

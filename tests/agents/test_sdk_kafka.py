@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from agents.sdk import Publisher
-from pipeline.topics import session_key, text_topic
+from voicebus.agents.sdk import Publisher
+from voicebus.topics import session_key, text_topic
 from tests.agents.bus_helpers import TopicReader, count_kind
 
 pytestmark = pytest.mark.kafka
@@ -64,7 +64,7 @@ async def test_a_turn_block_that_raises_still_ends_the_turn(make_settings):
 async def test_a_publisher_whose_start_fails_stops_the_producer_it_had_started(make_settings, monkeypatch):
     """`async with Publisher`: a start that fails after the producer is up (here its agent topic
     cannot be made ready) stops that producer on the way out, instead of leaking a live client."""
-    from pipeline.bus import TopicCreationError
+    from voicebus.bus import TopicCreationError
 
     publisher = Publisher(make_settings(), "assistant")
 

@@ -1,6 +1,6 @@
 from hypothesis import given, strategies as st
 
-from agents.tokens import split_like_llm
+from voicebus.agents.tokens import split_like_llm
 
 
 @given(st.text(max_size=300))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.audio_codec import AudioCodecError, AudioFormat, OpusEncoder, audio_format, decode_payload
-from pipeline.settings import Settings
-from players import protocol
-from players.tone import tone_pcm
-from schemas.contract import AudioEncoding, pack_opus_packets, split_opus_packets
+from voicebus.audio_codec import AudioCodecError, AudioFormat, OpusEncoder, audio_format, decode_payload
+from voicebus.settings import Settings
+from voicebus.players import protocol
+from voicebus.players.tone import tone_pcm
+from voicebus.schemas.contract import AudioEncoding, pack_opus_packets, split_opus_packets
 
 
 def test_the_setting_chooses_the_encoding_and_refuses_what_cannot_be_made():

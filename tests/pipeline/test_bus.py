@@ -12,10 +12,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.bus import (TopicCreationError, committed_offsets, decoded_records, end_offsets, ensure_topics,
+from voicebus.bus import (TopicCreationError, committed_offsets, decoded_records, end_offsets, ensure_topics,
                           make_consumer, make_producer, publish, read_to_end, topics_matching)
-from pipeline.codecs import MAGIC, Codec
-from pipeline.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
+from voicebus.codecs import MAGIC, Codec
+from voicebus.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
                              text_topic, text_topic_pattern)
 from tests.waiting import eventually
 

@@ -1,8 +1,8 @@
-"""`pipeline.cancel.CancelRegistry`, the cancel state gate, workers and edge share (pure)."""
+"""`voicebus.cancel.CancelRegistry`, the cancel state gate, workers and edge share (pure)."""
 
 from __future__ import annotations
 
-from pipeline.cancel import MAX_TURNS_PER_SESSION, CancelRegistry
+from voicebus.cancel import MAX_TURNS_PER_SESSION, CancelRegistry
 
 
 def _cancel(session: str, turn: str | None = None, turn_ids=(), issued_at_us: int = 1) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from pipeline import cli
+from voicebus import cli
 
 
 def emit(message: str, category: type[Warning], module: str) -> None:
@@ -29,7 +29,7 @@ def test_known_third_party_warnings_are_hidden_while_a_command_runs_and_others_s
             for warning in TORCH:
                 emit(*warning)
             emit("something new in torch", FutureWarning, "torch.nn.modules.rnn")
-            emit("`torch.jit.script` is deprecated", FutureWarning, "pipeline.synthesis.engine")  # ours: shown
+            emit("`torch.jit.script` is deprecated", FutureWarning, "voicebus.synthesis.engine")  # ours: shown
         assert [str(w.message) for w in seen] == ["something new in torch", "`torch.jit.script` is deprecated"]
         emit(*TORCH[0])  # after the command: filters restored
         assert len(seen) == 3

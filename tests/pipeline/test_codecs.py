@@ -14,8 +14,8 @@ import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-import schemas
-from pipeline.codecs import (
+from voicebus import schemas
+from voicebus.codecs import (
     HEADER_LEN,
     InvalidMessage,
     MAGIC,
@@ -29,7 +29,7 @@ from pipeline.codecs import (
     schema_fingerprint,
 )
 
-from schemas import contract
+from voicebus.schemas import contract
 
 CODEC = Codec()
 TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc").read_text())
@@ -70,7 +70,7 @@ def values_of(schema) -> st.SearchStrategy:
 
 
 _ID_TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=40)
-# Fields whose Avro type is wider than the contract (schemas.contract) allows, drawn within it.
+# Fields whose Avro type is wider than the contract (voicebus.schemas.contract) allows, drawn within it.
 CONTRACT_FIELDS = {
     "session_id": _ID_TEXT, "turn_id": _ID_TEXT, "claim_id": st.none() | _ID_TEXT, "client_id": _ID_TEXT,
     "agent_id": st.from_regex(r"[A-Za-z0-9._-]{1,30}", fullmatch=True),

@@ -5,7 +5,7 @@ schema registry (Apicurio, `schema_registry` fixture) on the real broker.
   (text, control and audio topics) is read by confluent-kafka's `Consumer` + `AvroDeserializer` +
   `SchemaRegistryClient`, which know nothing of voicebus.
 * What confluent-kafka's `AvroSerializer` writes is read by the consumer loop every stage uses
-  (`pipeline.bus.decoded_records`, default single-object writer settings with a registry url):
+  (`voicebus.bus.decoded_records`, default single-object writer settings with a registry url):
   nothing is dead-lettered, and a record with an id the registry does not know is.
 """
 
@@ -21,12 +21,12 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-import schemas
-from agents.sdk import Publisher, cancel_event
-from pipeline.bus import decoded_records, ensure_topics, make_consumer, make_producer, publish
-from pipeline.codecs import CONFLUENT, codec_for
-from pipeline.topics import session_key, text_topic
-from schemas.contract import AudioEncoding
+from voicebus import schemas
+from voicebus.agents.sdk import Publisher, cancel_event
+from voicebus.bus import decoded_records, ensure_topics, make_consumer, make_producer, publish
+from voicebus.codecs import CONFLUENT, codec_for
+from voicebus.topics import session_key, text_topic
+from voicebus.schemas.contract import AudioEncoding
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.registry]
@@ -74,7 +74,7 @@ async def test_confluent_kafka_reads_what_the_pipeline_writes_in_confluent_frami
         async with agent.turn("s-1", "t-1", language="en") as turn:
             await turn.tokens(iter(["Hello", " there", "."]))
         await agent.cancel("s-1", "t-1", reason="barge-in")
-    # the worker's publish path: pipeline.bus.publish with the stage's codec
+    # the worker's publish path: voicebus.bus.publish with the stage's codec
     chunk = audio_chunk("s-1", "t-1")
     await ensure_topics(settings, [settings.audio_topic])
     producer = make_producer(settings)

@@ -1,9 +1,9 @@
-"""Per-stage latency arithmetic (pipeline.latency) and the listener's starvation measure."""
+"""Per-stage latency arithmetic (voicebus.latency) and the listener's starvation measure."""
 
 import pytest
 
-from pipeline.latency import first_audio_stages, overhead_ms, percentile, summary
-from players.listener import HeardTurn
+from voicebus.latency import first_audio_stages, overhead_ms, percentile, summary
+from voicebus.players.listener import HeardTurn
 
 TIMELINE = {
     "first_token_at_us": 1_000_000, "text_complete_at_us": 1_300_000, "released_at_us": 1_330_000,

@@ -1,10 +1,10 @@
-"""`pipeline.lifecycle.Owned`: ``async with`` starts and stops, and a failed start is stopped too."""
+"""`voicebus.lifecycle.Owned`: ``async with`` starts and stops, and a failed start is stopped too."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.lifecycle import Owned
+from voicebus.lifecycle import Owned
 
 
 class Recorder(Owned):

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.demo import wav_path
-from pipeline.paths import UnsafePath, path_under, safe_name
+from voicebus.ops.demo import wav_path
+from voicebus.paths import UnsafePath, path_under, safe_name
 
 HOSTILE = ["..", ".", "../../etc/passwd", "/etc/passwd", "a/b", "a\\b", "..\\..\\x", "~", ".hidden",
            "x\x00y", "C:\\temp", "%2E%2E", "ü/ß", "\ud800"]

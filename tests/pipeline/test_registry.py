@@ -11,15 +11,15 @@ import uuid
 import pytest
 from fastavro import parse_schema, schemaless_writer
 
-import schemas
-from pipeline.daemon import free_port
-from pipeline.codecs import (
+from voicebus import schemas
+from voicebus.ops.daemon import free_port
+from voicebus.codecs import (
     CONFLUENT, MAGIC, SINGLE_OBJECT, Codec, InvalidMessage, MalformedRecord, RegistryUnavailable,
     UnknownSchemaId, WrongMessageType, codec_for,
 )
-from pipeline.registry import IncompatibleSchema, SchemaNotFound, SchemaRegistry, subject_for
-from pipeline.registry_server import java_major
-from pipeline.settings import Settings, SettingsError
+from voicebus.registry import IncompatibleSchema, SchemaNotFound, SchemaRegistry, subject_for
+from voicebus.ops.registry_server import java_major
+from voicebus.settings import Settings, SettingsError
 
 
 def text_event(**changes) -> dict:

@@ -3,8 +3,8 @@
 import dataclasses
 import json
 
-from pipeline.cli import main
-from pipeline.settings import ENV_PREFIX, Settings, field_docs
+from voicebus.cli import main
+from voicebus.settings import ENV_PREFIX, Settings, field_docs
 
 
 def test_every_settings_field_has_a_docstring():

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish
-from pipeline.codecs import Codec
-from pipeline.shell import ControlFollower, RecordPolicy, Supervisor
+from voicebus.bus import ensure_topics, make_consumer, make_producer, publish
+from voicebus.codecs import Codec
+from voicebus.shell import ControlFollower, RecordPolicy, Supervisor
 from tests.foreign import foreign_encode
 from tests.waiting import eventually
 
@@ -60,9 +60,9 @@ async def test_a_topic_listing_that_finds_no_broker_is_reported_and_tried_again_
     died (an ERROR traceback, a restart) on every failover. A listing that cannot reach a broker
     is now a warning and a counter, and the next interval lists again. Here no broker listens
     at all (a refused connection: the same retriable error)."""
-    from pipeline.daemon import free_port
-    from pipeline.settings import Settings
-    from pipeline.shell import TopicDiscovery
+    from voicebus.ops.daemon import free_port
+    from voicebus.settings import Settings
+    from voicebus.shell import TopicDiscovery
 
     found: list[set[str]] = []
 

@@ -3,7 +3,7 @@ own `voicebus` command, on a new broker (a fresh one of this test's own: no topi
 ``__consumer_offsets``, exists yet): the edge first, then the gate, then the synthesis worker
 (the gate before the worker), and no agent until all three run. Nothing loops on a missing
 topic, nothing logs an error (on a fresh broker aiokafka's group consumer logged
-GroupCoordinatorNotAvailable at ERROR until `pipeline.bus.await_group_coordinator`), and the
+GroupCoordinatorNotAvailable at ERROR until `voicebus.bus.await_group_coordinator`), and the
 first agent's first turn (its topic made by `voicebus say`) is heard.
 """
 
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.broker import QUICK_START_JVM_OPTIONS, LocalKafka
-from pipeline.daemon import free_port
-from pipeline.gate.app import READY_LINE
-from pipeline.synthesis.cli import WORKER_READY_LINE
-from pipeline.topics import fixed_topics
-from players.listener import Listener
+from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalKafka
+from voicebus.ops.daemon import free_port
+from voicebus.gate.app import READY_LINE
+from voicebus.synthesis.cli import WORKER_READY_LINE
+from voicebus.topics import fixed_topics
+from voicebus.players.listener import Listener
 from tests.conftest import _settings_factory, distinct_free_ports
 from tests.waiting import eventually
 
@@ -88,7 +88,7 @@ async def test_edge_gate_worker_started_by_hand_before_any_agent_log_no_error_an
         for name, args in commands.items():  # in this order, each once the one before is up
             with logs[name].open("w") as err:
                 procs[name] = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "pipeline", *args, cwd=REPO_ROOT, env=env,
+                    sys.executable, "-m", "voicebus", *args, cwd=REPO_ROOT, env=env,
                     stdout=subprocess.PIPE, stderr=err)
             if name == "edge":
                 health = f"http://127.0.0.1:{settings.edge_port}/healthz"
@@ -98,7 +98,7 @@ async def test_edge_gate_worker_started_by_hand_before_any_agent_log_no_error_an
                 await _line(procs[name], READY_LINE if name == "gate" else WORKER_READY_LINE, logs[name])
         async with Listener(f"http://127.0.0.1:{settings.edge_port}", "by-hand", settings.edge_secret) as listener:
             say = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pipeline", "say", "The first words. And a second sentence.",
+                sys.executable, "-m", "voicebus", "say", "The first words. And a second sentence.",
                 "--agent", "newcomer", "--session", "by-hand", "--turn", "t1",
                 cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             said = (await asyncio.wait_for(say.communicate(), 120))[0].decode()

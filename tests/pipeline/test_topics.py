@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.settings import Settings
-from pipeline.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, Durability, TopicConfigError,
+from voicebus.settings import Settings
+from voicebus.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, Durability, TopicConfigError,
                              durability, text_topic, topic_configs)
 
 
@@ -57,7 +57,7 @@ def test_each_topic_class_has_its_retention():
 def test_the_readme_and_kafka_md_topic_tables_are_what_voicebus_topics_prints(capsys):
     from pathlib import Path
 
-    from pipeline.topics_cli import run
+    from voicebus.topics_cli import run
 
     run(None, Settings())
     printed = capsys.readouterr().out.strip()

@@ -7,8 +7,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from pipeline.topics import compacted_topics, fixed_topics
-from pipeline.topics_cli import run
+from voicebus.topics import compacted_topics, fixed_topics
+from voicebus.topics_cli import run
 
 pytestmark = [pytest.mark.kafka]
 

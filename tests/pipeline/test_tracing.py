@@ -13,15 +13,15 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agents.sdk import Publisher
-from pipeline.bus import make_consumer
-from pipeline import tracing
-from pipeline.gate.app import GateWorker
-from pipeline.settings import Settings
-from pipeline.topics import text_topic
-from pipeline.tracing import NO_TRACER, make_provider, span_tree, tracer_for
-from players.edge import LINK_KEY
-from schemas.contract import PlaybackKind
+from voicebus.agents.sdk import Publisher
+from voicebus.bus import make_consumer
+from voicebus import tracing
+from voicebus.gate.app import GateWorker
+from voicebus.settings import Settings
+from voicebus.topics import text_topic
+from voicebus.tracing import NO_TRACER, make_provider, span_tree, tracer_for
+from voicebus.players.edge import LINK_KEY
+from voicebus.schemas.contract import PlaybackKind
 from tests.players.edge_helpers import SECRET, collect, connect, of_type, running_edge, turn_ended
 from tests.waiting import eventually
 
@@ -101,7 +101,7 @@ async def test_one_turn_is_one_trace_from_first_token_to_audible(make_settings):
     """Two sentences through the real pipeline (gate, worker, edge, a player
     that reports each sentence audible): one trace, its root the agent's turn, and under it per
     sentence gate.hold -> {synthesis.queue, synthesis -> publish -> edge.send -> audible}."""
-    from pipeline.synthesis.worker import SynthesisWorker
+    from voicebus.synthesis.worker import SynthesisWorker
 
     exporter = InMemorySpanExporter()
     provider = make_provider(SimpleSpanProcessor(exporter))
@@ -171,9 +171,9 @@ async def test_one_turn_is_one_trace_from_first_token_to_audible(make_settings):
 async def test_spans_reach_an_otlp_http_receiver():
     """The exporter the settings configure (OTLP over HTTP, protobuf) delivers to a receiver:
     `voicebus traces` here, which decodes and prints the tree."""
-    from pipeline.broker import free_port
-    from pipeline.tracing import otlp_provider
-    from pipeline.tracing_cli import TraceCollector, serve
+    from voicebus.ops.broker import free_port
+    from voicebus.tracing import otlp_provider
+    from voicebus.ops.tracing_cli import TraceCollector, serve
 
     port = free_port()
     collector, printed = TraceCollector(quiet_s=0.0), []
@@ -199,7 +199,7 @@ async def test_spans_reach_an_otlp_http_receiver():
 
 
 def test_the_sdk_opens_a_turn_at_its_first_event_and_ends_it_at_its_end_or_cancel():
-    from agents.sdk import END_OF_TURN, TOKEN, TurnEvents
+    from voicebus.agents.sdk import END_OF_TURN, TOKEN, TurnEvents
 
     exporter = InMemorySpanExporter()
     settings = Settings(tracing=True)

@@ -9,10 +9,10 @@ import json
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
 
-from pipeline.settings import Settings
-from players import protocol
-from players.auth import issue_token
-from players.edge import make_app
+from voicebus.settings import Settings
+from voicebus.players import protocol
+from voicebus.players.auth import issue_token
+from voicebus.players.edge import make_app
 
 SECRET = "test-secret"
 
@@ -69,8 +69,8 @@ def turn_ended(messages) -> bool:
 
 async def publish_audio(settings: Settings, chunks) -> None:
     """Publish AudioChunks to the audio topic, in order, with a producer of its own."""
-    from pipeline.bus import make_producer, publish
-    from pipeline.codecs import Codec
+    from voicebus.bus import make_producer, publish
+    from voicebus.codecs import Codec
 
     producer, codec = make_producer(settings), Codec()
     await producer.start()

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
 
-from pipeline.settings import Settings
-from pipeline.topics import partition_of
-from players.edge import LINK_KEY, make_app
+from voicebus.settings import Settings
+from voicebus.topics import partition_of
+from voicebus.players.edge import LINK_KEY, make_app
 from tests.conftest import distinct_free_ports
 from tests.waiting import eventually
 
@@ -72,7 +72,7 @@ class EdgeProcess:
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, **self.settings.to_env(), "PYTHONUNBUFFERED": "1"}
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", "edge"], env=env, cwd=str(ROOT),
+        self.proc = subprocess.Popen([sys.executable, "-m", "voicebus", "edge"], env=env, cwd=str(ROOT),
                                      stdout=self._log, stderr=subprocess.STDOUT)
 
     async def shard(self) -> dict | None:

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from pipeline.bus import make_producer, publish
-from pipeline.codecs import Codec
-from players.auth import issue_token, player_url
-from players.tone import tone_turn
-from schemas.contract import AudioEncoding
+from voicebus.bus import make_producer, publish
+from voicebus.codecs import Codec
+from voicebus.players.auth import issue_token, player_url
+from voicebus.players.tone import tone_turn
+from voicebus.schemas.contract import AudioEncoding
 from tests.players.edge_helpers import SECRET, publish_audio, running_edge
 from tests.players.test_edge_kafka import read_topic
 
@@ -133,7 +133,7 @@ async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played
     The turn plays to its end."""
     from playwright.async_api import async_playwright
 
-    from pipeline.bus import ensure_topics
+    from voicebus.bus import ensure_topics
     from tests.players.shard_helpers import EdgeProcess, free_ports, session_on, wait_processes_settled
 
     partitions, per_sentence = 4, 8

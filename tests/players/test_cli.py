@@ -2,8 +2,8 @@
 
 from urllib.parse import parse_qs, urlparse
 
-from pipeline.cli import main
-from players.auth import verify_token
+from voicebus.cli import main
+from voicebus.players.auth import verify_token
 
 
 def test_token_command_prints_a_valid_token_and_the_player_url(capsys, monkeypatch):

@@ -1,5 +1,5 @@
 """The demo console's core and API (players/console.py), the demo's console URL line
-(pipeline/demo_console.py) and the buffered lane (pipeline/runtime.py). The API tests run the
+(pipeline/ops/demo_console.py) and the buffered lane (pipeline/ops/runtime.py). The API tests run the
 edge app with the console installed against the real broker and read what it published back from
 Kafka; the browser test (test_console_browser.py) drives the whole thing."""
 
@@ -13,17 +13,17 @@ import re
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.conversation_file import load
-from agents.corpus import corpus_path
-from pipeline.demo_console import print_url
-from pipeline.runtime import buffered_lane
-from pipeline.topics import text_topic, text_topic_pattern
-from players.auth import verify_token
-from players.console import (
+from voicebus.agents.conversation_file import load
+from voicebus.agents.corpus import corpus_path
+from voicebus.ops.demo_console import print_url
+from voicebus.ops.runtime import buffered_lane
+from voicebus.topics import text_topic, text_topic_pattern
+from voicebus.players.auth import verify_token
+from voicebus.players.console import (
     ABANDON_AFTER_S, KEY_HEADER, Console, conversation_play, console_url, install_console, text_play, turns_of,
 )
-from players.edge import make_app
-from players.router import SessionRouter
+from voicebus.players.edge import make_app
+from voicebus.players.router import SessionRouter
 from tests.players.edge_helpers import connect
 from tests.players.test_edge_kafka import read_topic
 from tests.waiting import eventually
@@ -47,8 +47,8 @@ def test_console_url_is_short_loopback_and_alone_on_its_line_at_80_columns():
 
 
 def test_the_demo_serves_the_console_to_a_terminal_and_runs_the_batch_elsewhere(tmp_path):
-    from pipeline.cli import build_parser
-    from pipeline.demo import demo_mode
+    from voicebus.cli import build_parser
+    from voicebus.ops.demo import demo_mode
 
     assert build_parser().parse_args(["demo"]).mode is None
     assert build_parser().parse_args(["demo", "--batch"]).mode == "batch"
@@ -118,7 +118,7 @@ async def test_a_session_whose_page_went_away_mid_answer_is_reported_once():
 
 
 def _settings(**overrides):
-    from pipeline.settings import Settings
+    from voicebus.settings import Settings
 
     return Settings(edge_secret=SECRET, **overrides)
 

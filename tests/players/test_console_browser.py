@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.gate.segmenter import StreamingSegmenter
+from voicebus.gate.segmenter import StreamingSegmenter
 from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS
 from tests.players.test_edge_kafka import read_topic
 from tests.waiting import eventually, eventually_sync
@@ -36,7 +36,7 @@ class Demo:
         env = {**os.environ, **settings.to_env(), "COLUMNS": str(columns), "PYTHONPATH": str(ROOT),
                "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "demo", "--console", "--tiny", "--conversations",
+            [sys.executable, "-m", "voicebus", "demo", "--console", "--tiny", "--conversations",
              "support,markdown_long"],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )

@@ -8,10 +8,10 @@ import tracemalloc
 import pytest
 from aiohttp import WSMsgType
 
-from players import protocol
-from players.auth import issue_token
-from players.edge import CLIENTS_KEY, REPORTS_KEY, ROUTER_KEY
-from players.tone import tone_turn
+from voicebus.players import protocol
+from voicebus.players.auth import issue_token
+from voicebus.players.edge import CLIENTS_KEY, REPORTS_KEY, ROUTER_KEY
+from voicebus.players.tone import tone_turn
 from tests.players.edge_helpers import (
     SECRET, audio, collect, connect, edge_settings, of_type, running_edge, turn_ended,
 )
@@ -276,7 +276,7 @@ async def test_a_resume_with_a_negative_sentence_is_refused_with_4400_out_of_ran
 async def test_a_barge_in_does_not_cancel_a_new_turn_whose_agent_clock_is_behind_the_edge_s():
     # The edge's clock is an hour ahead of the agent's: the next turn's first token "happened"
     # before the barge-in by the edge's clock. Cancels name turns; no clock is compared.
-    from pipeline.clock import now_us
+    from voicebus.clock import now_us
 
     async with running_edge(edge_settings(), with_kafka=False) as (app, client):
         router = app[ROUTER_KEY]

@@ -1,12 +1,12 @@
 """players/web/edge-client.js in Debian's headless chromium, the module both pages import: the
-audio frames players.protocol encodes read back field for field (the two sides of one contract),
+audio frames voicebus.players.protocol encodes read back field for field (the two sides of one contract),
 and the edge's clock estimated afresh for each edge the page connects to."""
 
 import base64
 
 import pytest
 
-from players import protocol
+from voicebus.players import protocol
 from tests.players.edge_helpers import edge_settings, running_edge
 from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS
 

@@ -10,12 +10,12 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
-from pipeline.cli import main
-from pipeline.settings import DEFAULT_EDGE_SECRET, Settings
-from players import protocol
-from players.auth import MissingSecret, issue_token, verify_token
-from players.edge import InsecureEdgeConfig, host_allowed, make_app, origin_allowed
-from pipeline.daemon import free_port
+from voicebus.cli import main
+from voicebus.settings import DEFAULT_EDGE_SECRET, Settings
+from voicebus.players import protocol
+from voicebus.players.auth import MissingSecret, issue_token, verify_token
+from voicebus.players.edge import InsecureEdgeConfig, host_allowed, make_app, origin_allowed
+from voicebus.ops.daemon import free_port
 from tests.players.edge_helpers import SECRET, collect, connect, edge_settings, of_type, running_edge
 
 
@@ -56,7 +56,7 @@ def test_the_edge_command_refuses_to_start_open_and_says_why(monkeypatch, capsys
 
 
 async def test_the_pipeline_stack_refuses_an_exposed_edge_before_starting_anything():
-    from pipeline.runtime import PipelineStack
+    from voicebus.ops.runtime import PipelineStack
 
     stack = PipelineStack(Settings(edge_host="0.0.0.0", bootstrap="192.0.2.1:9"), None)
     with pytest.raises(InsecureEdgeConfig):

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from pipeline.bus import make_consumer, make_producer, publish
-from pipeline.clock import now_us
-from pipeline.codecs import Codec
-from players.edge import LINK_KEY
-from players.router import SessionRouter
-from players.tone import tone_turn
+from voicebus.bus import make_consumer, make_producer, publish
+from voicebus.clock import now_us
+from voicebus.codecs import Codec
+from voicebus.players.edge import LINK_KEY
+from voicebus.players.router import SessionRouter
+from voicebus.players.tone import tone_turn
 from tests.foreign import foreign_encode
 from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, publish_audio, running_edge, turn_ended
 from tests.waiting import eventually
@@ -231,7 +231,7 @@ async def test_a_cancel_published_before_the_edge_started_still_drops_its_turn(m
     producer, codec = make_producer(settings), Codec()
     await producer.start()
     try:
-        from pipeline.bus import ensure_topics
+        from voicebus.bus import ensure_topics
 
         await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
         await publish(producer, codec, settings.control_topic, "ControlEvent", {
@@ -257,7 +257,7 @@ async def test_a_player_resuming_on_a_restarted_edge_gets_the_rest_of_its_turn(m
     producer, codec = make_producer(settings), Codec()
     await producer.start()
     try:
-        from pipeline.bus import ensure_topics
+        from voicebus.bus import ensure_topics
 
         await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
         # heard by the player through the edge that died: sentence 0 whole, sentence 1's first chunk;
@@ -285,7 +285,7 @@ async def test_a_player_without_resume_on_a_restarted_edge_gets_the_turn_it_neve
     producer, codec = make_producer(settings), Codec()
     await producer.start()
     try:
-        from pipeline.bus import ensure_topics
+        from voicebus.bus import ensure_topics
 
         await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
         for chunk in turn[:3]:  # published while no edge ran
@@ -306,7 +306,7 @@ async def test_a_player_back_between_turns_on_a_restarted_edge_gets_the_turn_spo
     its edge died; turn t2 was spoken and ended while no edge ran. The player comes back with
     ``resume {t1, finished}`` and hears t2 whole (and nothing of t1 again): without it, an ended
     turn is not sent to a player, and t2 was lost."""
-    from pipeline.bus import ensure_topics
+    from voicebus.bus import ensure_topics
 
     settings = make_settings(edge_secret=SECRET, edge_resume_lookback_s=30.0)
     await ensure_topics(settings, [settings.control_topic, settings.audio_topic])
@@ -324,11 +324,11 @@ async def test_a_player_back_between_turns_on_a_restarted_edge_gets_the_turn_spo
 async def test_an_edge_whose_broker_is_gone_still_stops(kafka_jars, tmp_path, tmp_path_factory):
     """bench chaos left an orphaned edge: SIGTERMed when its broker had died too, it kept retrying
     its directory tombstone for minutes. Each Kafka farewell of a stopping edge is now bounded
-    (`pipeline.bus.farewell`): the edge stops, saying what it could not do."""
+    (`voicebus.bus.farewell`): the edge stops, saying what it could not do."""
     import shutil
 
-    from pipeline.broker import QUICK_START_JVM_OPTIONS, LocalCluster
-    from pipeline.bus import FAREWELL_TIMEOUT_S, ensure_topics
+    from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalCluster
+    from voicebus.bus import FAREWELL_TIMEOUT_S, ensure_topics
     from tests.conftest import _settings_factory, distinct_free_ports
 
     port, controller_port = distinct_free_ports(2)

@@ -8,15 +8,15 @@ import json
 import pytest
 from aiohttp import WSMsgType
 
-from pipeline.bus import ensure_topics, make_producer, publish
-from pipeline.clock import now_us
-from pipeline.codecs import Codec
-from pipeline.topics import partition_of
-from players import protocol
-from players.auth import issue_token
-from players.edge import LINK_KEY, ROUTER_KEY
-from players.listener import Listener
-from players.tone import tone_turn
+from voicebus.bus import ensure_topics, make_producer, publish
+from voicebus.clock import now_us
+from voicebus.codecs import Codec
+from voicebus.topics import partition_of
+from voicebus.players import protocol
+from voicebus.players.auth import issue_token
+from voicebus.players.edge import LINK_KEY, ROUTER_KEY
+from voicebus.players.listener import Listener
+from voicebus.players.tone import tone_turn
 from tests.players.edge_helpers import SECRET, audio, collect, of_type, publish_audio, turn_ended
 from tests.players.shard_helpers import free_ports, inprocess_edge, session_on, wait_settled
 from tests.waiting import eventually

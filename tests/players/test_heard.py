@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from players.heard import HeardTracker, Rendered
-from players.router import SessionRouter
-from players.tone import tone_turn
+from voicebus.players.heard import HeardTracker, Rendered
+from voicebus.players.router import SessionRouter
+from voicebus.players.tone import tone_turn
 
 # two sentences of three words, 1000 samples a word
 S0 = [{"text": t, "start": 1000 * i, "end": 1000 * i + 900} for i, t in enumerate(["Hello", "there,", "friend."])]

@@ -6,10 +6,10 @@ With ``--update-screenshots`` it writes the screenshot docs/edge.md shows (docs/
 
 import pytest
 
-from pipeline.bus import make_producer, publish
-from pipeline.codecs import Codec
-from players.auth import issue_token, player_url
-from players.tone import tone_turn
+from voicebus.bus import make_producer, publish
+from voicebus.codecs import Codec
+from voicebus.players.auth import issue_token, player_url
+from voicebus.players.tone import tone_turn
 from tests.players.edge_helpers import SECRET, running_edge
 from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, wait_in_page
 from tests.players.test_edge_kafka import read_topic

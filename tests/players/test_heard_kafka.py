@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from pipeline.bus import make_producer, publish
-from pipeline.clock import now_us
-from pipeline.codecs import Codec
-from players.tone import tone_turn
+from voicebus.bus import make_producer, publish
+from voicebus.clock import now_us
+from voicebus.codecs import Codec
+from voicebus.players.tone import tone_turn
 from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
 from tests.players.test_edge_kafka import read_topic
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from players.listener import HeardTurn
-from players.protocol import AudioFrame
+from voicebus.players.listener import HeardTurn
+from voicebus.players.protocol import AudioFrame
 
 
 def _frame(sentence: int, chunk: int, samples: int = 480) -> AudioFrame:
@@ -37,7 +37,7 @@ def test_frames_after_the_edges_stop_are_counted():
 
 
 def test_turn_end_s_reason_is_kept():
-    from players.listener import Listener
+    from voicebus.players.listener import Listener
 
     listener = Listener("http://127.0.0.1:1", "s1", "secret")
     listener._on_control({"type": "turn_start", "v": 1, "turn_id": "t1", "turn": 1, "sample_rate": 24000}, 0)
@@ -50,7 +50,7 @@ async def test_a_listener_the_edge_refuses_leaves_no_open_session_behind():
     and socket it opened are closed on the way out, not left to the garbage collector."""
     import pytest
 
-    from players.listener import Listener
+    from voicebus.players.listener import Listener
     from tests.players.edge_helpers import edge_settings, running_edge
 
     async with running_edge(edge_settings(), with_kafka=False) as (app, client):

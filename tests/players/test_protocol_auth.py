@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from players import auth, protocol
+from voicebus.players import auth, protocol
 
 
 def test_audio_frame_round_trip_and_fixed_header():
@@ -119,7 +119,7 @@ def test_malformed_tokens_are_rejected(token):
 
 from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st  # noqa: E402
 
-from schemas import contract  # noqa: E402
+from voicebus.schemas import contract  # noqa: E402
 
 _FIELD = st.one_of(st.none(), st.booleans(), st.integers(-2**64, 2**64), st.floats(), st.text(max_size=200),
                    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))

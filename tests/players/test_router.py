@@ -1,9 +1,9 @@
-"""The pure routing core (players.router) without sockets."""
+"""The pure routing core (voicebus.players.router) without sockets."""
 
 import pytest
 
-from players.router import SessionRouter, UnroutableChunk
-from players.tone import tone_turn
+from voicebus.players.router import SessionRouter, UnroutableChunk
+from voicebus.players.tone import tone_turn
 
 
 def test_an_idle_client_is_not_taken_for_a_stalled_one():
@@ -72,7 +72,7 @@ class FakeClock:
 
 def heard(channel) -> list[tuple[int, int]]:
     """(sentence, chunk) of every audio frame queued for `channel`, in order."""
-    from players import protocol
+    from voicebus.players import protocol
 
     return [(f.sentence, protocol.decode_audio(f.payload).chunk) for f in channel.outbox if f.is_audio]
 
@@ -232,7 +232,7 @@ def test_all_replay_buffers_together_stay_under_the_byte_limit():
 
 
 def test_connections_past_the_per_session_and_per_edge_limits_are_refused():
-    from players.router import ConnectionRefused
+    from voicebus.players.router import ConnectionRefused
 
     router = SessionRouter(max_clients=3, max_clients_per_session=2)
     a1, _a2 = router.connect("a"), router.connect("a")
@@ -248,7 +248,7 @@ def test_connections_past_the_per_session_and_per_edge_limits_are_refused():
 
 
 def test_the_cancel_bucket_allows_a_burst_then_its_rate():
-    from players.router import TokenBucket
+    from voicebus.players.router import TokenBucket
 
     clock = FakeClock()
     bucket = TokenBucket(rate_per_s=2.0, burst=5, clock=clock)
@@ -263,14 +263,14 @@ YEAR_US = 365 * 24 * 3600 * 1_000_000
 
 
 def whole_session_cancel(session_id: str, turn_ids=(), issued_at_us: int = 0, source: str = "agent") -> dict:
-    from pipeline.clock import now_us
+    from voicebus.clock import now_us
 
     return {"session_id": session_id, "turn_id": None, "turn_ids": list(turn_ids), "action": "CANCEL",
             "reason": "test", "source": source, "issued_at_us": issued_at_us or now_us()}
 
 
 def test_a_whole_session_cancel_from_the_far_future_stops_the_turns_seen_and_mutes_nothing_later():
-    from pipeline.clock import now_us
+    from voicebus.clock import now_us
 
     router = SessionRouter()
     channel = router.connect("s1")
@@ -294,7 +294,7 @@ def test_an_edge_clock_ahead_of_the_agent_s_does_not_cancel_a_new_turn():
     assert [m["turn_id"] for m in controls(channel, "stop")] == ["t1"]
     channel.outbox.clear()
     for chunk in tone_turn("s1", "t2", 1, 2):
-        from pipeline.clock import now_us
+        from voicebus.clock import now_us
 
         assert router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000}) == 1
     assert heard(channel) == [(0, 0), (0, 1)]
@@ -323,7 +323,7 @@ def test_cancels_with_made_up_turn_ids_do_not_grow_the_edge_s_memory():
 
 
 def test_the_once_only_memory_of_a_turn_is_bounded_and_old_sentences_stay_done():
-    from players.router import TRACKED_SENTENCES
+    from voicebus.players.router import TRACKED_SENTENCES
 
     router = SessionRouter()
     channel = router.connect("s1")

@@ -4,12 +4,12 @@ resume; sessions that move out are closed with 1012 and forgotten."""
 
 import pytest
 
-from pipeline.settings import Settings
-from pipeline.topics import partition_of
-from players import protocol
-from players.router import SessionRouter
-from players.shard import DirectoryRecordError, EdgeDirectory, directory_key, directory_record, edge_group_id, public_url
-from players.tone import tone_turn
+from voicebus.settings import Settings
+from voicebus.topics import partition_of
+from voicebus.players import protocol
+from voicebus.players.router import SessionRouter
+from voicebus.players.shard import DirectoryRecordError, EdgeDirectory, directory_key, directory_record, edge_group_id, public_url
+from voicebus.players.tone import tone_turn
 
 
 def test_the_owner_of_a_partition_is_the_edge_of_the_latest_claim():

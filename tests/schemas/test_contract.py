@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import schemas
-from pipeline.codecs import Codec, InvalidMessage
-from pipeline.gate.core import kokoro_language, GateInputError
-from pipeline.synthesis.engine import UnknownLanguage, resolve_language
-from schemas import contract
+from voicebus import schemas
+from voicebus.codecs import Codec, InvalidMessage
+from voicebus.gate.core import kokoro_language, GateInputError
+from voicebus.synthesis.engine import UnknownLanguage, resolve_language
+from voicebus.schemas import contract
 
 
 def test_enums_are_the_schema_symbols():
@@ -61,7 +61,7 @@ def test_decode_refuses_a_negative_sequence_written_by_another_producer():
 
     from fastavro import parse_schema, schemaless_writer
 
-    from pipeline.codecs import MAGIC
+    from voicebus.codecs import MAGIC
 
     codec = Codec()
     buf = io.BytesIO()

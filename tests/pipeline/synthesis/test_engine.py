@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.synthesis.engine import (
+from voicebus.synthesis.engine import (
     SAMPLE_RATE,
     SynthesisEngine,
     UnknownLanguage,
@@ -140,7 +140,7 @@ def test_trimming_in_parts_is_trimming_the_whole():
 
     import numpy as np
 
-    from pipeline.synthesis.engine import PartTrimmer, trimmed
+    from voicebus.synthesis.engine import PartTrimmer, trimmed
 
     rng = random.Random(4)
     quiet, loud = np.zeros(1, "<i2"), np.full(1, 900, "<i2")
@@ -160,7 +160,7 @@ def test_trimming_in_parts_is_trimming_the_whole():
 def test_a_long_sentence_is_not_cut_mid_phrase_when_the_first_audio_comes_from_a_window():
     """Issue 11 item 7: with windowed decoding a sentence is cut only at clause punctuation
     when it must be (its words over the phoneme-safe limit), never after its 8th word."""
-    from pipeline.synthesis.engine import WINDOWED_PIECE_MAX_WORDS, piece_limits
+    from voicebus.synthesis.engine import WINDOWED_PIECE_MAX_WORDS, piece_limits
 
     text = "The technician will call you tomorrow morning before nine to confirm the visit."
     first, rest = piece_limits(windowed=True)
@@ -206,7 +206,7 @@ def test_the_device_is_cuda_only_where_torch_sees_one():
     """The cuda code path's choice, on this CPU-only machine: auto is cpu, cuda is a clear error."""
     import torch
 
-    from pipeline.synthesis.engine import EngineError, pick_device
+    from voicebus.synthesis.engine import EngineError, pick_device
 
     assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert pick_device("cpu") == "cpu"
@@ -218,8 +218,8 @@ def test_the_device_is_cuda_only_where_torch_sees_one():
 
 
 def test_the_worker_s_torch_threads_come_from_the_settings_and_are_at_least_one():
-    from pipeline.settings import Settings
-    from pipeline.synthesis.engine import EngineError, intra_op_threads
+    from voicebus.settings import Settings
+    from voicebus.synthesis.engine import EngineError, intra_op_threads
 
     assert intra_op_threads(Settings()) == 1  # a node whose cores are shared (docs/benchmarks.md)
     assert intra_op_threads(Settings.from_env({"VOICEBUS_SYNTHESIS_THREADS": "2"})) == 2
@@ -231,7 +231,7 @@ def test_windows_are_planned_from_the_decode_speed_the_engine_measured():
     """A slow machine's measured speed makes the first window longer (`kokoro_frames.first_cut`),
     so later windows can be decoded while it plays; the engine measures the speed on every
     window it decodes."""
-    from pipeline.synthesis.kokoro_frames import first_cut
+    from voicebus.synthesis.kokoro_frames import first_cut
 
     text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
     engine = SynthesisEngine.tiny(seed=0)
@@ -257,7 +257,7 @@ def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_multiplies_it(
     and on a GPU; an unknown name is an error."""
     import torch
 
-    from pipeline.synthesis.engine import EngineError, cpu_has_bf16, pick_precision
+    from voicebus.synthesis.engine import EngineError, cpu_has_bf16, pick_precision
 
     amx, zen5, avx2, avx512 = (tmp_path / name for name in ("amx", "zen5", "avx2", "avx512"))
     amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n\n")

@@ -1,4 +1,4 @@
-"""Kokoro's forward pass cut at the decoder (`pipeline.synthesis.kokoro_frames`): the tiny
+"""Kokoro's forward pass cut at the decoder (`voicebus.synthesis.kokoro_frames`): the tiny
 random-weight model for exactness, the offline pack's real weights for the silence skipped."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline.synthesis import kokoro_frames
-from pipeline.synthesis.engine import SILENCE_THRESHOLD, trim_silence
-from pipeline.synthesis.kokoro_frames import KokoroInternalsChanged, check_kokoro_internals, sound_span
+from voicebus.synthesis import kokoro_frames
+from voicebus.synthesis.engine import SILENCE_THRESHOLD, trim_silence
+from voicebus.synthesis.kokoro_frames import KokoroInternalsChanged, check_kokoro_internals, sound_span
 
 
 def test_sound_span_keeps_context_around_the_loud_frames():
@@ -64,7 +64,7 @@ def test_the_engine_s_model_has_its_weight_norms_baked_and_speaks_exactly_as_bef
     import torch
     from kokoro import KModel
 
-    from pipeline.synthesis.engine import REPO_ID, tiny_config
+    from voicebus.synthesis.engine import REPO_ID, tiny_config
 
     # the engine's model recomputes no weight on a forward pass (the fix: fails when reverted)
     assert not _weight_normed(tiny_engine.model)
@@ -136,7 +136,7 @@ def test_the_decoder_does_not_decode_the_silence_that_is_trimmed(real_engine):
 
 
 def test_cut_silence_stands_in_the_statistics_through_the_kept_silent_frames():
-    from pipeline.synthesis.kokoro_frames import stand_in_weights
+    from voicebus.synthesis.kokoro_frames import stand_in_weights
 
     weights = stand_in_weights(start=8, stop=20, count=30, lead=2, trail=2).tolist()
     assert weights[:2] == [5.0, 5.0] and weights[2:10] == [1.0] * 8 and weights[10:] == [6.0, 6.0]
@@ -164,7 +164,7 @@ def test_weighted_norms_with_equal_weights_are_kokoros_norms(tiny_engine):
 
 
 def test_windows_start_short_and_grow_so_each_is_decoded_while_the_ones_before_play():
-    from pipeline.synthesis.kokoro_frames import FIRST_WINDOW_FRAMES, MIN_WINDOW_FRAMES, seams
+    from voicebus.synthesis.kokoro_frames import FIRST_WINDOW_FRAMES, MIN_WINDOW_FRAMES, seams
 
     cuts = seams(300, lead=2)
     assert cuts[0] == 2 + FIRST_WINDOW_FRAMES
@@ -205,7 +205,7 @@ def test_one_window_is_kokoros_decoder_and_windows_give_audio_of_the_same_length
 def test_the_crossfade_weights_sum_to_one_with_their_complement():
     import torch
 
-    from pipeline.synthesis.kokoro_frames import crossfade_weights
+    from voicebus.synthesis.kokoro_frames import crossfade_weights
 
     w = crossfade_weights(2400)
     assert 0 < w[0] < 0.01 and 0.99 < w[-1] < 1 and torch.all(w[1:] >= w[:-1])
@@ -229,7 +229,7 @@ def test_every_window_s_norms_see_the_span_s_share_of_silence():
     none gets a silence carrier before its left context, and the whole span is left as it is."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import SILENCE_CARRIER_FRAMES, DecoderInput, window_input
+    from voicebus.synthesis.kokoro_frames import SILENCE_CARRIER_FRAMES, DecoderInput, window_input
 
     count, lead, trail = 60, 2, 2
     x = torch.arange(count, dtype=torch.float32).repeat_interleave(2).reshape(1, 1, -1).repeat(1, 3, 1)
@@ -259,7 +259,7 @@ def test_every_window_s_norms_see_the_span_s_share_of_silence():
 
 
 def test_prepare_decoder_knows_the_span_s_edge_silence():
-    from pipeline.synthesis.kokoro_frames import edge_silence
+    from voicebus.synthesis.kokoro_frames import edge_silence
 
     assert edge_silence([-9, -9, -3, 0, -8, 1, -9]) == (2, 1)
     assert edge_silence([-9, -9]) == (0, 0)
@@ -270,7 +270,7 @@ def test_decode_windows_decodes_each_window_with_the_span_s_share_of_silence(tin
     the generator on its silence carrier and its own frames (not on its frames alone)."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import CROSSFADE_FRAMES, SAMPLES_PER_FRAME, SEAM_CONTEXT_FRAMES, window_input
+    from voicebus.synthesis.kokoro_frames import CROSSFADE_FRAMES, SAMPLES_PER_FRAME, SEAM_CONTEXT_FRAMES, window_input
 
     model = tiny_engine.model
     text = "Good morning, my friend, the weather is fine today and the park is open until nine tonight."
@@ -303,7 +303,7 @@ def _playback_stall(count: int, decode_s_per_frame: float, plan) -> tuple[float,
     """(time to first audio, silence inside the piece) for a player that starts at the first
     window, when each window takes ``decode_s_per_frame`` per frame it decodes (its overhead
     included) and ``plan(lo, ahead_s)`` says where the window starting at ``lo`` ends."""
-    from pipeline.synthesis.kokoro_frames import SECONDS_PER_FRAME, SEAM_CONTEXT_FRAMES, window_overhead
+    from voicebus.synthesis.kokoro_frames import SECONDS_PER_FRAME, SEAM_CONTEXT_FRAMES, window_overhead
 
     now, lo, play_end, stall, first = 0.3, 0, None, 0.0, None  # 0.3 s: prediction and the decoder's first half
     while lo < count:
@@ -324,7 +324,7 @@ def test_windows_planned_from_the_decode_speed_keep_the_player_fed(decode_ms, co
     """On a machine that decodes faster than real time (7 ms a frame: 2 threads on the 2-core
     CPU; 13-16 ms: 1 thread), windows planned from the measured speed leave no silence inside
     a piece; the fixed sizes of `seams` did (up to 2 s at 16 ms a frame)."""
-    from pipeline.synthesis.kokoro_frames import first_cut, next_cut, seams
+    from voicebus.synthesis.kokoro_frames import first_cut, next_cut, seams
 
     spf = decode_ms / 1000
 
@@ -340,7 +340,7 @@ def test_windows_planned_from_the_decode_speed_keep_the_player_fed(decode_ms, co
 
 
 def test_the_first_window_grows_only_as_much_as_the_decode_speed_needs():
-    from pipeline.synthesis.kokoro_frames import (
+    from voicebus.synthesis.kokoro_frames import (
         FIRST_WINDOW_FRAMES, MAX_FIRST_WINDOW_FRAMES, MIN_WINDOW_FRAMES, first_cut, keep_up_frames, next_cut)
 
     assert first_cut(500, 2, None) == 2 + FIRST_WINDOW_FRAMES  # nothing measured yet
@@ -388,7 +388,7 @@ def test_the_folded_generator_in_float32_is_kokoros_generator(tiny_engine):
     a window of it and on a window with a silence carrier (`window_input`)."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import FoldedGenerator, window_input
+    from voicebus.synthesis.kokoro_frames import FoldedGenerator, window_input
 
     model = tiny_engine.model
     folded = FoldedGenerator(model, torch.float32)
@@ -410,7 +410,7 @@ def test_the_folded_generator_in_bfloat16_stays_close_to_kokoros(tiny_engine):
     close to kokoro's float32 audio (relative RMS error a few percent, float32 audio out)."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import FoldedGenerator
+    from voicebus.synthesis.kokoro_frames import FoldedGenerator
 
     with torch.inference_mode():
         prepared = _span(tiny_engine, text=FOLD_TEXT)
@@ -428,7 +428,7 @@ def test_the_folded_norms_statistics_do_not_cancel_in_bfloat16():
     kokoro's audio 1.04 against 0.075)."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import channel_stats
+    from voicebus.synthesis.kokoro_frames import channel_stats
 
     generator = torch.Generator().manual_seed(0)
     steps = 4000
@@ -453,7 +453,7 @@ def test_the_engine_s_decoder_sounds_as_kokoro_s_in_float32(real_engine):
     (0.075 against 0.031: its output is the inverse STFT's log-magnitude and phase)."""
     import torch
 
-    from pipeline.bench.seams import log_mel_distance
+    from voicebus.ops.bench.seams import log_mel_distance
 
     model = real_engine.model
     (phonemes,) = real_engine.phonemize("Your refund was issued this morning, and it should reach you soon.", "en")
@@ -519,7 +519,7 @@ def test_the_folded_frame_rate_half_in_float32_is_kokoros(tiny_engine):
     stays close to it."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf
+    from voicebus.synthesis.kokoro_frames import FoldedFrameRateHalf
 
     model = tiny_engine.model
     with torch.inference_mode():
@@ -542,7 +542,7 @@ def test_prepare_decoder_with_a_folded_half_keeps_kokoro_s_excitation(tiny_engin
     random draws, after the frame-rate half): only the generator's input changes."""
     import torch
 
-    from pipeline.synthesis.kokoro_frames import FoldedFrameRateHalf
+    from voicebus.synthesis.kokoro_frames import FoldedFrameRateHalf
 
     model = tiny_engine.model
     with torch.inference_mode():

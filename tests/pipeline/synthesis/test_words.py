@@ -7,9 +7,9 @@ import pytest
 import torch
 from misaki.token import MToken
 
-from pipeline.codecs import Codec
-from pipeline.synthesis.scheduler import ChunkAssembler, SynthesisJob, synthesis_args
-from pipeline.synthesis.words import (ACOUSTIC_LEAD_FRAMES, FRAME_S, TimedWord, WordTiming, english_words, heard_words,
+from voicebus.codecs import Codec
+from voicebus.synthesis.scheduler import ChunkAssembler, SynthesisJob, synthesis_args
+from voicebus.synthesis.words import (ACOUSTIC_LEAD_FRAMES, FRAME_S, TimedWord, WordTiming, english_words, heard_words,
                                       phoneme_words, place)
 
 SR = 24000

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from pipeline.codecs import Codec
-from pipeline.synthesis.scheduler import (
+from voicebus.codecs import Codec
+from voicebus.synthesis.scheduler import (
     ChunkAssembler,
     OffsetTracker,
     Outcome,
@@ -46,7 +46,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def engine():
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
     return SynthesisEngine.tiny(seed=0)
 
@@ -198,7 +198,7 @@ def test_the_assembler_stamps_chunks_and_measures_the_real_time_factor_on_its_cl
 
 
 def test_the_real_time_watch_warns_once_when_the_worker_falls_behind_and_again_after_it_recovered():
-    from pipeline.synthesis.metrics import RealTimeWatch
+    from voicebus.synthesis.metrics import RealTimeWatch
 
     watch = RealTimeWatch(window=4, min_sentences=3)
     assert [watch.observe(f) for f in (1.6, 1.4)] == [None, None]  # too few sentences to say
@@ -260,7 +260,7 @@ def test_where_the_engine_pauses_to_decode_more_nothing_made_so_far_is_held_back
     assert [(len(c["pcm"]), c["is_last_chunk"]) for c in rest] == [(chunk_bytes + 20, True)]
     assert [c["chunk_seq"] for c in out + rest] == list(range(4))
     # Opus: what goes out before the end is whole 20 ms frames, the rest waits for the next window
-    from schemas.contract import split_opus_packets
+    from voicebus.schemas.contract import split_opus_packets
 
     opus = opus_assembler(SynthesisJob(request(last=True), received_at_us=10))
     early = opus.feed(b"\x01\x00" * (8 * 480 + 3 * 480 + 100), pause=True)  # a chunk, 3 frames and a bit
@@ -298,8 +298,8 @@ def test_a_failed_sentence_sends_what_it_has_then_an_empty_last_chunk_with_its_r
 
 
 def opus_assembler(job, chunk_ms=CHUNK_MS):
-    from pipeline.audio_codec import AudioFormat
-    from schemas.contract import AudioEncoding
+    from voicebus.audio_codec import AudioFormat
+    from voicebus.schemas.contract import AudioEncoding
 
     return ChunkAssembler(job, chunk_ms=chunk_ms, sample_rate=SAMPLE_RATE, audio=AudioFormat(AudioEncoding.OPUS))
 
@@ -307,9 +307,9 @@ def opus_assembler(job, chunk_ms=CHUNK_MS):
 def test_opus_chunks_are_whole_packets_of_whole_frames_and_decode_to_the_sentence():
     import numpy as np
 
-    from pipeline.audio_codec import OpusDecoder
-    from players.tone import tone_pcm
-    from schemas.contract import AudioEncoding, split_opus_packets
+    from voicebus.audio_codec import OpusDecoder
+    from voicebus.players.tone import tone_pcm
+    from voicebus.schemas.contract import AudioEncoding, split_opus_packets
 
     job = SynthesisJob(request(last=True), received_at_us=10)
     assembler = opus_assembler(job)
@@ -333,7 +333,7 @@ def test_opus_chunks_are_whole_packets_of_whole_frames_and_decode_to_the_sentenc
 
 
 def test_an_opus_sentence_that_fails_flushes_its_audio_before_the_empty_closing_chunk():
-    from schemas.contract import split_opus_packets
+    from voicebus.schemas.contract import split_opus_packets
 
     job = SynthesisJob(request(last=True), received_at_us=10)
     assembler = opus_assembler(job)
@@ -348,9 +348,9 @@ def test_an_opus_sentence_that_fails_flushes_its_audio_before_the_empty_closing_
 
 
 def test_what_the_engine_cannot_speak_is_named_by_reason():
-    from pipeline.codecs import InvalidMessage
-    from pipeline.synthesis.engine import EngineError, NoVoices, UnknownLanguage
-    from pipeline.synthesis.worker import speak_failure_reason
+    from voicebus.codecs import InvalidMessage
+    from voicebus.synthesis.engine import EngineError, NoVoices, UnknownLanguage
+    from voicebus.synthesis.worker import speak_failure_reason
 
     assert speak_failure_reason(UnknownLanguage("x")) == "unknown-language"
     assert speak_failure_reason(NoVoices("x")) == "no-voices"
@@ -393,7 +393,7 @@ def test_cancel_stops_real_synthesis_in_flight_before_its_next_chunk(engine):
 
 
 def test_only_a_turns_first_sentence_asks_for_an_early_first_clause():
-    from pipeline.synthesis.scheduler import SynthesisJob
+    from voicebus.synthesis.scheduler import SynthesisJob
 
     def args_for(seq):
         request = {"session_id": "s", "turn_id": "t", "sentence_seq": seq, "text": "Hi, there you are.",
@@ -477,10 +477,10 @@ def test_a_cancel_drops_a_parked_tentative_job():
 def test_the_worker_encodes_as_the_settings_say_and_refuses_an_unknown_encoding():
     from types import SimpleNamespace
 
-    from pipeline.audio_codec import AudioCodecError
-    from pipeline.settings import Settings
-    from pipeline.synthesis.worker import SynthesisWorker
-    from schemas.contract import AudioEncoding
+    from voicebus.audio_codec import AudioCodecError
+    from voicebus.settings import Settings
+    from voicebus.synthesis.worker import SynthesisWorker
+    from voicebus.schemas.contract import AudioEncoding
 
     engine = SimpleNamespace(sample_rate=SAMPLE_RATE)  # read at construction; nothing is synthesized
     assert SynthesisWorker(Settings(), engine).audio.encoding == AudioEncoding.PCM16LE

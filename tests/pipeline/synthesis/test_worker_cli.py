@@ -12,7 +12,7 @@ import sys
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.synthesis.cli import WORKER_READY_LINE
+from voicebus.synthesis.cli import WORKER_READY_LINE
 from tests.pipeline.synthesis.test_worker_kafka import REPO_ROOT, SENTENCES, Bus, turn_done, turn_requests
 
 pytestmark = pytest.mark.kafka
@@ -27,7 +27,7 @@ async def test_the_worker_announces_once_it_consumes_and_a_request_sent_after_is
     err_path = tmp_path / "worker.err"
     with err_path.open("w") as err:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pipeline", "worker", "--tiny", "--announce", "--worker-id", "announced",
+            sys.executable, "-m", "voicebus", "worker", "--tiny", "--announce", "--worker-id", "announced",
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=err)
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), 240)).decode()

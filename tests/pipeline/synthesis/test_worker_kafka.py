@@ -16,11 +16,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pipeline.daemon import free_port
-from pipeline.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
-from pipeline.clock import now_us
-from pipeline.codecs import Codec
-from pipeline.synthesis.worker import SynthesisWorker
+from voicebus.ops.daemon import free_port
+from voicebus.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
+from voicebus.clock import now_us
+from voicebus.codecs import Codec
+from voicebus.synthesis.worker import SynthesisWorker
 from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
@@ -33,7 +33,7 @@ WAIT_S = 300.0
 
 @pytest.fixture(scope="module")
 def engine():
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
     engine = SynthesisEngine.tiny(seed=0)
     for _ in engine.stream("Hello.", "a", "af_heart"):  # warm once here; workers then skip it
@@ -268,7 +268,7 @@ async def test_worker_killed_mid_turn_leaves_no_lost_sentence(make_settings, eng
         log_path = tmp_path / "doomed.log"
         log_file = log_path.open("w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.synthesis.worker", "--tiny", "--worker-id", "doomed"],
+            [sys.executable, "-m", "voicebus.synthesis.worker", "--tiny", "--worker-id", "doomed"],
             cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             await bus.requests(turn_requests("s1", "t1", SENTENCES))

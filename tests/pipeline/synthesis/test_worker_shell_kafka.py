@@ -15,10 +15,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from fastavro import parse_schema, schemaless_writer
 
-import schemas
-from pipeline.bus import read_to_end
-from pipeline.codecs import MAGIC, Codec
-from pipeline.synthesis.worker import SynthesisWorker
+from voicebus import schemas
+from voicebus.bus import read_to_end
+from voicebus.codecs import MAGIC, Codec
+from voicebus.synthesis.worker import SynthesisWorker
 from tests.pipeline.synthesis.test_worker_kafka import (
     Bus,
     complete_sentences,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.kafka
 
 @pytest.fixture(scope="module")
 def engine():
-    from pipeline.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.engine import SynthesisEngine
 
     engine = SynthesisEngine.tiny(seed=0)
     for _ in engine.stream("Hello.", "a", "af_heart"):  # warm once here; workers then skip it
@@ -148,8 +148,8 @@ async def test_a_sentence_the_engine_cannot_speak_still_ends_its_sentence_and_tu
 def own_broker(tmp_path):
     """A broker of this test alone (it is stopped and started again mid-test; the session's
     broker is shared)."""
-    from pipeline.broker import QUICK_START_JVM_OPTIONS, LocalKafka, fetch_jars, free_port
-    from pipeline.settings import Settings
+    from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalKafka, fetch_jars, free_port
+    from voicebus.settings import Settings
 
     shared = Settings.from_env()
     port, controller_port = free_port(), free_port()
@@ -169,7 +169,7 @@ async def test_audio_whose_broker_went_down_is_published_after_the_restart_and_o
     """9.3 with the broker itself down: a request whose audio cannot be sent (refused, then the
     broker stopped and started again) is still held uncommitted when the broker is back, and its
     audio arrives, whole, once the topic takes it; only then is it committed."""
-    from pipeline.settings import Settings
+    from voicebus.settings import Settings
 
     settings = Settings(bootstrap=own_broker.bootstrap, partitions=1, cache_dir=tmp_path / "cache",
                         worker_publish_backoff_s=0.05, worker_publish_max_backoff_s=0.5,

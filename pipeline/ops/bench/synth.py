@@ -1,0 +1,296 @@
+"""`voicebus bench synth`: the engine's time to first audio and real-time factor, A/B.
+
+Engine alone, no Kafka. Each repeat runs every variant on every sentence, variants interleaved
+(so a busy machine slows them alike), and the figures are medians:
+
+- **model TTFA**: from `SynthesisEngine.stream` called to its first chunk, for the sentence as a
+  turn's opening sentence (first piece cut at the first clause of >= 3 words, as the worker does).
+- **RTF**: synthesis time of the whole sentence over the duration of the audio published.
+- **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/synthesis.md).
+- **stall**: the silence a player starting at the first chunk would hear inside the sentence,
+  where a chunk comes after the audio before it has played (`voicebus.players.listener.HeardTurn.starvation`'s
+  rule, at the engine): windows decoded slower than the audio before them plays.
+
+Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` only
+the sounding frames decoded, in one window, sentences cut after their 8th word for early audio;
+``windowed`` is the engine's default (sounding frames decoded in growing windows, the first
+audio published from the first, sentences cut only where they must be: issue 11 items 2, 7); the
+others change one runtime option: torch intra-op threads, ``no_grad`` instead of
+``inference_mode``, ``fixed`` (windowed: the fixed window sizes of `kokoro_frames.seams`, not
+those planned from the decode speed), ``unbaked`` (kokoro's weight-norm hooks kept, recomputing every weight on
+every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; a second copy of
+the model is loaded for it), and the generator: ``kokoro`` (kokoro's own, float32, as the engine
+was before `kokoro_frames.FoldedGenerator` and `FoldedFrameRateHalf`), ``fp32`` or ``bf16`` (folded, in that precision,
+bfloat16 with `kokoro_frames.Bfloat16Bert`; without either, the precision `Settings.synthesis_precision`
+gives); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
+
+``--quality``: the gates of windowed decoding on the 20 English sentences of
+`voicebus.ops.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
+windowed decodes of the same prediction and excitation, and the seam measure at every seam.
+``--pauses``: the mid-phrase pauses (item 7) of `voicebus.ops.bench.seams.LONG_PHRASES` and the
+es/pt intelligibility to multilingual Whisper base, with Kokoro's pauses inside a phrase kept
+and shortened (`Settings.shorten_inner_pauses`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+SENTENCES = {
+    "short": "Sure, I can help with that.",
+    "refund": "Your refund was issued this morning.",
+    "medium": "The train to the airport leaves every twenty minutes from the second platform.",
+    "long": (
+        "When the morning train finally pulled into the station after a long delay, the passengers, "
+        "who had been waiting since dawn in the cold, hurried towards the exits without a word."
+    ),
+}
+
+GENERATORS = ("kokoro", "fp32", "bf16")  # the variants' generator options
+
+OPENING_CLAUSE_MIN_WORDS = 3  # Settings.opening_clause_min_words' default: what a turn's first sentence gets
+
+
+def register(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser("synth", help="synthesis engine: time to first audio and real-time factor, A/B")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--lang", default="en")
+    p.add_argument("--voice", default=None)
+    p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
+    p.add_argument("--variants", default="before,after,windowed",
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -bf16")
+    p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
+    p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
+    p.add_argument("--pauses", action="store_true",
+                   help="also mid-phrase pauses and es/pt intelligibility (multilingual Whisper base), Kokoro's pauses kept / shortened")
+    p.add_argument("--quality-only", action="store_true", help="skip the timing A/B (with --quality, --pauses or --seam-png)")
+    p.set_defaults(func=run)
+
+
+def _variant(name: str, threads: int) -> dict:
+    """Engine attributes and thread count of a variant name: ``before``, ``after`` or
+    ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked``,
+    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-bf16`` (e.g. ``after-1thread-no_grad``,
+    ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
+    base, *options = name.split("-")
+    if base not in {"before", "after", "windowed"}:
+        raise SystemExit(f"unknown variant {name!r}")
+    variant = {"decode_sound_only": base != "before", "windowed": base == "windowed", "grad_mode": "inference",
+               "threads": threads, "baked": True, "adaptive": True, "generator": "default"}
+    for option in options:
+        if option == "no_grad":
+            variant["grad_mode"] = "no_grad"
+        elif option == "unbaked":
+            variant["baked"] = False
+        elif option == "fixed":
+            variant["adaptive"] = False
+        elif option == "bert32":
+            variant["bert32"] = True
+        elif option in GENERATORS:
+            variant["generator"] = option
+        elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
+            variant["threads"] = int(option.rstrip("s")[: -len("thread")])
+        else:
+            raise SystemExit(f"unknown option {option!r} in variant {name!r}")
+    return variant
+
+
+def _measure(engine, text: str, language: str, voice: str) -> tuple[float, float, float]:
+    """(time to first audio, real-time factor, stall seconds) of one sentence, as a turn's
+    opening sentence."""
+    t0 = time.perf_counter()
+    first = None
+    samples = 0
+    stall, play_until = 0.0, None
+    for chunk in engine.stream(text, language, voice, first_clause_min_words=OPENING_CLAUSE_MIN_WORDS):
+        now = time.perf_counter() - t0
+        if first is None:
+            first = play_until = now
+        elif now > play_until:
+            stall += now - play_until
+            play_until = now
+        play_until += len(chunk) / 2 / engine.sample_rate
+        samples += len(chunk) // 2
+    elapsed = time.perf_counter() - t0
+    return first or float("nan"), elapsed / max(1e-9, samples / engine.sample_rate), stall
+
+
+def _frames_of(engine, text: str, language: str, voice: str) -> tuple[int, int]:
+    """Frames decoded and predicted over all pieces of ``text`` (sound-only decoding)."""
+    from voicebus.synthesis.engine import split_for_early_audio
+
+    decoded = predicted = 0
+    for piece in split_for_early_audio(text, first_clause_min_words=OPENING_CLAUSE_MIN_WORDS):
+        for phonemes in engine.phonemize(piece, language):
+            engine.synthesize(phonemes, voice)
+            d, p = engine.last_decoded_frames or (0, 0)
+            decoded, predicted = decoded + d, predicted + p
+    return decoded, predicted
+
+
+def _apply(engine, variant: dict) -> None:
+    import torch
+
+    torch.set_num_threads(variant["threads"])
+    engine.decode_sound_only, engine.windowed = variant["decode_sound_only"], variant["windowed"]
+    engine.grad_mode = variant["grad_mode"]
+    engine.adaptive_windows = variant["adaptive"]
+    engine.decode_s_per_frame = variant.get("decode_s_per_frame")  # each variant's own speed (threads differ)
+    engine.generator, engine.frame_rate_half, engine.bert = variant["generators"][variant["generator"]]
+    if variant.get("bert32"):
+        engine.bert = None
+
+
+def _generators(engine, named: set[str]) -> dict:
+    """The decoders the variants name, built once, as (generator, frame-rate half, bert): the
+    engine's own, kokoro's, or folded in one precision (bfloat16's with the bfloat16 PL-BERT)."""
+    import torch
+
+    from voicebus.synthesis.kokoro_frames import Bfloat16Bert, FoldedFrameRateHalf, FoldedGenerator
+
+    def folded(dtype):
+        bert = Bfloat16Bert(engine.model, dtype) if dtype == torch.bfloat16 else None
+        return FoldedGenerator(engine.model, dtype), FoldedFrameRateHalf(engine.model, dtype), bert
+
+    built = {"default": (engine.generator, engine.frame_rate_half, engine.bert), "kokoro": (None, None, None)}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        if name in named:
+            built[name] = folded(dtype)
+    return built
+
+
+def _quality(engine, voice: str) -> None:
+    from voicebus.ops.bench import seams
+
+    t0 = time.perf_counter()
+    q = seams.quality(engine, voice)
+    measures = q["seams"]
+    ok = sum(m["ok"] for m in measures)
+    print(f"quality over {q['sentences']} English sentences, {q['words']} words ({time.perf_counter() - t0:.0f} s):")
+    print(f"  Whisper tiny.en WER whole-piece {q['wer_whole']:.3f}, windowed {q['wer_windowed']:.3f} "
+          f"(difference {q['wer_windowed'] - q['wer_whole']:+.3f}; gate <= 0.02)")
+    print(f"  seams {len(measures)}: {ok} no worse than the audio around them; flux at seam median "
+          f"{statistics.median(m['seam_flux'] for m in measures):.2f} dB vs whole decode there "
+          f"{statistics.median(m['whole_flux'] for m in measures):.2f}, local p90 "
+          f"{statistics.median(m['local_p90'] for m in measures):.2f}; sample jump at seam / p99 around: max "
+          f"{max(m['jump_ratio'] for m in measures):.2f}")
+    print(f"  log-mel distance windowed vs whole (same excitation) median {statistics.median(q['distances']):.3f}, "
+          f"whole vs whole with another noise seed {statistics.median(q['seed_distances']):.3f}")
+
+
+def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
+    """Issue 11 item 7, Kokoro's pauses inside a phrase kept (``inner_pause_frames`` None) and
+    shortened (the engine's): the mid-phrase pauses in each language's long phrase over
+    ``seeds`` decoder seeds, and Whisper base's word error rate over the es and pt sentences of
+    `voicebus.ops.bench.seams` (fixed window sizes, seeded per sentence: the same audio each run)."""
+    from voicebus.ops.bench import seams
+    from voicebus.ops.bench.words import base_whisper
+
+    t0 = time.perf_counter()
+    whisper = base_whisper(settings.cache_dir)
+    shortened, adaptive, seed = engine.inner_pause_frames, engine.adaptive_windows, engine.seed
+    modes = {"kept": None, "shortened": shortened}
+    engine.adaptive_windows = False  # window sizes from the decode speed would differ run to run
+    try:
+        print("mid-phrase pauses (>= 200 ms, every 10 ms 40 dB under the loudest, between the words Whisper base hears), "
+              f"{seeds} seeds: (start ms, length ms) of each")
+        for language, text in seams.LONG_PHRASES.items():
+            for mode, frames in modes.items():
+                engine.inner_pause_frames = frames
+                found = []
+                for s in range(seeds):
+                    engine.seed = s
+                    found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(b"".join(engine.stream(text, language, voice))), language))
+                print(f"  {language} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
+        for language, sentences in (("es", seams.SPANISH), ("pt", seams.PORTUGUESE)):
+            rates = {}
+            for mode, frames in modes.items():
+                engine.inner_pause_frames = frames
+                errors = reference = 0
+                for i, text in enumerate(sentences):
+                    engine.seed = i
+                    expected = seams.words(text)
+                    reference += len(expected)
+                    heard = seams.heard(whisper, seams.pcm_to_float(b"".join(engine.stream(text, language, voice))), language)
+                    errors += seams.word_errors(expected, seams.words(heard))
+                rates[mode] = errors / reference
+            print(f"  {language} Whisper base WER over {len(sentences)} sentences ({reference} words): "
+                  + ", ".join(f"{mode} {rate:.3f}" for mode, rate in rates.items()))
+    finally:
+        engine.inner_pause_frames, engine.adaptive_windows, engine.seed = shortened, adaptive, seed
+    print(f"  ({time.perf_counter() - t0:.0f} s)")
+
+
+def run(args, settings) -> int:
+    import os
+
+    import torch
+
+    from voicebus.synthesis.engine import SynthesisEngine, intra_op_threads
+
+    default_threads = args.threads or intra_op_threads(settings)
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    variants = {name: _variant(name, default_threads) for name in names}
+    engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
+    if args.tiny:
+        engine.silence_margins_ms = (settings.max_lead_silence_ms, settings.max_trail_silence_ms)
+    unbaked = None
+    if any(not v["baked"] for v in variants.values()) and not args.quality_only:
+        if args.tiny:
+            raise SystemExit("-unbaked variants need the real model (the tiny engine is built baked)")
+        unbaked = SynthesisEngine.load(settings, bake_weight_norms=False, folded=False)
+    engines = {name: engine if variant["baked"] else unbaked for name, variant in variants.items()}
+    named = {variant["generator"] for variant in variants.values()}
+    generators = {id(e): _generators(e, named) for e in {id(e): e for e in engines.values()}.values()}
+    for name, variant in variants.items():
+        variant["generators"] = generators[id(engines[name])]
+    default_generator, default_half, default_bert = engine.generator, engine.frame_rate_half, engine.bert
+    voice = engine.resolve_voice(args.voice or settings.default_voice)
+    for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
+        _apply(engines[name], variant)
+        list(engines[name].stream("Warm up, please.", args.lang, voice))
+        variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
+
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    if args.quality_only:
+        variants, args.repeats = {}, 0
+    for _ in range(args.repeats):
+        for sentence, text in SENTENCES.items():
+            for name, variant in variants.items():
+                _apply(engines[name], variant)
+                results.setdefault((name, sentence), []).append(_measure(engines[name], text, args.lang, voice))
+                variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
+
+    engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
+    engine.generator, engine.frame_rate_half, engine.bert = default_generator, default_half, default_bert
+    if variants:
+        frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
+        load = os.getloadavg()[0]
+        precision = "kokoro's own" if default_generator is None else str(default_generator.dtype).removeprefix("torch.")
+        print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "
+              f"repeats {args.repeats}, variants interleaved; the default generator: {precision}")
+        width = max(16, *(len(n) for n in variants))
+        print(f"{'variant':<{width}} {'threads':>7} " + " ".join(f"{s + ' ttfa':>12}" for s in SENTENCES)
+              + f" {'ttfa p50':>9} {'rtf p50':>8} {'stall p50':>9} {'stall max':>9}")
+        for name, variant in variants.items():
+            runs = [r for s in SENTENCES for r in results[(name, s)]]
+            cells = [statistics.median(r[0] for r in results[(name, s)]) for s in SENTENCES]
+            print(f"{name:<{width}} {variant['threads']:>7} " + " ".join(f"{c:>12.3f}" for c in cells)
+                  + f" {statistics.median(r[0] for r in runs):>9.3f} {statistics.median(r[1] for r in runs):>8.3f}"
+                  f" {statistics.median(r[2] for r in runs):>9.3f} {max(r[2] for r in runs):>9.3f}")
+        print("ttfa: seconds from stream() to its first chunk, as a turn's opening sentence; rtf: synthesis time / audio published;"
+              " stall: seconds of silence inside the sentence for a player starting at its first chunk")
+        print("frames decoded / predicted with sound-only decoding: "
+              + ", ".join(f"{s} {d}/{p} ({1 - d / max(1, p):.0%} skipped)" for s, (d, p) in frames.items()))
+    if args.quality:
+        _quality(engine, voice)
+    if args.pauses:
+        _pauses(engine, voice, settings)
+    if args.seam_png:
+        from voicebus.ops.bench import seams
+
+        seams.save_seam_spectrogram(seams.decode_pair(engine, seams.ENGLISH[0], "en", voice), args.seam_png)
+        print(f"seam spectrogram: {args.seam_png}")
+    return 0

@@ -1,0 +1,12 @@
+"""`voicebus bench segment`'s speculative-release count (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from voicebus.ops.bench.segment import _speculation
+
+
+def test_speculation_counts_confirmed_and_retracted_sentences():
+    rows = _speculation([("g", "en", "Hello world. Go to example.com now. Call Dr. Smith. She works at Yahoo! in Paris.")])
+    # 4 sentences spoken; 5 tentative releases: 4 confirmed, "She works at Yahoo!" withdrawn by " in"
+    assert rows[0] == ["g", "1", "4", "5", "4 (100%)", "1 (20.0%)", "30 / 100"]
+    assert rows[-1][0] == "all" and rows[-1][1:] == rows[0][1:]

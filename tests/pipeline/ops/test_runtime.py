@@ -1,0 +1,142 @@
+"""The whole pipeline through the real broker: agent -> gate -> synthesis worker -> edge -> listener.
+
+Real Kafka, the real gate (a subprocess), the real kokoro code (tiny random weights), the
+real edge over a WebSocket. These are the paths the demo and `voicebus bench ttfa` stand on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from voicebus.agents.sdk import Publisher
+from voicebus.ops.daemon import free_port
+from voicebus.bus import read_to_end
+from voicebus.codecs import Codec
+from voicebus.ops.runtime import PipelineStack
+from voicebus.synthesis.engine import SynthesisEngine
+from voicebus.players.listener import Listener
+from tests.waiting import eventually
+
+pytestmark = pytest.mark.kafka
+
+STAGES = ["first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
+          "synthesis_started_at_us", "audio_ready_at_us", "published_at_us", "edge_received_at_us", "sent_at_us"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return SynthesisEngine.tiny(seed=3)
+
+
+async def _speak(settings, session_id: str, turn_id: str, pieces: list[str], token_s: float = 0.02) -> None:
+    async with Publisher(settings, agent_id="assistant") as publisher:
+        async with publisher.turn(session_id, turn_id, language="en") as turn:
+            for piece in pieces:
+                await turn.token(piece)
+                await asyncio.sleep(token_s)
+
+
+async def test_a_turn_flows_end_to_end_in_order_with_every_stage_stamped(make_settings, engine):
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2)
+    async with PipelineStack(settings, engine) as stack:
+        async with Listener(stack.edge_url, "s-e2e", settings.edge_secret) as listener:
+            await _speak(stack.settings, "s-e2e", "t1", ["Hello", " there.", " How", " are", " you?", " Fine", " thanks."])
+            turn = await listener.wait_turn_end("t1", timeout=240)
+
+    sentences = [sentence for _, sentence, _, _ in turn.frames]
+    assert sentences == sorted(sentences), "a session's audio arrives in sentence order"
+    assert set(sentences) >= {0, 1, 2}, (
+        f"stopped={turn.stopped} discarded={turn.discarded} after_stop={turn.frames_after_stop} "
+        f"frames={turn.frames} timelines={sorted(turn.timelines)}")
+    assert turn.duration_s > 0.3
+    for sentence, timeline in turn.timelines.items():
+        stamps = [timeline[k] for k in STAGES]
+        assert all(stamps), f"sentence {sentence}: a stage has no timestamp: {timeline}"
+        assert stamps == sorted(stamps), f"sentence {sentence}: stages out of order: {dict(zip(STAGES, stamps))}"
+    assert turn.first_audio_at_us >= turn.timelines[sentences[0]]["published_at_us"]
+
+
+def seen_cancel_at_us(stack) -> int:
+    """When the worker saw the cancel: the ping's answer (the edge's clock, this machine's) comes later."""
+    return max((o.seen_at_us for o in stack.lanes["main"].worker.cancel_log), default=0)
+
+
+async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2)
+    text = " ".join(f"Sentence number {n} is here." for n in range(8))
+    pieces = [w + " " for w in text.split()]
+    async with PipelineStack(settings, engine) as stack:
+        async with Listener(stack.edge_url, "s-cancel", settings.edge_secret) as listener:
+            # 50 ms a token: the last sentence ends ~2 s in, well after the cancel has reached
+            # the gate and the worker even on a loaded machine
+            speaking = asyncio.create_task(_speak(stack.settings, "s-cancel", "t1", pieces, token_s=0.05))
+            await eventually(lambda: "t1" in listener.turns and listener.turns["t1"].frames, timeout_s=240,
+                             interval_s=0.01, what="the turn's first audio at the listener")
+            await listener.cancel("t1")
+            await speaking
+            # Everything still in the pipeline arrives: each stage through, then a ping round
+            # trip behind whatever the edge already wrote to the listener.
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            assert await listener.ping() > seen_cancel_at_us(stack)
+            turn = listener.turns["t1"]
+            worker = stack.lanes["main"].worker
+            seen = [o for o in worker.cancel_log if o.session_id == "s-cancel"]
+
+            # everything the worker published for that turn, read back from the audio topic
+            records = await read_to_end(stack.settings, [stack.settings.audio_topic])
+
+    assert turn.stopped, "the edge told the player to stop"
+    # Frames already on the wire when the cancel left may still arrive (the player discards
+    # them); after its "stop" the edge sends nothing of the turn.
+    assert turn.frames_after_stop == 0, f"the edge sent audio after its stop ({len(turn.discarded)} discarded in all)"
+    assert seen, "the worker saw the cancel on the control topic"
+    codec = Codec()
+    chunks = [codec.decode(r.value).value for r in records]
+    mine = [c for c in chunks if c["session_id"] == "s-cancel"]
+    assert mine, "some audio was published before the cancel"
+    assert max(c["published_at_us"] for c in mine) <= seen[0].seen_at_us + 5_000
+    assert max(c["sentence_seq"] for c in mine) < 7, "the rest of the answer was never synthesized"
+
+
+async def test_a_retracted_tentative_sentence_never_reaches_a_player(make_settings, engine):
+    """Speculative release on: "Visit example." goes out tentative at once; the worker
+    synthesizes it and holds its audio (parked); the glued "com" then withdraws it. The
+    listener hears only the corrected sentence, and the audio topic holds no chunk of the
+    tentative job."""
+    from tests.waiting import eventually
+
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2, speculative_release=True,
+                             first_clause_min_words=0)
+    async with PipelineStack(settings, engine) as stack:
+        worker = stack.lanes["main"].worker
+        async with Listener(stack.edge_url, "s-spec", settings.edge_secret) as listener:
+            async with Publisher(stack.settings, agent_id="assistant") as publisher:
+                async with publisher.turn("s-spec", "t1", language="en") as turn:
+                    await turn.token("Visit")
+                    await turn.token(" example.")
+                    # its audio was made and is held, not published
+                    parked = await eventually(lambda: [j for j in worker.scheduler.parked if j.session_id == "s-spec"],
+                                              timeout_s=120, what="the tentative sentence synthesized and parked")
+                    tentative_job = parked[0]
+                    held_chunks = len(tentative_job.held)
+                    assert tentative_job.request["tentative"] and tentative_job.request["text"] == "Visit example."
+                    await turn.token("com")
+                    await eventually(lambda: tentative_job not in worker.scheduler.parked, timeout_s=60,
+                                     what="the withdrawal applied")
+                    await turn.token(" today.")
+            heard = await listener.wait_turn_end("t1", timeout=240)
+
+            records = await read_to_end(stack.settings, [stack.settings.audio_topic])
+
+    assert sorted({sentence for _, sentence, _, _ in heard.frames}) == [0]
+    codec = Codec()
+    mine = [c for r in records if (c := codec.decode(r.value).value)["session_id"] == "s-spec"]
+    assert mine and all(c["sentence_seq"] == 0 for c in mine)
+    # every chunk published is the replacement's: none carries the tentative job's stamps
+    assert all(c["request_received_at_us"] > tentative_job.received_at_us for c in mine)
+    assert sorted(c["chunk_seq"] for c in mine) == list(range(len(mine)))
+    assert mine[-1]["is_last_chunk"] and any(c["is_last_in_turn"] for c in mine)
+    assert held_chunks > 0, "the tentative sentence's audio was made (and held)"
+    assert worker.metrics.requests.labels("retracted")._value.get() >= 1
