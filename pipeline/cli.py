@@ -14,6 +14,7 @@ import sys
 import warnings
 from typing import Iterator
 
+from voicebus import __version__
 from voicebus.settings import Settings, SettingsError
 
 SUBCOMMAND_MODULES = [
@@ -27,6 +28,7 @@ SUBCOMMAND_MODULES = [
     "voicebus.players.cli",  # edge, token
     "voicebus.agents.cli",  # record, replay, say
     "voicebus.ops.demo",  # demo
+    "voicebus.ops.local_llm",  # llm
     "voicebus.ops.bench.cli",  # bench bus|segment|synth|edge|ttfa
 ]
 
@@ -56,6 +58,7 @@ def quiet_third_party_warnings(show: bool = False) -> Iterator[None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voicebus", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"voicebus {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from voicebus.latency import first_audio_stages
+from voicebus.ops.demo_shared import load_engine, wav_path
 from voicebus.settings import Settings
 
 DEFAULT_CONVERSATIONS = ["support", "rag_slow_retrieval", "markdown_long", "spanish", "portuguese", "interrupted"]
@@ -55,15 +56,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_demo, mode=None)
 
 
-def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
-    """Where the demo writes a turn's audio: ``<out>/<conversation>/<turn_id>.wav``. Both names come
-    from data (a conversation's name, a turn id in its file): each is made one safe file-name
-    component (`voicebus.paths.safe_name`), so no name leaves `out`."""
-    from voicebus.paths import path_under
-
-    return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
-
-
 def demo_mode(asked: str | None, stdin) -> str:
     """``console`` or ``batch``: what was asked, else the console for a person at a terminal and
     the batch run for everything else (CI, scripts, tests), which would otherwise wait forever."""
@@ -94,25 +86,6 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
 
         return run_console_demo(args, settings)
     return asyncio.run(_demo(args, settings, console))
-
-
-def load_engine(settings: Settings, tiny: bool, console) -> object:
-    """The synthesis engine, preparing the offline weights pack first when it is the source."""
-    from voicebus.synthesis.engine import SynthesisEngine
-    from voicebus.synthesis.weights import WeightsNotFound, prepare_offline_pack, resolve_weights
-
-    if tiny:
-        return SynthesisEngine.tiny()
-    with console.status("resolving Kokoro weights") as status:
-        try:
-            resolve_weights(settings)
-        except WeightsNotFound:
-            prepare_offline_pack(settings, progress=lambda step: (console.log(step), status.update(step)))
-        status.update("loading Kokoro-82M")
-        started = time.monotonic()
-        engine = SynthesisEngine.load(settings)
-    console.log(f"Kokoro-82M loaded on {engine.device} in {time.monotonic() - started:.1f} s")
-    return engine
 
 
 async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:

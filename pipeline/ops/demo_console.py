@@ -37,7 +37,7 @@ def print_url(url: str, out=None) -> None:
 async def _console_demo(args: argparse.Namespace, settings: Settings, console) -> int:
     from voicebus.agents.conversation_file import load
     from voicebus.agents.corpus import corpus_path
-    from voicebus.ops.demo import load_engine
+    from voicebus.ops.demo_shared import load_engine
     from voicebus.ops.runtime import PipelineStack, buffered_lane
     from voicebus.players.console import AGENT_ID, Console, console_key, console_url, install_console, is_loopback
 

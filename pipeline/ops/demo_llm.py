@@ -1,7 +1,7 @@
 """`voicebus demo --llm`: a real LLM's answers spoken through the whole pipeline.
 
 Starts what `voicebus demo` starts (Kafka, a gate worker, a synthesis worker, the edge) and the
-local OpenAI-compatible server (`voicebus.agents.local_llm.LocalLlmServer`: llama-cpp-python with
+local OpenAI-compatible server (`voicebus.ops.local_llm.LocalLlmServer`: llama-cpp-python with
 SmolLM2-135M-Instruct, extra ``voicebus[llm]``). Each question is streamed through the OpenAI
 adapter (`voicebus.agents.openai_adapter.speak_chat_completion`, what `voicebus ask` runs) as a turn of
 agent `AGENT_ID`, whose text topic does not exist before the first question: its first turn is
@@ -87,7 +87,7 @@ async def _questions(args: argparse.Namespace, interactive: bool):
 
 
 def run_llm_demo(args: argparse.Namespace, settings: Settings, console, interactive: bool) -> int:
-    from voicebus.agents.local_llm import LlmError, LocalLlmServer
+    from voicebus.ops.local_llm import LlmError, LocalLlmServer
 
     args.out.mkdir(parents=True, exist_ok=True)
     server = LocalLlmServer(log_path=args.out / "llm-server.log")
@@ -110,7 +110,7 @@ async def _llm_demo(args: argparse.Namespace, settings: Settings, console, serve
 
     from voicebus.agents.openai_adapter import UpstreamError, speak_chat_completion
     from voicebus.agents.sdk import Publisher
-    from voicebus.ops.demo import load_engine, wav_path
+    from voicebus.ops.demo_shared import load_engine, wav_path
     from voicebus.ops.runtime import PipelineStack
     from voicebus.players.auth import issue_token, player_url
     from voicebus.players.listener import Listener

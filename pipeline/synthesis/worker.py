@@ -700,11 +700,3 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned) -> None:
         self.worker.on_assigned(assigned)
-
-
-if __name__ == "__main__":  # `python -m voicebus.synthesis.worker`: the entry lives in the CLI module
-    import sys
-
-    from voicebus.synthesis.cli import main
-
-    sys.exit(main(prog="python -m voicebus.synthesis.worker"))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from voicebus.ops.demo import wav_path
+from voicebus.ops.demo_shared import wav_path
 from voicebus.paths import UnsafePath, path_under, safe_name
 
 HOSTILE = ["..", ".", "../../etc/passwd", "/etc/passwd", "a/b", "a\\b", "..\\..\\x", "~", ".hidden",

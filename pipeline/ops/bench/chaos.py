@@ -75,7 +75,7 @@ def make_stages(settings: Settings, tiny: bool = True, session_timeout_s: float 
     gate = StageProcess("gate", [sys.executable, "-m", "voicebus.gate.app", "--announce", "--loglevel", "WARNING",
                                  "--commit-interval", "1", "--session-timeout", f"{session_timeout_s:g}"],
                         env, ready_line=READY_LINE)
-    worker = StageProcess("worker", [sys.executable, "-m", "voicebus.synthesis.worker", "--announce", "--worker-id",
+    worker = StageProcess("worker", [sys.executable, "-m", "voicebus.synthesis.cli", "--announce", "--worker-id",
                                      "chaos-worker"] + (["--tiny"] if tiny else []), env, ready_line=WORKER_READY_LINE)
     edge = StageProcess("edge", [sys.executable, "-m", "voicebus", "edge", "--port", str(settings.edge_port)], env,
                         probe=healthz_probe(f"http://{settings.edge_host}:{settings.edge_port}/healthz"))

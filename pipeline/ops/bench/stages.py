@@ -214,7 +214,7 @@ class StageProcesses(Owned):
                                      "--metrics-port", str(gate_port)], env, ready_line=READY_LINE)
         worker_ports = [free_port(host) for _ in range(self.workers)]
         workers = [StageProcess(f"worker-{i}" if self.workers > 1 else "worker",
-                                [py, "-m", "voicebus.synthesis.worker", "--announce", "--worker-id", f"bench-worker-{i}",
+                                [py, "-m", "voicebus.synthesis.cli", "--announce", "--worker-id", f"bench-worker-{i}",
                                  "--metrics-port", str(worker_ports[i]), *(["--tiny"] if self.tiny else [])],
                                 env, ready_line=WORKER_READY_LINE)
                    for i in range(self.workers)]

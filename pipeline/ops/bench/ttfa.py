@@ -109,7 +109,7 @@ def _ints(text: str | None, default: list[int]) -> list[int]:
 
 async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     from voicebus.ops.daemon import free_port
-    from voicebus.ops.demo import load_engine
+    from voicebus.ops.demo_shared import load_engine
     from voicebus.ops.runtime import PipelineStack
 
     lengths = _ints(args.lengths, [1, 4, 7])

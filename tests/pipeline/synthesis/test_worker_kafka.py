@@ -268,7 +268,7 @@ async def test_worker_killed_mid_turn_leaves_no_lost_sentence(make_settings, eng
         log_path = tmp_path / "doomed.log"
         log_file = log_path.open("w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "voicebus.synthesis.worker", "--tiny", "--worker-id", "doomed"],
+            [sys.executable, "-m", "voicebus.synthesis.cli", "--tiny", "--worker-id", "doomed"],
             cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             await bus.requests(turn_requests("s1", "t1", SENTENCES))

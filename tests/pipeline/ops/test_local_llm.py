@@ -4,7 +4,7 @@ running gate, synthesis worker (tiny random weights: the model's speed is not wh
 and edge; a listener on the edge hears each turn.
 
 The tests marked ``llm`` need the extra ``voicebus[llm]`` (``pip install -e '.[llm]'``, a ~5 minute
-build) and are left out of the default run: ``pytest -m llm tests/agents/test_local_llm.py``.
+build) and are left out of the default run: ``pytest -m llm tests/pipeline/ops/test_local_llm.py``.
 The others (the pure parts) run always.
 """
 
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from voicebus.agents.local_llm import MODEL_ALIAS, LocalLlmServer, server_command
+from voicebus.ops.local_llm import MODEL_ALIAS, LocalLlmServer, server_command
 from voicebus.ops.bench.agents import turn_events
 from voicebus.ops.daemon import free_port
 from voicebus.latency import percentile, release_latencies_ms
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 QUESTIONS = ("What is the capital of France?", "Why is the sky blue?")
 AGENTS = 2
 SYSTEM = "You are a helpful voice assistant. Answer in two or three short sentences."
