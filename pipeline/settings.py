@@ -4,24 +4,42 @@
 only place that reads the environment (prefix ``VOICEBUS_``). Every other module takes a
 `Settings` (or the few values it needs) as an argument, so tests build their own with
 `Settings(...)` or `settings.replace(...)` instead of patching the environment.
+
+pydantic validates every value wherever it comes from (the environment, a constructor, a
+`replace`): types, the allowed values of each choice (`VOICEBUS_GATE_MODE=foo` is an error that
+names the variable and the allowed values), bounds; ``VOICEBUS_TRACING=ture`` is an error, not
+"off". A ``VOICEBUS_*`` variable that names no field is warned about with the closest field's
+variable. Secrets are `SecretStr`: never shown by ``repr``, `voicebus settings` or an error.
+Each field's docstring is its documentation (`field_docs`, `voicebus settings`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import difflib
+import logging
 import os
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
-from voicebus.schemas.contract import LIMITS
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from voicebus.schemas.contract import LANGUAGES, LIMITS
 
 ENV_PREFIX = "VOICEBUS_"
-DEFAULT_EDGE_SECRET = "voicebus-dev-secret-change-me"  # public: the edge refuses it off loopback
+DEFAULT_EDGE_SECRET = "voicebus-dev-secret-change-me"
+OPUS_FRAME_MS = (10, 20, 40, 60)  # the packet durations Opus allows  # public: the edge refuses it off loopback
+
+
+log = logging.getLogger(__name__)
 
 
 class SettingsError(ValueError):
-    """A ``VOICEBUS_*`` variable could not be parsed into its field's type."""
+    """A setting has a value its field does not allow (the message names the variable)."""
+
+
+def reveal(secret: "str | SecretStr") -> str:
+    """A secret's value, where it is used (signing, a client's credentials) and nowhere else."""
+    return secret.get_secret_value() if isinstance(secret, SecretStr) else secret
 
 
 def _default_cache_dir() -> Path:
@@ -29,19 +47,23 @@ def _default_cache_dir() -> Path:
     return Path(base) / "voicebus"
 
 
-@dataclass(frozen=True)
-class Settings:
+Language = Literal[tuple(LANGUAGES)]  # type: ignore[valid-type]  # the contract's languages
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
     # --- bus -------------------------------------------------------------------------------
     bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (``VOICEBUS_BOOTSTRAP``)."""
-    partitions: int = 6
+    partitions: int = Field(6, ge=1)
     """Partitions of each topic voicebus creates (a session stays in one partition: its key)."""
-    replication_factor: int = 0
+    replication_factor: int = Field(0, ge=0)
     """Replicas of each topic voicebus creates. 0 (default): min(3, brokers the cluster reports
     when the topic is created), so 1 on the demo's single broker and 3 on a 3-broker cluster
     (`voicebus.topics.durability`; the cluster is asked because a bootstrap list often names
     only some of its brokers)."""
-    min_insync_replicas: int = 0
+    min_insync_replicas: int = Field(0, ge=0)
     """``min.insync.replicas`` of each topic voicebus creates: how many replicas must have a
     record before an acks=all produce succeeds. 0 (default): replication - 1 when replication
     >= 2, else 1."""
@@ -79,7 +101,7 @@ class Settings:
     """Show the known torch/kokoro warnings that the CLI hides (pipeline/cli.py)."""
 
     # --- wire format and schema registry (docs/kafka.md) -----------------------------------
-    wire_format: str = "single-object"
+    wire_format: Literal["single-object", "confluent"] = "single-object"
     """What writers produce: ``single-object`` (Avro single-object encoding, no registry) or
     ``confluent`` (byte 0, a 4-byte schema id, the body: what Kafka Connect, ksqlDB and the
     Confluent clients read; needs ``registry_url``). Readers accept both either way."""
@@ -98,7 +120,7 @@ class Settings:
     """Where spans go when ``tracing`` is on, e.g. ``http://127.0.0.1:4318/v1/traces``
     (http/protobuf) or ``http://127.0.0.1:4317`` (grpc). Empty: the exporter's default (and the
     standard ``OTEL_EXPORTER_OTLP_*`` variables)."""
-    otlp_protocol: str = "http/protobuf"
+    otlp_protocol: Literal["http/protobuf", "grpc", "none"] = "http/protobuf"
     """The OTLP transport: ``http/protobuf`` or ``grpc``; ``none`` makes and propagates the spans
     but exports nothing (tracing's own cost, e.g. `voicebus bench ttfa --tracing`)."""
     otlp_service_name: str = "voicebus"
@@ -106,34 +128,34 @@ class Settings:
     attribute, ``voicebus.stage`` on the instrumentation scope)."""
 
     # --- local broker (voicebus kafka start|status|stop) -----------------------------------
-    cache_dir: Path = field(default_factory=_default_cache_dir)
+    cache_dir: Path = Field(default_factory=_default_cache_dir)
     """Kafka jars, local broker data and Kokoro weights (default ``$XDG_CACHE_HOME/voicebus``)."""
     kafka_version: str = "4.4.0"
     """The Apache Kafka version `voicebus kafka fetch|start` runs (jars from Maven Central)."""
-    kafka_port: int = 9092
+    kafka_port: int = Field(9092, ge=0, le=65535)
     """The local broker's client port (`voicebus kafka start --port`). Every other command connects
     to ``bootstrap``, which does not follow this port: set ``VOICEBUS_BOOTSTRAP`` to match."""
-    kafka_controller_port: int = 9093
+    kafka_controller_port: int = Field(9093, ge=0, le=65535)
     """The local broker's KRaft controller port (`voicebus kafka start --controller-port`)."""
 
     # --- local schema registry (voicebus registry fetch|start|status|stop) -----------------
     registry_version: str = "3.3.3"
     """Apicurio Registry version fetched from Maven Central (needs a Java 21+ runtime)."""
-    registry_port: int = 8081
+    registry_port: int = Field(8081, ge=0, le=65535)
     """Loopback port of the local registry's API (its management port is picked free at start)."""
 
     # --- gate ----------------------------------------------------------------------------------
     gate_app_id: str = "voicebus-gate"
     """The gate's app id: its consumer group and the prefix of its changelog topic."""
-    gate_mode: str = "incremental"
+    gate_mode: Literal["incremental", "buffered"] = "incremental"
     """``incremental``: each sentence goes to synthesis as soon as it is released (the point of
     voicebus). ``buffered``: the gate waits for the end of the turn and sends the whole answer
     as one request (the hand-off voicebus replaces; kept for the TTFA benchmark's comparison)."""
-    default_language: str = "en"
+    default_language: Language = "en"
     """Language of a turn that names none (``en``, ``es``, ``pt``)."""
     default_voice: str = "af_heart"
     """Kokoro voice of a turn that names none."""
-    default_speed: float = 1.0
+    default_speed: float = Field(1.0, gt=0)
     """Speech speed of a turn that names none (1.0 = the voice's own pace)."""
     speculative_release: bool = False
     """Speculative release (docs/gate.md): a sentence end that is almost certain (``.``, ``?``,
@@ -146,7 +168,7 @@ class Settings:
     (0 disables it). 8 was chosen by measurement: docs/segmentation.md."""
     hold_timeout_s: float = 10.0
     """How long text waits behind a pending evidence mark before ``hold_timeout_policy`` applies."""
-    hold_timeout_policy: str = "release"
+    hold_timeout_policy: Literal["release", "drop"] = "release"
     """What happens to text held behind a pending evidence mark when the hold times out:
     ``release`` or ``drop``."""
     agents_topic: str = "voicebus.agents"
@@ -169,16 +191,16 @@ class Settings:
     # --- synthesis -----------------------------------------------------------------------------
     weights_path: Path | None = None
     """An explicit local Kokoro weights directory (config.json, kokoro-v1_0.pth, voices/)."""
-    device: str = "auto"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
     """``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda``."""
-    weights_hub: str = "auto"
+    weights_hub: Literal["auto", "cache", "off"] = "auto"
     """Hugging Face hub use: ``auto`` (cache, then the hub when it answers a quick check),
     ``cache`` (cache only) or ``off`` (straight to the offline pack)."""
     worker_max_in_flight: int = 8
     """Requests a synthesis worker holds at once (queued + running); beyond it its partitions pause."""
-    chunk_ms: int = 150
+    chunk_ms: int = Field(150, gt=0)
     """Duration of each AudioChunk the worker publishes (ms)."""
-    audio_encoding: str = "pcm16"
+    audio_encoding: Literal["pcm16", "opus"] = "pcm16"
     """The audio on the bus and to the players (pipeline/audio_codec.py): ``pcm16`` (raw 16-bit
     samples, 48 KB/s per speaking session at 24 kHz) or ``opus`` (Opus packets, ``opus_bitrate``
     and ``opus_frame_ms``; chunks are whole packets, so ``chunk_ms`` is rounded to whole frames).
@@ -208,14 +230,14 @@ class Settings:
     punctuates is kept whole. The offline pack's voice pauses 310-400 ms in the middle of some
     phrases ("before nine | to confirm"); False: Kokoro's own pauses (docs/synthesis.md,
     "Mid-phrase pauses")."""
-    synthesis_precision: str = "auto"
+    synthesis_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     """The dtype of the decoder (~90 % of a forward pass) and of the PL-BERT that reads the
     phonemes (`kokoro_frames.Bfloat16Bert`): ``auto`` (bfloat16 on a CPU
     that multiplies it in hardware: AMX or AVX-512 BF16; else float32), ``float32`` or ``bfloat16``.
     bfloat16 made the generator 3.6-4x faster with AMX, the whole synthesis 1.4-1.7x with AVX-512
     BF16 (a Zen 5 EPYC), and Whisper hears the same words (docs/synthesis.md, "The generator,
     folded"); float32 is kokoro's arithmetic (the audio within 1e-5)."""
-    synthesis_threads: int = 1
+    synthesis_threads: int = Field(1, ge=1)
     """torch intra-op threads of a worker that loads the real model. 1 (the default) on a node
     whose cores are shared with brokers and other stages: there 2 threads made a forward pass 3-4x
     slower. On a worker with cores of its own use their number: 2 threads were 1.6-1.7x faster
@@ -277,15 +299,15 @@ class Settings:
     edge_host: str = "127.0.0.1"
     """The edge's listen address. Anything but a loopback address needs a real ``edge_secret``:
     the edge refuses to start there with the default or an empty one (docs/edge.md)."""
-    edge_port: int = 8765
+    edge_port: int = Field(8765, ge=0, le=65535)
     """The edge's listen port (web player, ``/ws``, ``/healthz``)."""
-    edge_secret: str = DEFAULT_EDGE_SECRET
+    edge_secret: SecretStr = SecretStr(DEFAULT_EDGE_SECRET)
     """The HMAC key of player tokens. The default is public: fine on loopback only. Empty is refused."""
     token_ttl_s: int = 3600
     """How long a token from `voicebus token` stays valid (seconds)."""
     client_queue_frames: int = 256
     """Audio frames queued per player connection before the oldest queued sentence is skipped."""
-    edge_metrics_port: int = 0
+    edge_metrics_port: int = Field(0, ge=0, le=65535)
     """0: ``/metrics`` is served on the player port to loopback clients only (others get 403).
     A port: ``/metrics`` is served there, on ``edge_metrics_host``, and not on the player port."""
     edge_metrics_host: str = "127.0.0.1"
@@ -308,28 +330,60 @@ class Settings:
     console_max_sessions: int = 64
     """Console sessions kept at once (one per opened page); the oldest idle one is forgotten beyond."""
 
+    @field_validator("opus_frame_ms")
+    @classmethod
+    def _opus_frame(cls, value: int) -> int:
+        if value not in OPUS_FRAME_MS:
+            raise ValueError(f"Input should be {', '.join(map(str, OPUS_FRAME_MS[:-1]))} or {OPUS_FRAME_MS[-1]}")
+        return value
+
+    @field_validator("weights_path", mode="before")
+    @classmethod
+    def _empty_path_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("cache_dir", "weights_path", mode="after")
+    @classmethod
+    def _expand_user(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser()
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
-        """Build settings from ``VOICEBUS_<FIELD>`` variables, then apply ``overrides``."""
+        """Build settings from ``VOICEBUS_<FIELD>`` variables, then apply ``overrides``; a
+        `SettingsError` names each variable whose value its field does not allow."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(f, raw)
+        for key, raw in environ.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name in cls.model_fields:
+                values[name] = raw
+            else:
+                log.warning("%s is not a voicebus setting (ignored)%s", key, _closest_hint(name))
         values.update(overrides)
         return cls(**values)
 
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(_explain(exc)) from None
+
     def replace(self, **changes: Any) -> "Settings":
-        return dataclasses.replace(self, **changes)
+        """A copy with `changes`, validated like any other settings."""
+        current = {name: getattr(self, name) for name in type(self).model_fields}
+        return type(self)(**{**current, **changes})
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``VOICEBUS_*`` variables, for a child process (gate or worker
         subprocess) that must see exactly the same configuration."""
         env: dict[str, str] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            env[ENV_PREFIX + f.name.upper()] = "" if value is None else str(value)
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            env[ENV_PREFIX + name.upper()] = "" if value is None else str(value)
         return env
 
     @property
@@ -352,33 +406,25 @@ class Settings:
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's docstring (the string literal under it in this module), whitespace folded;
-    ``""`` for a field without one. Read from the source: attribute docstrings are not kept at run time."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(Settings))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {f.name: "" for f in fields(Settings)}
-    for node, following in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
-            docs[node.target.id] = " ".join(following.value.value.split())
-    return docs
+    """Each field's docstring (pydantic keeps it as the field's description), whitespace folded;
+    ``""`` for a field without one."""
+    return {name: " ".join((f.description or "").split()) for name, f in Settings.model_fields.items()}
 
 
-def _parse(f: dataclasses.Field, raw: str) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    try:
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-        if kind == "bool":
-            return raw.strip().lower() in {"1", "true", "yes", "on"}
-        if kind.startswith("Path"):
-            return Path(raw).expanduser() if raw else None
-        return raw
-    except ValueError as exc:
-        raise SettingsError(f"{ENV_PREFIX}{f.name.upper()}={raw!r}: not a valid {kind}") from exc
+def _closest_hint(name: str) -> str:
+    close = difflib.get_close_matches(name, list(Settings.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {ENV_PREFIX}{close[0].upper()}?" if close else ""
+
+
+def _explain(exc: ValidationError) -> str:
+    """One line per wrong value, naming its variable and what it must be; a secret's value is never
+    repeated (pydantic's own message would quote the input)."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        variable = ENV_PREFIX + name.upper()
+        if error["type"] == "extra_forbidden":
+            lines.append(f"{name} is not a setting{_closest_hint(name)}")
+            continue
+        lines.append(f"{variable}: {error['msg']}")
+    return "; ".join(lines)

@@ -3,13 +3,11 @@ in effect (from the environment) and its meaning (the field's docstring in pipel
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
+from pydantic import SecretStr
+
 from voicebus.settings import ENV_PREFIX, Settings, field_docs
-
-
-SECRET_FIELDS = frozenset({"edge_secret"})
 
 
 def register(subparsers) -> None:
@@ -22,13 +20,14 @@ def settings_rows(settings: Settings) -> list[dict[str, str]]:
     """One row per field, in declaration order. Defaults are those of a plain `Settings()`."""
     defaults, docs = Settings(), field_docs()
     rows = []
-    for f in dataclasses.fields(Settings):
-        default, value = getattr(defaults, f.name), getattr(settings, f.name)
+    for name in Settings.model_fields:
+        default, value = getattr(defaults, name), getattr(settings, name)
         shown = _show(value)
-        if f.name in SECRET_FIELDS:  # never print a secret: say only whether it was changed
+        if isinstance(value, SecretStr):  # never print a secret: say only whether it was changed
             shown = "(empty)" if not value else "(the default)" if value == default else "(set)"
-        rows.append({"field": f.name, "variable": ENV_PREFIX + f.name.upper(), "default": _show(default),
-                     "value": shown, "meaning": docs[f.name]})
+            default = "(public default)" if default.get_secret_value() else ""
+        rows.append({"field": name, "variable": ENV_PREFIX + name.upper(), "default": _show(default),
+                     "value": shown, "meaning": docs[name]})
     return rows
 
 

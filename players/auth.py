@@ -19,6 +19,10 @@ import hmac
 import json
 import time
 
+from pydantic import SecretStr
+
+from voicebus.settings import reveal
+
 
 class MissingSecret(ValueError):
     """The edge secret is empty: no token may be minted or checked with it."""
@@ -54,20 +58,21 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _sign(secret: str, payload: bytes) -> bytes:
+def _sign(secret: str | SecretStr, payload: bytes) -> bytes:
+    secret = reveal(secret)
     if not secret:
         raise MissingSecret("the edge secret (VOICEBUS_EDGE_SECRET) is empty: tokens cannot be minted or checked")
     return hmac.new(secret.encode("utf-8"), payload, hashlib.sha256).digest()
 
 
-def issue_token(secret: str, session_id: str, ttl_s: int, now_s: float | None = None) -> str:
+def issue_token(secret: str | SecretStr, session_id: str, ttl_s: int, now_s: float | None = None) -> str:
     """A token that lets its holder listen to `session_id` for `ttl_s` seconds."""
     now_s = time.time() if now_s is None else now_s
     payload = json.dumps({"s": session_id, "exp": int(now_s + ttl_s)}, separators=(",", ":")).encode("utf-8")
     return f"{_b64(payload)}.{_b64(_sign(secret, payload))}"
 
 
-def verify_token(secret: str, token: str, session_id: str, now_s: float | None = None) -> None:
+def verify_token(secret: str | SecretStr, token: str, session_id: str, now_s: float | None = None) -> None:
     """Raise a `TokenError` unless `token` is signed with `secret`, unexpired and for `session_id`
     (`MissingSecret` for an empty `secret`, before looking at the token)."""
     now_s = time.time() if now_s is None else now_s

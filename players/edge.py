@@ -37,7 +37,9 @@ from voicebus import tracing
 from voicebus.bus import farewell, seek_to_beginning_quietly
 from voicebus.clock import now_us
 from voicebus.codecs import codec_for
-from voicebus.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings
+from pydantic import SecretStr
+
+from voicebus.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings, reveal
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from voicebus.topics import partition_of, session_key
 from voicebus.tracing import StageTracer, tracer_for
@@ -89,10 +91,11 @@ def check_exposure(settings: Settings) -> None:
     """Raise `InsecureEdgeConfig` when the edge would mint or check tokens with an empty secret,
     or listen beyond loopback with the public default secret."""
     var = f"{ENV_PREFIX}EDGE_SECRET"
-    if not settings.edge_secret:
+    secret = reveal(settings.edge_secret)
+    if not secret:
         raise InsecureEdgeConfig(f"{var} is empty: every player token would be forgeable. "
                                  f"Set it to a long random string (e.g. `openssl rand -hex 32`).")
-    if settings.edge_secret == DEFAULT_EDGE_SECRET and not is_loopback_host(settings.edge_host):
+    if secret == DEFAULT_EDGE_SECRET and not is_loopback_host(settings.edge_host):
         raise InsecureEdgeConfig(
             f"refusing to listen on {settings.edge_host!r} with the default {var} (it is public: anyone could "
             f"mint a token for any session). Set {var} to a long random string (e.g. `openssl rand -hex 32`), "
@@ -125,11 +128,11 @@ def origin_allowed(origin: str | None, host: str | None, allowed: str) -> bool:
     return not wanted and parts.scheme in ("http", "https") and is_loopback_host(hostname)
 
 
-def host_allowed(host: str | None, secret: str) -> bool:
+def host_allowed(host: str | None, secret: str | SecretStr) -> bool:
     """With the public default secret (a loopback-only edge) the request's ``Host`` must be a
     loopback name too (``localhost``, ``127.0.0.1``, ``[::1]``), which shuts out DNS rebinding;
     with a real secret any Host passes (a proxy may forward a public name)."""
-    if secret != DEFAULT_EDGE_SECRET:
+    if reveal(secret) != DEFAULT_EDGE_SECRET:
         return True
     from urllib.parse import urlsplit
 

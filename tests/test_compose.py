@@ -3,7 +3,6 @@ step with the local setup: the same VOICEBUS_* variables, topic names and Kafka 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -64,7 +63,7 @@ def test_the_compose_edges_pass_the_edges_own_exposure_check(compose, name):
     from voicebus.players.edge import InsecureEdgeConfig, check_exposure
 
     edge = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
-    assert edge.edge_host == "0.0.0.0" and edge.edge_secret == TEST_SECRET
+    assert edge.edge_host == "0.0.0.0" and edge.edge_secret.get_secret_value() == TEST_SECRET
     check_exposure(edge)
     with pytest.raises(InsecureEdgeConfig):
         check_exposure(edge.replace(edge_secret=Settings().edge_secret))
@@ -118,7 +117,7 @@ def compose() -> dict:
 
 
 def test_every_voicebus_env_var_is_a_settings_field(compose):
-    fields = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
+    fields = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
     used = set()
     for name, service in compose["services"].items():
         for var in service.get("environment", {}):

@@ -37,7 +37,6 @@ from typing import Any, Iterable
 
 from voicebus.gate.evidence import (
     FAILED,
-    HOLD_TIMEOUT_POLICIES,
     READY,
     Dropped,
     EarlyResolutions,
@@ -45,7 +44,7 @@ from voicebus.gate.evidence import (
 )
 import json
 
-from voicebus.settings import Settings, SettingsError
+from voicebus.settings import Settings
 from voicebus.schemas.contract import DEFAULT_VOICES, LANGUAGES, LIMITS, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
@@ -93,12 +92,7 @@ class GateConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GateConfig":
-        if settings.gate_mode not in GATE_MODES:
-            raise SettingsError(f"gate_mode {settings.gate_mode!r} is not one of {GATE_MODES}")
-        if settings.hold_timeout_policy not in HOLD_TIMEOUT_POLICIES:
-            raise SettingsError(
-                f"hold_timeout_policy {settings.hold_timeout_policy!r} is not one of {HOLD_TIMEOUT_POLICIES}"
-            )
+        # gate_mode and hold_timeout_policy are among the allowed values: Settings validates them
         return cls(
             default_language=settings.default_language,
             default_voice=settings.default_voice,

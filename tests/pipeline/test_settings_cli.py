@@ -1,6 +1,5 @@
 """`voicebus settings`: every Settings field with its variable, default and meaning (from its docstring)."""
 
-import dataclasses
 import json
 
 from voicebus.cli import main
@@ -18,7 +17,7 @@ def test_settings_json_lists_every_field_with_its_variable_default_value_and_mea
     assert main(["settings", "--json"]) == 0
     out = capsys.readouterr().out
     rows = [json.loads(line) for line in out.splitlines()]
-    assert [r["field"] for r in rows] == [f.name for f in dataclasses.fields(Settings)]
+    assert [r["field"] for r in rows] == list(Settings.model_fields)
     by_name = {r["field"]: r for r in rows}
     assert by_name["partitions"] == {"field": "partitions", "variable": "VOICEBUS_PARTITIONS", "default": "6",
                                      "value": "3", "meaning": field_docs()["partitions"]}
@@ -30,5 +29,5 @@ def test_settings_json_lists_every_field_with_its_variable_default_value_and_mea
 def test_settings_table_names_every_variable(capsys):
     assert main(["settings"]) == 0
     out = capsys.readouterr().out
-    for f in dataclasses.fields(Settings):
-        assert ENV_PREFIX + f.name.upper() in out
+    for name in Settings.model_fields:
+        assert ENV_PREFIX + name.upper() in out
