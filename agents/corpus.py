@@ -19,7 +19,7 @@ from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, 
 from voicebus.agents.tokens import split_like_llm
 from voicebus.schemas.contract import ControlAction
 
-CORPUS_DIR = Path(str(resources.files("agents"))) / "conversations"
+CORPUS_DIR = Path(str(resources.files("voicebus.agents"))) / "conversations"
 
 
 @dataclass

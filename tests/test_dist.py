@@ -75,3 +75,6 @@ def test_the_all_extra_gives_the_whole_command_line(dist, tmp_path):
     for command in ["gate", "worker", "edge", "synth", "demo", "kafka", "bench"]:
         assert run(voicebus, command, "--help").stdout.startswith(f"usage: voicebus {command}")
     assert run(python, "-c", "from voicebus.ops.broker import POM_PATH; print(POM_PATH.is_file())").stdout.strip() == "True"
+    # package data found by package name, not from a checkout's folders
+    shipped = "from voicebus.agents.corpus import corpus_path; print(corpus_path('support').is_file())"
+    assert run(python, "-c", shipped).stdout.strip() == "True"
