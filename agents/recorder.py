@@ -143,9 +143,8 @@ async def record(
     decode or breaks the contract is left out and handed to `on_error` (default: logged; the
     pipeline's own consumers dead-letter it)."""
     from aiokafka import TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
 
-    from voicebus.bus import ensure_topics, make_consumer
+    from voicebus.bus import ensure_topics, make_admin, make_consumer
     from voicebus.codecs import codec_for
     from voicebus.shell import RecordPolicy
 
@@ -162,7 +161,7 @@ async def record(
     # agent topic that appears mid-recording is added without a rebalance (a rebalance would
     # reset every position and lose or repeat records).
     consumer = make_consumer(settings, group_id=None, enable_auto_commit=False, metadata_max_age_ms=500)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    admin = make_admin(settings)
     await consumer.start()
     await admin.start()
     positions: dict[TopicPartition, int] = {}

@@ -24,7 +24,7 @@ from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, N
                              TopicAlreadyExistsError)
 
 from voicebus.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
-from voicebus.settings import Settings
+from voicebus.settings import Settings, reveal
 from voicebus.topics import Durability, durability, fixed_topics, session_key, topic_configs
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,81 @@ class TopicCreationError(RuntimeError):
     """The broker refused to create a topic (other than because it already exists)."""
 
 
+class BusConnectionError(ConnectionError):
+    """No Kafka client could connect: the message says where, how and why (never a secret)."""
+
+
+def describe_security(settings: Settings) -> str:
+    """How this process connects, for messages: e.g. ``SASL_SSL (SCRAM-SHA-512 as 'gate')``."""
+    protocol = settings.kafka_security_protocol
+    if protocol.startswith("SASL_"):
+        return f"{protocol} ({settings.kafka_sasl_mechanism} as {settings.kafka_sasl_username!r})"
+    return protocol
+
+
+async def diagnose_connection(settings: Settings, timeout_s: float = 10.0) -> str:
+    """Why a client cannot reach the bus: one connection to the first bootstrap server with this
+    process's security settings, its failure put in words (aiokafka's bootstrap error names only
+    the hosts). The message names the listener, the protocol and mechanism; never a password."""
+    import ssl
+
+    from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
+
+    from voicebus.kafka_compat import open_connection
+
+    first = settings.bootstrap.split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    where = f"Kafka at {first} over {describe_security(settings)}"
+    try:
+        connection = await asyncio.wait_for(
+            open_connection(client_options(settings), host.strip("[]"), int(port), timeout_s), timeout_s)
+    except SaslAuthenticationFailed as exc:
+        reason = str(exc).split(":", 1)[-1].strip()
+        return f"{where}: authentication failed: {reason}"
+    except ssl.SSLCertVerificationError as exc:
+        return (f"{where}: the broker's TLS certificate is not trusted ({exc.verify_message}); "
+                f"set VOICEBUS_KAFKA_SSL_CAFILE to the CA that signed it")
+    except ssl.SSLError as exc:
+        return f"{where}: TLS failed ({exc.reason or exc}); is the listener {settings.kafka_security_protocol}?"
+    except (KafkaConnectionError, ConnectionError) as exc:
+        return (f"{where}: the broker closed the connection ({exc}); is that listener "
+                f"{settings.kafka_security_protocol}? A secured listener drops a client of another protocol")
+    except (OSError, asyncio.TimeoutError) as exc:
+        return f"{where}: nothing answers ({exc!r})"
+    connection.close()
+    return f"{where}: a connection succeeds now"
+
+
+def client_options(settings: Settings) -> dict[str, Any]:
+    """What every Kafka client of voicebus is built with: the bootstrap servers and the bus's
+    security (``VOICEBUS_KAFKA_SECURITY_PROTOCOL`` and the SASL and TLS settings). Every producer,
+    consumer and admin client of every stage, the CLI and the SDK is built from these, here or
+    through `make_producer`, `make_consumer` and `make_admin`."""
+    from aiokafka.helpers import create_ssl_context
+
+    protocol = settings.kafka_security_protocol
+    options: dict[str, Any] = {"bootstrap_servers": settings.bootstrap, "security_protocol": protocol}
+    if protocol in ("SSL", "SASL_SSL"):
+        key_password = reveal(settings.kafka_ssl_key_password) or None
+        options["ssl_context"] = create_ssl_context(
+            cafile=str(settings.kafka_ssl_cafile) if settings.kafka_ssl_cafile else None,
+            certfile=str(settings.kafka_ssl_certfile) if settings.kafka_ssl_certfile else None,
+            keyfile=str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
+            password=key_password)
+    if protocol.startswith("SASL_"):
+        options.update(sasl_mechanism=settings.kafka_sasl_mechanism,
+                       sasl_plain_username=settings.kafka_sasl_username,
+                       sasl_plain_password=reveal(settings.kafka_sasl_password))
+    return options
+
+
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
     options = {**PRODUCER_OPTIONS, "max_request_size": settings.max_message_bytes, **overrides}
-    return AIOKafkaProducer(bootstrap_servers=settings.bootstrap, **options)
+    return AIOKafkaProducer(**client_options(settings), **options)
+
+
+def make_admin(settings: Settings, **overrides: Any) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**client_options(settings), **overrides)
 
 
 def make_consumer(settings: Settings, *topics: str, group_id: str | None = None, **overrides: Any) -> AIOKafkaConsumer:
@@ -54,7 +126,7 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
         "max_partition_fetch_bytes": settings.max_message_bytes,
         **overrides,
     }
-    return AIOKafkaConsumer(*topics, bootstrap_servers=settings.bootstrap, **options)
+    return AIOKafkaConsumer(*topics, **client_options(settings), **options)
 
 
 # A broker that just died stays in the cluster metadata until the controller fences it (seconds);
@@ -144,7 +216,7 @@ async def partitions_of(settings: Settings, topics: Iterable[str]) -> list:
     """Every partition (``TopicPartition``) of `topics`; a topic that does not exist has none."""
     from aiokafka.structs import TopicPartition
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    admin = make_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -157,7 +229,7 @@ async def partitions_of(settings: Settings, topics: Iterable[str]) -> list:
 
 async def topics_matching(settings: Settings, pattern: "str | re.Pattern[str]") -> list[str]:
     """The topics whose name matches the regex `pattern` now, sorted."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    admin = make_admin(settings)
     await admin.start()
     try:
         return sorted(t for t in await admin.list_topics() if re.match(pattern, t))
@@ -185,7 +257,7 @@ async def committed_offsets(settings: Settings, group_id: str) -> dict:
     nothing is known to be committed, so nothing is returned."""
     from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    admin = make_admin(settings)
     await admin.start()
     try:
         committed = await admin.list_consumer_group_offsets(group_id)
@@ -258,7 +330,7 @@ async def await_group_coordinator(settings: Settings, group_id: str, timeout_s: 
     from aiokafka.errors import KafkaError
 
     deadline = time.monotonic() + timeout_s
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
+    admin = make_admin(settings, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
     await admin.start()
     try:
         while True:
@@ -276,7 +348,7 @@ async def await_group_coordinator(settings: Settings, group_id: str, timeout_s: 
 
 
 async def _ensure_topics_once(settings: Settings, names: list[str], partitions: int | None) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
+    admin = make_admin(settings, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -77,5 +77,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"voicebus: {exc}", file=sys.stderr)
         return 2
     with quiet_third_party_warnings(settings.show_library_warnings):
-        result = args.func(args, settings)
+        try:
+            result = args.func(args, settings)
+        except Exception as exc:
+            if not is_bus_connection_failure(exc):
+                raise
+            print(f"voicebus {args.command}: cannot connect: {explain_bus_failure(settings)}", file=sys.stderr)
+            return 1
     return int(result or 0)
+
+
+def is_bus_connection_failure(exc: BaseException) -> bool:
+    """A Kafka client could not bootstrap or authenticate (aiokafka's errors, only imported when
+    aiokafka already is: the check costs a command that never touched Kafka nothing)."""
+    if "aiokafka" not in sys.modules:
+        return False
+    from aiokafka.errors import KafkaConnectionError, SaslAuthenticationFailed
+
+    return isinstance(exc, (KafkaConnectionError, SaslAuthenticationFailed))
+
+
+def explain_bus_failure(settings: Settings) -> str:
+    """`voicebus.bus.diagnose_connection`, from synchronous code."""
+    import asyncio
+
+    from voicebus.bus import diagnose_connection
+
+    return asyncio.run(diagnose_connection(settings))

@@ -340,7 +340,8 @@ def codec_for(settings: "Settings") -> Codec:
         raise SettingsError("VOICEBUS_WIRE_FORMAT=confluent needs VOICEBUS_REGISTRY_URL (a Confluent-compatible "
                             "schema registry, e.g. the one `voicebus registry start` prints)")
     try:
-        registry = SchemaRegistry(settings.registry_url, settings.registry_timeout_s) if settings.registry_url else None
+        registry = SchemaRegistry(settings.registry_url, settings.registry_timeout_s, settings.registry_username,
+                                  settings.registry_password, settings.registry_ssl_cafile) if settings.registry_url else None
     except ValueError as exc:
         raise SettingsError(f"VOICEBUS_REGISTRY_URL: {exc}") from None
     return Codec(max_text_bytes=settings.max_text_bytes, framing=settings.wire_format, registry=registry)

@@ -15,12 +15,19 @@ writer schema it meets, not per record.
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any, Mapping
+
+from pydantic import SecretStr
+
+from voicebus.settings import reveal
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 COMPATIBILITY = "BACKWARD"
@@ -59,11 +66,20 @@ class SchemaRegistry:
     never changes in a registry).
     """
 
-    def __init__(self, url: str, timeout_s: float = 5.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"schema registry url {url!r} is not http(s)://...")
-        self.url = url.rstrip("/")
+    def __init__(self, url: str, timeout_s: float = 5.0, username: str = "", password: "str | SecretStr" = "",
+                 cafile: "str | Path | None" = None) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"schema registry url {_without_userinfo(url)!r} is not http(s)://...")
+        if parts.username is not None:  # user:password@ in the URL: used, then never shown again
+            username = username or urllib.parse.unquote(parts.username)
+            password = reveal(password) or urllib.parse.unquote(parts.password or "")
+        self.url = _without_userinfo(url).rstrip("/")
         self.timeout_s = timeout_s
+        secret = reveal(password)
+        self._authorization = ("Basic " + base64.b64encode(f"{username}:{secret}".encode()).decode()
+                               if username else None)
+        self._ssl = ssl.create_default_context(cafile=str(cafile)) if cafile else None
         self._by_id: dict[int, str] = {}
         self._lock = threading.Lock()
 
@@ -121,12 +137,12 @@ class SchemaRegistry:
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method,
-            headers={"Accept": CONTENT_TYPE + ", application/json", **({"Content-Type": CONTENT_TYPE} if data else {})},
-        )
+        headers = {"Accept": CONTENT_TYPE + ", application/json", **({"Content-Type": CONTENT_TYPE} if data else {})}
+        if self._authorization:
+            headers["Authorization"] = self._authorization
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._ssl) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
             raise _error_from(method, path, exc) from None
@@ -137,6 +153,14 @@ class SchemaRegistry:
             return json.loads(payload) if payload else {}
         except ValueError as exc:
             raise RegistryError(f"{method} {path}: the registry answered something not JSON: {payload[:200]!r}") from exc
+
+
+def _without_userinfo(url: str) -> str:
+    """`url` without ``user:password@``: what error messages and ``repr`` may show."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _error_from(method: str, path: str, exc: urllib.error.HTTPError) -> RegistryError:

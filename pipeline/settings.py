@@ -97,6 +97,28 @@ class Settings(BaseModel):
     returns as soon as a record is appended) but each expiry is a round trip: 5 ms made every idle
     consumer cost the broker and the client CPU that the model needs (docs/benchmarks.md)."""
 
+    # --- bus security (docs/kafka.md, "A secured cluster"): the same for every client ------------
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How every Kafka client (producers, consumers, admin; every stage, the CLI and the SDK)
+    connects: ``PLAINTEXT``, ``SSL`` (TLS, optionally with a client certificate), ``SASL_PLAINTEXT``
+    or ``SASL_SSL`` (a managed cluster: MSK, Confluent Cloud, Aiven, Strimzi)."""
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    """The SASL mechanism of ``SASL_*`` protocols: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``."""
+    kafka_sasl_username: str = ""
+    """The SASL user name of this process's principal."""
+    kafka_sasl_password: SecretStr = SecretStr("")
+    """The SASL password (or ``VOICEBUS_KAFKA_SASL_PASSWORD_FILE``: a file holding it, e.g. a
+    mounted secret). Never printed, logged or put in an error message."""
+    kafka_ssl_cafile: Path | None = None
+    """PEM file of the CA(s) that signed the brokers' certificates (``SSL``, ``SASL_SSL``). Empty:
+    the system's trust store."""
+    kafka_ssl_certfile: Path | None = None
+    """PEM client certificate for mutual TLS (with ``kafka_ssl_keyfile``)."""
+    kafka_ssl_keyfile: Path | None = None
+    """PEM private key of ``kafka_ssl_certfile``."""
+    kafka_ssl_key_password: SecretStr = SecretStr("")
+    """The password of an encrypted ``kafka_ssl_keyfile`` (or ``VOICEBUS_KAFKA_SSL_KEY_PASSWORD_FILE``)."""
+
     show_library_warnings: bool = False
     """Show the known torch/kokoro warnings that the CLI hides (pipeline/cli.py)."""
 
@@ -111,6 +133,12 @@ class Settings(BaseModel):
     Empty: none; a Confluent-framed record then dead-letters as ``unknown-schema-id``."""
     registry_timeout_s: float = 5.0
     """How long one registry request may take (registering a schema, resolving an id)."""
+    registry_username: str = ""
+    """HTTP basic-auth user of the schema registry (empty: no authentication)."""
+    registry_password: SecretStr = SecretStr("")
+    """HTTP basic-auth password of the schema registry (or ``VOICEBUS_REGISTRY_PASSWORD_FILE``)."""
+    registry_ssl_cafile: Path | None = None
+    """PEM file of the CA(s) of an ``https://`` registry (empty: the system's trust store)."""
 
     # --- tracing (pipeline/tracing.py, docs/tracing.md) ------------------------------------
     tracing: bool = False
@@ -337,12 +365,14 @@ class Settings(BaseModel):
             raise ValueError(f"Input should be {', '.join(map(str, OPUS_FRAME_MS[:-1]))} or {OPUS_FRAME_MS[-1]}")
         return value
 
-    @field_validator("weights_path", mode="before")
+    @field_validator("weights_path", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
+                     "registry_ssl_cafile", mode="before")
     @classmethod
     def _empty_path_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
 
-    @field_validator("cache_dir", "weights_path", mode="after")
+    @field_validator("cache_dir", "weights_path", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
+                     "registry_ssl_cafile", mode="after")
     @classmethod
     def _expand_user(cls, value: Path | None) -> Path | None:
         return None if value is None else value.expanduser()
@@ -353,14 +383,21 @@ class Settings(BaseModel):
         `SettingsError` names each variable whose value its field does not allow."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        secrets = _secret_fields()
         for key, raw in environ.items():
             if not key.startswith(ENV_PREFIX):
                 continue
             name = key[len(ENV_PREFIX):].lower()
             if name in cls.model_fields:
                 values[name] = raw
+            elif name.endswith("_file") and name.removesuffix("_file") in secrets:
+                continue  # read below, after the plain variable (which wins)
             else:
                 log.warning("%s is not a voicebus setting (ignored)%s", key, _closest_hint(name))
+        for name in secrets:
+            path = environ.get(f"{ENV_PREFIX}{name.upper()}_FILE")
+            if path and name not in values:
+                values[name] = _read_secret_file(f"{ENV_PREFIX}{name.upper()}_FILE", path)
         values.update(overrides)
         return cls(**values)
 
@@ -409,6 +446,19 @@ def field_docs() -> dict[str, str]:
     """Each field's docstring (pydantic keeps it as the field's description), whitespace folded;
     ``""`` for a field without one."""
     return {name: " ".join((f.description or "").split()) for name, f in Settings.model_fields.items()}
+
+
+def _secret_fields() -> list[str]:
+    """The fields that hold secrets; each may also be given as ``VOICEBUS_<FIELD>_FILE``."""
+    return [name for name, f in Settings.model_fields.items() if f.annotation is SecretStr]
+
+
+def _read_secret_file(variable: str, path: str) -> str:
+    """A secret mounted as a file (one line; the trailing newline is not part of it)."""
+    try:
+        return Path(path).expanduser().read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise SettingsError(f"{variable}: cannot read {path}: {exc.strerror}") from None
 
 
 def _closest_hint(name: str) -> str:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from voicebus.bus import DecodedRecord, seek_to_beginning_quietly, topics_matching
+from voicebus.bus import DecodedRecord, make_consumer, seek_to_beginning_quietly, topics_matching
 from voicebus.clock import now_us
 from voicebus.codecs import Codec, CodecError, deadletter_headers
 from voicebus.settings import Settings
@@ -345,12 +345,8 @@ class ControlFollower:
             raise
 
     async def _open(self, tps: list) -> "AIOKafkaConsumer":
-        from aiokafka import AIOKafkaConsumer
-
         s = self.settings
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        consumer = make_consumer(s, group_id=None, enable_auto_commit=False)
         await consumer.start()
         consumer.assign(tps)
         return consumer
@@ -473,15 +469,12 @@ class TopicDiscovery:
                                         ["stage"], registry=registry)
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
         from aiokafka.structs import TopicPartition
 
         s = self.settings
         partitions = await self.producer.partitions_for(s.agents_topic)
         tps = [TopicPartition(s.agents_topic, p) for p in sorted(partitions)]
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
+        self.consumer = make_consumer(s, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
         await self.consumer.start()
         try:
             self.consumer.assign(tps)

@@ -34,7 +34,7 @@ from aiohttp import WSMsgType, web
 from aiokafka.abc import ConsumerRebalanceListener
 
 from voicebus import tracing
-from voicebus.bus import farewell, seek_to_beginning_quietly
+from voicebus.bus import farewell, make_consumer, seek_to_beginning_quietly
 from voicebus.clock import now_us
 from voicebus.codecs import codec_for
 from pydantic import SecretStr
@@ -202,7 +202,6 @@ class KafkaLink:
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
 
         from voicebus.bus import await_group_coordinator, ensure_topics, make_producer
 
@@ -225,11 +224,10 @@ class KafkaLink:
         await self._open_directory()
         await await_group_coordinator(s, self.group)  # a fresh broker: no error lines at start
         session_ms = s.edge_session_timeout_ms
-        self.membership = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=self.group, enable_auto_commit=False,
-            auto_offset_reset="latest", session_timeout_ms=session_ms,
-            heartbeat_interval_ms=max(300, session_ms // 5), rebalance_timeout_ms=max(session_ms, 10_000),
-            fetch_max_wait_ms=s.fetch_max_wait_ms)
+        self.membership = make_consumer(
+            s, group_id=self.group, enable_auto_commit=False, auto_offset_reset="latest",
+            session_timeout_ms=session_ms, heartbeat_interval_ms=max(300, session_ms // 5),
+            rebalance_timeout_ms=max(session_ms, 10_000))
         await self.membership.start()
         self.membership.subscribe([s.control_topic], listener=_Membership(self))
         self.supervisor.start("membership", self._membership_loop)
@@ -385,13 +383,12 @@ class KafkaLink:
     # --- the directory -----------------------------------------------------------------------------
     async def _open_directory(self) -> None:
         """Read the edge directory from its beginning to its end (then `_follow_directory`)."""
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
         s = self.settings
         tp = TopicPartition(s.edges_topic, DIRECTORY_PARTITION)
-        self.directory_consumer = consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=s.fetch_max_wait_ms)
+        self.directory_consumer = consumer = make_consumer(
+            s, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
         await consumer.start()
         consumer.assign([tp])
         end = (await seek_to_beginning_quietly(consumer, [tp]))[tp]  # a new directory topic too
@@ -420,8 +417,6 @@ class KafkaLink:
         """The audio consumer: no consumer group (the membership consumer says which partitions
         are this edge's), assigned the owned partitions where the previous consumer stopped (a
         restart after the task died)."""
-        from voicebus.bus import make_consumer
-
         self.consumer = make_consumer(self.settings, group_id=None)
         await self.consumer.start()
         try:
@@ -501,7 +496,7 @@ class KafkaLink:
         await asyncio.shield(task)
 
     async def _backfill(self, session_id: str) -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
         s = self.settings
         key = session_key(session_id)
@@ -512,9 +507,7 @@ class KafkaLink:
                 if stop is None or not self.router.hold(session_id):
                     return  # not ours, or its state is here already
                 self._deferred[key] = []
-            consumer = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-                                        fetch_max_wait_ms=s.fetch_max_wait_ms,
-                                        max_partition_fetch_bytes=s.max_message_bytes)
+            consumer = make_consumer(s, group_id=None, enable_auto_commit=False)
             routed = 0
             try:
                 await consumer.start()

@@ -53,12 +53,12 @@ import subprocess
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
 
-from voicebus.bus import await_group_coordinator, ensure_topics, make_producer, read_to_end, seek_to_beginning_quietly
+from voicebus.bus import (await_group_coordinator, ensure_topics, make_consumer, make_producer, read_to_end,
+                          seek_to_beginning_quietly)
 from voicebus.clock import now_us
 from voicebus.codecs import CodecError, codec_for
 from voicebus import tracing
@@ -197,8 +197,6 @@ class GateWorker:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer
-
         s = self.settings
         await ensure_topics(s, fixed_topics(s))  # start in any order: no "topic not found" loops
         self.producer = make_producer(s)
@@ -211,13 +209,12 @@ class GateWorker:
                         f"{topic} has {n} partitions, the gate co-partitions by number and needs "
                         f"settings.partitions = {s.partitions}")
             self.policy = RecordPolicy("gate", s, self.codec, self.producer, registry=self.registry)
-            common = dict(bootstrap_servers=s.bootstrap, enable_auto_commit=False,
-                          fetch_max_wait_ms=s.fetch_max_wait_ms, max_partition_fetch_bytes=s.max_message_bytes)
-            self.text = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
-            self.changelog = AIOKafkaConsumer(group_id=None, auto_offset_reset="earliest", **common)
+            common = dict(enable_auto_commit=False, auto_offset_reset="earliest")
+            self.text = make_consumer(s, group_id=None, **common)
+            self.changelog = make_consumer(s, group_id=None, **common)
             session_ms = int(self.session_timeout_s * 1000)
-            self.control = AIOKafkaConsumer(
-                group_id=s.gate_app_id, auto_offset_reset="earliest", session_timeout_ms=session_ms,
+            self.control = make_consumer(
+                s, group_id=s.gate_app_id, session_timeout_ms=session_ms,
                 heartbeat_interval_ms=max(300, session_ms // 5), rebalance_timeout_ms=max(session_ms, 10_000),
                 **common)
             await self.text.start()

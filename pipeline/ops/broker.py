@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 from voicebus.ops.daemon import COMPLETE_MARK, DaemonError, MavenFetchError, OwnedProcess, free_port, maven_fetch
+from voicebus.ops.kafka_security import ROLES, SecurityMaterial, broker_properties, client_settings_env, scram_format_args
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,14 +117,18 @@ def new_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().byte
             return cluster_id
 
 
-def broker_answers(host: str, port: int, timeout: float = 1.0) -> bool:
-    """True when a Kafka broker at host:port answers an ApiVersions (v0) request without error.
+def broker_answers(host: str, port: int, timeout: float = 1.0, ssl_context: "ssl.SSLContext | None" = None) -> bool:
+    """True when a Kafka broker at host:port answers an ApiVersions (v0) request without error
+    (over TLS with `ssl_context`: a SASL_SSL listener answers ApiVersions before authentication).
 
     A bare TCP connect is not enough: the socket opens before the broker can serve requests.
     """
     request_body = struct.pack(">hhih", 18, 0, 0x7ACE, len(b"voicebus")) + b"voicebus"
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+            if ssl_context is not None:
+                sock = stack.enter_context(ssl_context.wrap_socket(sock, server_hostname=host))
             sock.settimeout(timeout)
             sock.sendall(struct.pack(">i", len(request_body)) + request_body)
             header = _recv_exact(sock, 4)
@@ -195,8 +201,12 @@ class LocalKafka:
         node_id: int = 1,
         voters: tuple["Voter", ...] = (),
         cluster_id: str | None = None,
+        security: SecurityMaterial | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        # A secured node: clients on SASL_SSL (SCRAM), the quorum on mutual TLS, ACLs enforced
+        # (voicebus.ops.kafka_security). None: one PLAINTEXT listener, no authorizer.
+        self.security = security
         self.jars = Path(jars)
         self.host = host
         self.port = port
@@ -253,6 +263,18 @@ class LocalKafka:
     def properties_file(self) -> Path:
         return self.data_dir / "server.properties"
 
+    @property
+    def listener(self) -> str:
+        """The client listener's name (and security protocol)."""
+        return "SASL_SSL" if self.security else "PLAINTEXT"
+
+    def probe_ssl_context(self) -> ssl.SSLContext | None:
+        """What `broker_answers` wraps its probe in: TLS trusting the node's CA on a secured node."""
+        return ssl.create_default_context(cafile=str(self.security.ca_file)) if self.security else None
+
+    def answers(self, timeout: float = 1.0) -> bool:
+        return broker_answers(self.host, self.port, timeout, ssl_context=self.probe_ssl_context())
+
     def server_properties(self) -> dict[str, str]:
         h = self.host
         quorum = ",".join(f"{v.host}:{v.port}" for v in self.voters) or f"{h}:{self.controller_port}"
@@ -260,8 +282,8 @@ class LocalKafka:
             "process.roles": "broker,controller",
             "node.id": str(self.node_id),
             "controller.quorum.bootstrap.servers": quorum,
-            "listeners": f"PLAINTEXT://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{h}:{self.port}",
+            "listeners": f"{self.listener}://{h}:{self.port},CONTROLLER://{h}:{self.controller_port}",
+            "advertised.listeners": f"{self.listener}://{h}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -277,13 +299,17 @@ class LocalKafka:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "num.partitions": "6",
-            "auto.create.topics.enable": "true",
+            # a topic exists because voicebus created it (with its retention, partitions and
+            # replication), never because a client named it in a produce or a metadata request
+            "auto.create.topics.enable": "false",
             "num.network.threads": "2",
             "num.io.threads": "4",
             "log.retention.hours": "24",
         }
         if self.voters:
             props.update(cluster_properties(len(self.voters)))
+        if self.security:
+            props.update(broker_properties(self.security, self.listener))
         props.update(self.extra_config)
         return props
 
@@ -336,7 +362,8 @@ class LocalKafka:
         cluster_id = self.cluster_id or new_cluster_id()
         quorum = (["--initial-controllers", ",".join(v.spec() for v in self.voters)] if self.voters
                   else ["--standalone"])
-        cmd = self._java_cmd(STORAGE_TOOL, "format", *quorum, "-t", cluster_id, "-c", str(self.properties_file))
+        users = scram_format_args(self.security) if self.security else []
+        cmd = self._java_cmd(STORAGE_TOOL, "format", *quorum, *users, "-t", cluster_id, "-c", str(self.properties_file))
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=self.data_dir)
         if proc.returncode != 0:
             raise BrokerStartError(
@@ -347,10 +374,10 @@ class LocalKafka:
         """Start the broker and return once it answers; raise `BrokerStartError` otherwise."""
         existing = self._process.pid()
         if existing is not None:
-            if broker_answers(self.host, self.port):
+            if self.answers():
                 return self  # already running (started by an earlier `voicebus kafka start`)
             raise BrokerError(f"broker process {existing} from {self.data_dir} is alive but not answering")
-        if broker_answers(self.host, self.port, timeout=0.5):
+        if self.answers(timeout=0.5):
             raise BrokerError(f"another broker already answers at {self.bootstrap}")
         self.launch()
         deadline = time.monotonic() + timeout
@@ -358,7 +385,7 @@ class LocalKafka:
             code = self._process.launched_and_exited()
             if code is not None:
                 raise BrokerStartError(f"Kafka exited with code {code} during start", self.log_tail(60))
-            if broker_answers(self.host, self.port, timeout=0.5):
+            if self.answers(timeout=0.5):
                 return self
             time.sleep(0.2)
         self.stop()
@@ -372,7 +399,7 @@ class LocalKafka:
     def status(self) -> BrokerStatus:
         pid = self._process.pid()
         running = pid is not None
-        return BrokerStatus(self.bootstrap, pid, running, running and broker_answers(self.host, self.port))
+        return BrokerStatus(self.bootstrap, pid, running, running and self.answers())
 
     def stop(self, timeout: float = 20.0) -> bool:
         """SIGTERM the broker (a clean shutdown), SIGKILL it after `timeout`; True if one was stopped."""
@@ -526,8 +553,9 @@ def describe_leads(topics: Mapping[str, list[int]], internal_prefix: str = "__")
     return text + (f" (+{internal} internal)" if internal else "")
 
 
-def cluster_metadata(bootstrap: str, timeout: float = 10.0) -> ClusterMetadata:
-    """Ask the cluster (any broker of `bootstrap` that answers) for its brokers and partitions.
+def cluster_metadata(bootstrap: str, timeout: float = 10.0, client: Settings | None = None) -> ClusterMetadata:
+    """Ask the cluster (any broker of `bootstrap` that answers) for its brokers and partitions
+    (with `client`'s security: a secured cluster's admin).
 
     Runs aiokafka's admin client on its own event loop in a worker thread, so it may be called
     from synchronous code and from inside a running event loop alike. Raises `BrokerError`.
@@ -538,8 +566,11 @@ def cluster_metadata(bootstrap: str, timeout: float = 10.0) -> ClusterMetadata:
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError, KafkaError, NodeNotReadyError, RequestTimedOutError
 
+    from voicebus.bus import client_options
+
     async def query() -> ClusterMetadata:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        options = client_options(client.replace(bootstrap=bootstrap)) if client else {"bootstrap_servers": bootstrap}
+        admin = AIOKafkaAdminClient(**options, request_timeout_ms=int(timeout * 1000))
         await admin.start()
         try:
             while True:
@@ -628,6 +659,7 @@ class LocalCluster:
         extra_config: Mapping[str, str] | None = None,
         jvm_options: tuple[str, ...] = DEFAULT_JVM_OPTIONS,
         die_with_parent: bool = False,
+        secure: bool = False,
     ) -> None:
         if not ports:
             raise BrokerError("a cluster needs at least one node")
@@ -636,8 +668,10 @@ class LocalCluster:
             raise BrokerError(f"the nodes' ports are not distinct: {ports}")
         self.root = Path(root)
         self.host = host
+        # one CA, node certificate and set of role users for the whole cluster
+        self.security = SecurityMaterial(self.root / "security").ensure() if secure else None
         common = dict(host=host, heap=heap, extra_config=extra_config, jvm_options=jvm_options,
-                      die_with_parent=die_with_parent)
+                      die_with_parent=die_with_parent, security=self.security)
         if len(ports) == 1:
             self.cluster_id = None
             self.nodes = [LocalKafka(self.root, jars, port=ports[0][0], controller_port=ports[0][1], **common)]
@@ -660,16 +694,25 @@ class LocalCluster:
         ]
 
     @classmethod
-    def from_settings(cls, settings: Settings, brokers: int | None = None) -> "LocalCluster":
+    def from_settings(cls, settings: Settings, brokers: int | None = None, secure: bool | None = None) -> "LocalCluster":
         """The cluster `voicebus kafka` runs: ``<cache>/kafka/node-<port>`` for one node (the
-        layout one broker always had), ``<cache>/kafka/cluster-<port>`` for more. Without
-        `brokers` (status, kill, restart, stop): the cluster made there by an earlier ``start
-        --brokers N``, unless the one-node broker is the one running."""
+        layout one broker always had), ``<cache>/kafka/cluster-<port>`` for more, and the same
+        names with ``secure-`` before them for a secured one. Without `brokers` (status, kill,
+        restart, stop): the cluster made there by an earlier ``start --brokers N``, unless the
+        one-node broker is the one running; without `secure`, the secured one where a secured
+        one runs and no plain one does."""
+        if secure is None:
+            plain = cls.from_settings(settings, brokers, secure=False)
+            if any(n.running for n in plain.nodes):
+                return plain
+            guarded = cls.from_settings(settings, brokers, secure=True) if cls._secure_state_exists(settings) else None
+            return guarded if guarded is not None and any(n.running for n in guarded.nodes) else plain
         kafka_dir = Path(settings.kafka_dir)
-        single = kafka_dir / f"node-{settings.kafka_port}"
-        multi = kafka_dir / f"cluster-{settings.kafka_port}"
+        prefix = "secure-" if secure else ""
+        single = kafka_dir / f"{prefix}node-{settings.kafka_port}"
+        multi = kafka_dir / f"{prefix}cluster-{settings.kafka_port}"
         common = dict(jars=jars_dir(settings.kafka_dir, settings.kafka_version),
-                      extra_config={"num.partitions": str(settings.partitions)})
+                      extra_config={"num.partitions": str(settings.partitions)}, secure=secure)
         if brokers is None:
             manifest = cls._read_manifest(multi)
             one = cls(single, ports=[(settings.kafka_port, settings.kafka_controller_port)], **common)
@@ -680,6 +723,11 @@ class LocalCluster:
             raise BrokerError(f"--brokers {brokers}: a cluster needs at least one node")
         root = single if brokers == 1 else multi
         return cls(root, ports=cluster_ports(settings.kafka_port, settings.kafka_controller_port, brokers), **common)
+
+    @staticmethod
+    def _secure_state_exists(settings: Settings) -> bool:
+        kafka_dir = Path(settings.kafka_dir)
+        return any((kafka_dir / f"secure-{kind}-{settings.kafka_port}").exists() for kind in ("node", "cluster"))
 
     # --- addresses ---------------------------------------------------------------------------
     @property
@@ -705,7 +753,7 @@ class LocalCluster:
             status = node.status()
             if status.running:
                 continue
-            if broker_answers(node.host, node.port, timeout=0.5):
+            if node.answers(timeout=0.5):
                 raise BrokerError(f"another broker already answers at {node.bootstrap}")
             to_launch.append(node)
         self._write_manifest()
@@ -730,10 +778,10 @@ class LocalCluster:
                 if code is not None:
                     raise BrokerStartError(f"Kafka node {node.node_id} exited with code {code} during start",
                                            node.log_tail(60))
-            if all(broker_answers(n.host, n.port, timeout=0.5) for n in nodes):
+            if all(n.answers(timeout=0.5) for n in nodes):
                 waiting_for = "the nodes to register with the controller quorum"
                 try:
-                    metadata = cluster_metadata(self.bootstrap, timeout=5.0)
+                    metadata = self.metadata(timeout=5.0)
                 except BrokerError:
                     metadata = None
                 if metadata is not None and {n.node_id for n in nodes} <= metadata.brokers:
@@ -834,7 +882,18 @@ class LocalCluster:
         ), error)
 
     def metadata(self, timeout: float = 10.0) -> ClusterMetadata:
-        return cluster_metadata(self.bootstrap, timeout)
+        return cluster_metadata(self.bootstrap, timeout, self.client_settings("admin"))
+
+    def client_settings(self, role: str = "admin", base: Settings | None = None) -> Settings | None:
+        """Settings with which a process of `role` reaches this cluster (its bootstrap and, on a
+        secured cluster, the role's SASL user, password file and the CA); None for a plain
+        cluster without `base`."""
+        if self.security is None:
+            return None if base is None else base.replace(bootstrap=self.bootstrap)
+        env = client_settings_env(self.security, role, self.bootstrap)
+        return Settings.from_env(env) if base is None else base.replace(**Settings.from_env(env).model_dump(
+            include={"bootstrap", "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username",
+                     "kafka_sasl_password", "kafka_ssl_cafile"}))
 
     # --- the manifest ----------------------------------------------------------------------------
     def _manifest(self) -> dict | None:
@@ -870,10 +929,14 @@ class LocalCluster:
 def ensure_local_kafka(settings: Settings, start_timeout: float = 90.0) -> Iterator[Settings]:
     """Yield settings pointed at a broker that answers.
 
-    Uses the broker already answering at ``settings.bootstrap``; otherwise (loopback only) fetches
+    Uses the broker already answering at ``settings.bootstrap`` (or the secured bus the settings
+    name, as they are); otherwise (loopback only) fetches
     the jars, starts a throwaway broker on that port in a temporary data dir, and stops it and
     removes the dir on exit.
     """
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        yield settings  # a secured bus is the operator's: voicebus starts only plaintext throwaway brokers
+        return
     host, port = parse_bootstrap(settings.bootstrap)
     if broker_answers(host, port):
         yield settings
@@ -953,6 +1016,15 @@ def register(subparsers) -> None:
                        help="nodes (combined broker + controller, a quorum of all of them); default 1. "
                             "Node i uses the port + 2(i-1) and the controller port + 2(i-1)")
     start.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the nodes")
+    start.add_argument("--secure", action="store_true",
+                       help="SASL_SSL (SCRAM-SHA-512 over TLS) for clients, mutual TLS between nodes, ACLs "
+                            "enforced; a CA, certificates and one user per role (admin, agent, gate, worker, edge) "
+                            "are generated once; prints the VOICEBUS_KAFKA_* lines of --role to export")
+    start.add_argument("--role", default="admin", choices=ROLES,
+                       help="whose VOICEBUS_KAFKA_* lines --secure prints (default admin)")
+    env = sub.add_parser("env", help="the VOICEBUS_* lines a role exports to reach the secured local broker "
+                                     "(the password as a file, never its value)")
+    env.add_argument("--role", default="admin", choices=ROLES)
     status = sub.add_parser("status", help="every node: alive, answering, ports, partitions it leads "
                                            "(exit 0 if all answer)")
     kill = sub.add_parser("kill", help="SIGKILL node N (a crash, for chaos runs)")
@@ -962,7 +1034,7 @@ def register(subparsers) -> None:
     restart.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the node")
     stop = sub.add_parser("stop", help="stop every node started by `voicebus kafka start`")
     for parser, func in ((start, _cmd_start), (status, _cmd_status), (kill, _cmd_kill), (restart, _cmd_restart),
-                         (stop, _cmd_stop)):
+                         (stop, _cmd_stop), (env, _cmd_env)):
         parser.add_argument("--port", type=int, metavar="P",
                             help="node 1's client port (default: VOICEBUS_KAFKA_PORT, 9092)")
         parser.add_argument("--controller-port", type=int, metavar="P",
@@ -995,16 +1067,41 @@ def _cmd_start(args, settings: Settings) -> int:
     settings = broker_settings(args, settings)
     try:
         fetch_jars(settings.kafka_dir, settings.kafka_version)
-        cluster = LocalCluster.from_settings(settings, brokers=args.brokers).start(args.timeout)
+        cluster = LocalCluster.from_settings(settings, brokers=args.brokers, secure=args.secure).start(args.timeout)
     except BrokerError as exc:
         print(f"voicebus kafka start: {exc}", file=sys.stderr)
         return 1
+    if cluster.security is not None:
+        print(cluster.bootstrap)
+        print(f"# SASL_SSL (SCRAM-SHA-512 over TLS) at {cluster.bootstrap}; the settings of {args.role}:")
+        _print_exports(cluster, args.role)
+        return 0
     configured = {b.strip() for b in settings.bootstrap.split(",")}
     if not configured & {n.bootstrap for n in cluster.nodes}:
         print(f"note: VOICEBUS_BOOTSTRAP is {settings.bootstrap}; the other commands reach this "
               f"{'broker' if len(cluster.nodes) == 1 else 'cluster'} with VOICEBUS_BOOTSTRAP={cluster.bootstrap}",
               file=sys.stderr)
     print(cluster.bootstrap)
+    return 0
+
+
+def _print_exports(cluster: LocalCluster, role: str) -> None:
+    for name, value in client_settings_env(cluster.security, role, cluster.bootstrap).items():
+        print(f"export {name}={value}")
+
+
+def _cmd_env(args, settings: Settings) -> int:
+    try:
+        cluster = LocalCluster.from_settings(broker_settings(args, settings), secure=True) \
+            if LocalCluster._secure_state_exists(broker_settings(args, settings)) else None
+    except BrokerError as exc:
+        print(f"voicebus kafka env: {exc}", file=sys.stderr)
+        return 1
+    if cluster is None:
+        print("voicebus kafka env: no secured local broker here (start one with `voicebus kafka start --secure`)",
+              file=sys.stderr)
+        return 1
+    _print_exports(cluster, args.role)
     return 0
 
 

@@ -15,6 +15,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from voicebus.bus import (TopicCreationError, committed_offsets, decoded_records, end_offsets, ensure_topics,
                           make_consumer, make_producer, publish, read_to_end, topics_matching)
 from voicebus.codecs import MAGIC, Codec
+from voicebus.settings import Settings
 from voicebus.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
                              text_topic, text_topic_pattern)
 from tests.waiting import eventually
@@ -337,14 +338,38 @@ async def test_pattern_subscription_sees_a_new_agent_topic(make_settings):
         await consumer.stop()
 
 
-def test_only_the_bus_module_builds_kafka_producers():
-    """Every stage's producer comes from `make_producer`, so acks=all and idempotence hold for all:
-    no other module constructs an AIOKafkaProducer itself."""
+@pytest.mark.parametrize("client", ["AIOKafkaProducer(", "AIOKafkaConsumer(", "AIOKafkaAdminClient("])
+def test_only_the_bus_module_builds_kafka_clients(client):
+    """Every client comes from `make_producer`, `make_consumer` or `make_admin` (all built on
+    `client_options`), so the bus's security settings reach every one, and acks=all and
+    idempotence hold for every producer. The one exception is the local broker's own readiness
+    check, which asks a broker it started on loopback before any settings apply."""
     root = Path(__file__).resolve().parents[2]
     builders = sorted(
         str(path.relative_to(root))
         for package in ("pipeline", "agents", "players")
         for path in (root / package).rglob("*.py")
-        if "AIOKafkaProducer(" in path.read_text()
+        if client in path.read_text()
     )
-    assert builders == ["pipeline/bus.py"]
+    expected = ["pipeline/bus.py", "pipeline/ops/broker.py"] if client == "AIOKafkaAdminClient(" else ["pipeline/bus.py"]
+    assert builders == expected
+
+
+def test_client_options_carry_the_bus_security_to_every_client(tmp_path):
+    import ssl
+
+    from pydantic import SecretStr
+
+    from voicebus.bus import client_options
+
+    plain = client_options(Settings(bootstrap="b:9092"))
+    assert plain == {"bootstrap_servers": "b:9092", "security_protocol": "PLAINTEXT"}
+    sasl = client_options(Settings(bootstrap="b:9096", kafka_security_protocol="SASL_SSL",
+                                   kafka_sasl_mechanism="SCRAM-SHA-256", kafka_sasl_username="agent-a",
+                                   kafka_sasl_password=SecretStr("pw")))
+    assert {k: v for k, v in sasl.items() if k != "ssl_context"} == {
+        "bootstrap_servers": "b:9096", "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_plain_username": "agent-a", "sasl_plain_password": "pw"}
+    assert isinstance(sasl["ssl_context"], ssl.SSLContext) and sasl["ssl_context"].verify_mode == ssl.CERT_REQUIRED
+    assert "ssl_context" in client_options(Settings(kafka_security_protocol="SSL"))
+    assert "sasl_mechanism" not in client_options(Settings(kafka_security_protocol="SSL"))

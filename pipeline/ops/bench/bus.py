@@ -53,9 +53,8 @@ class BusLatency:
 async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: int = 1000,
                               acks: str = "all") -> BusLatency:
     from aiokafka import TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
 
-    from voicebus.bus import ensure_topics, make_consumer, make_producer
+    from voicebus.bus import ensure_topics, make_admin, make_consumer, make_producer
     from voicebus.clock import now_us
     from voicebus.codecs import codec_for
     from voicebus.topics import session_key
@@ -89,7 +88,7 @@ async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: in
     finally:
         await producer.stop()
         await consumer.stop()
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+        admin = make_admin(settings)
         await admin.start()
         try:
             await admin.delete_topics([topic])

@@ -1,0 +1,132 @@
+"""voicebus on a secured Kafka: the local broker of `voicebus kafka start --secure` (SASL_SSL with
+SCRAM-SHA-512 for clients, mutual TLS between nodes, the StandardAuthorizer), and every client
+connecting through the ``VOICEBUS_KAFKA_*`` settings.
+
+One real secured broker for the module, on free loopback ports. The whole pipeline runs on it
+(agent -> gate subprocess -> worker -> edge -> listener); a wrong password, a plaintext client and
+an untrusted certificate fail in seconds with a message that says where, how and why, never with
+the password in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from voicebus.agents.sdk import Publisher
+from voicebus.bus import diagnose_connection, make_admin, make_producer
+from voicebus.kafka_compat import check_aiokafka_internals
+from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster
+from voicebus.ops.daemon import free_port
+from voicebus.ops.kafka_security import ROLES, client_settings_env
+from voicebus.ops.runtime import PipelineStack
+from voicebus.players.listener import Listener
+from voicebus.settings import Settings
+from voicebus.synthesis.engine import SynthesisEngine
+from tests.conftest import distinct_free_ports
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    port, controller_port = distinct_free_ports(2)
+    cluster = LocalCluster(tmp_path_factory.mktemp("kafka-secure"), kafka_jars, ports=[(port, controller_port)],
+                           jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True, secure=True)
+    try:
+        cluster.start(timeout=120)
+    except BrokerError as exc:
+        cluster.stop()
+        pytest.fail(f"the secured Kafka broker did not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def role_settings(cluster: LocalCluster, role: str = "admin", **overrides) -> Settings:
+    """Settings of `role` from the variables `voicebus kafka env --role` prints, plus per-test topics."""
+    uid = uuid.uuid4().hex[:10]
+    base = Settings.from_env(client_settings_env(cluster.security, role, cluster.bootstrap))
+    return base.replace(
+        text_topic_prefix=f"t{uid}.text.", control_topic=f"t{uid}.control", synthesis_topic=f"t{uid}.synthesis",
+        audio_topic=f"t{uid}.audio", playback_topic=f"t{uid}.playback", heard_topic=f"t{uid}.heard",
+        deadletter_topic=f"t{uid}.deadletter", agents_topic=f"t{uid}.agents", edges_topic=f"t{uid}.edges",
+        gate_app_id=f"gate-{uid}", gate_changelog_topic=f"gate-{uid}-gate_sessions-changelog", **overrides)
+
+
+def test_the_password_is_a_file_and_never_printed(secure_cluster):
+    env = client_settings_env(secure_cluster.security, "gate", secure_cluster.bootstrap)
+    password = secure_cluster.security.password("gate")
+    assert password not in "".join(env.values())
+    assert Path(env["VOICEBUS_KAFKA_SASL_PASSWORD_FILE"]).stat().st_mode & 0o077 == 0
+    assert len({secure_cluster.security.password(r) for r in ROLES}) == len(ROLES)
+
+
+async def test_every_role_authenticates(secure_cluster):
+    for role in ROLES:
+        admin = make_admin(role_settings(secure_cluster, role))
+        await admin.start()
+        await admin.close()
+
+
+@pytest.mark.parametrize("case, change, expected", [
+    ("wrong password", {"kafka_sasl_password": SecretStr("not-the-password")},
+     "over SASL_SSL (SCRAM-SHA-512 as 'admin'): authentication failed: "),
+    ("plaintext client", {"kafka_security_protocol": "PLAINTEXT"},
+     "over PLAINTEXT: the broker closed the connection"),
+    ("untrusted certificate", {"kafka_ssl_cafile": None}, "TLS certificate is not trusted"),
+])
+async def test_a_refused_client_fails_in_seconds_saying_why(secure_cluster, case, change, expected):
+    settings = role_settings(secure_cluster).replace(**change)
+    started = time.monotonic()
+    producer = make_producer(settings)
+    with pytest.raises(Exception):
+        await producer.start()
+    await producer.stop()
+    message = await diagnose_connection(settings)
+    assert time.monotonic() - started < 20
+    assert message.startswith(f"Kafka at {secure_cluster.bootstrap}") and expected in message, message
+    assert "not-the-password" not in message and secure_cluster.security.password("admin") not in message
+
+
+def test_the_cli_reports_a_refused_client_without_a_stack_trace(secure_cluster, tmp_path):
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password\n")
+    env = {**os.environ, **client_settings_env(secure_cluster.security, "admin", secure_cluster.bootstrap),
+           "VOICEBUS_KAFKA_SASL_PASSWORD_FILE": str(wrong)}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "voicebus", "topics", "--create"], env=env, cwd="/",
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and time.monotonic() - started < 30
+    assert "Traceback" not in result.stderr, result.stderr
+    assert (f"voicebus topics: cannot connect: Kafka at {secure_cluster.bootstrap} over SASL_SSL "
+            "(SCRAM-SHA-512 as 'admin'): authentication failed") in result.stderr
+    assert "not-the-password" not in result.stderr + result.stdout
+
+
+def test_the_aiokafka_internals_voicebus_uses_exist():
+    check_aiokafka_internals()
+
+
+async def test_the_whole_pipeline_runs_on_sasl_ssl(secure_cluster):
+    """agent -> gate (a subprocess, given the settings as variables) -> worker -> edge -> listener,
+    every client on SASL_SSL."""
+    settings = role_settings(secure_cluster, edge_port=free_port(), worker_max_in_flight=2)
+    async with PipelineStack(settings, SynthesisEngine.tiny(seed=3)) as stack:
+        async with Listener(stack.edge_url, "s-secure", settings.edge_secret) as listener:
+            async with Publisher(stack.settings, agent_id="assistant") as publisher:
+                async with publisher.turn("s-secure", "t1", language="en") as turn:
+                    for piece in ["Hello", " there.", " All", " is", " secure."]:
+                        await turn.token(piece)
+                        await asyncio.sleep(0.02)
+            done = await listener.wait_turn_end("t1", timeout=240)
+    assert {sentence for _, sentence, _, _ in done.frames} >= {0, 1} and done.duration_s > 0.2

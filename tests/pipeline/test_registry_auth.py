@@ -1,0 +1,77 @@
+"""The schema registry client's credentials: sent as HTTP basic auth, taken from the settings
+(or from ``user:password@`` in the URL), and never shown in ``repr`` or an error message.
+
+The server here is a loopback HTTP server that checks the ``Authorization`` header the way a
+registry behind basic auth does (401 without it); the registry's API itself is tested against
+the real Apicurio in test_registry.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from pydantic import SecretStr
+
+from voicebus.codecs import codec_for
+from voicebus.registry import RegistryError, SchemaRegistry
+from voicebus.settings import Settings
+
+USER, PASSWORD = "gate", "registry-pass-1234"
+
+
+@pytest.fixture
+def registry_url():
+    expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            seen.append(self.headers.get("Authorization"))
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                body = json.dumps({"error_code": 40101, "message": "Unauthorized"}).encode()
+            else:
+                self.send_response(200)
+                body = json.dumps(["voicebus.text.a-value"]).encode()
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_settings_credentials_are_sent_as_basic_auth(registry_url):
+    settings = Settings(registry_url=registry_url, registry_username=USER, registry_password=SecretStr(PASSWORD))
+    registry = codec_for(settings).registry
+    assert registry.subjects() == ["voicebus.text.a-value"]
+    assert PASSWORD not in repr(registry)
+
+
+def test_credentials_in_the_url_are_used_and_never_shown(registry_url):
+    with_userinfo = registry_url.replace("http://", f"http://{USER}:{PASSWORD}@")
+    registry = SchemaRegistry(with_userinfo)
+    assert registry.subjects() == ["voicebus.text.a-value"]
+    assert PASSWORD not in repr(registry) and registry.url == registry_url
+
+
+def test_a_wrong_password_is_a_clear_error_without_the_password(registry_url):
+    wrong = "not-the-password-5678"
+    with pytest.raises(RegistryError) as caught:
+        SchemaRegistry(registry_url, username=USER, password=wrong).subjects()
+    assert "HTTP 401" in str(caught.value) and wrong not in str(caught.value)
+    unreachable = f"http://{USER}:{wrong}@127.0.0.1:1/apis/ccompat/v7"  # nothing listens on port 1
+    with pytest.raises(RegistryError) as caught:
+        SchemaRegistry(unreachable, timeout_s=2).subjects()
+    assert "unreachable" in str(caught.value) and wrong not in str(caught.value)
