@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -25,6 +25,9 @@ from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, N
 
 from voicebus.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
 from voicebus.settings import Settings, reveal
+
+if TYPE_CHECKING:
+    from voicebus.acls import Acl
 from voicebus.topics import Durability, durability, fixed_topics, session_key, topic_configs
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,36 @@ def describe_security(settings: Settings) -> str:
     if protocol.startswith("SASL_"):
         return f"{protocol} ({settings.kafka_sasl_mechanism} as {settings.kafka_sasl_username!r})"
     return protocol
+
+
+class AclCreationError(RuntimeError):
+    """The cluster refused an ACL (e.g. no authorizer is configured, or the principal may not)."""
+
+
+async def create_acls(settings: Settings, acls: "Iterable[Acl]") -> int:
+    """Grant `acls` (ALLOW, from any host) on the cluster, as this process's principal (an admin:
+    creating ACLs needs ALTER on the cluster). Idempotent: an existing ACL is granted again
+    without error. The number of ACLs sent."""
+    from aiokafka.errors import for_code
+
+    from voicebus.kafka_compat import create_acls as send
+
+    acls = list(acls)
+    if not acls:
+        return 0
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        allow = 3
+        results = await send(admin, [(a.resource, a.name, a.pattern, a.principal, "*", a.operation, allow)
+                                     for a in acls])
+    finally:
+        await admin.close()
+    failed = [f"{acl.describe()}: {for_code(code).__name__} {message or ''}".strip()
+              for acl, (code, message) in zip(acls, results) if code]
+    if failed:
+        raise AclCreationError(f"{len(failed)} of {len(acls)} ACLs refused: " + "; ".join(failed[:5]))
+    return len(acls)
 
 
 async def diagnose_connection(settings: Settings, timeout_s: float = 10.0) -> str:

@@ -182,6 +182,19 @@ def compacted_topics(settings: Settings) -> set[str]:
     return {t.name for t in topic_map(settings) if t.retention.cleanup_policy == "compact" and not t.pattern}
 
 
+WORKER_GROUP_SUFFIX = "-workers"
+
+
+def worker_group_id(settings: Settings) -> str:
+    """The consumer group of all synthesis workers of one deployment."""
+    return settings.synthesis_topic + WORKER_GROUP_SUFFIX
+
+
+def edge_group_id(settings: Settings) -> str:
+    """The consumer group of the edges sharing ``settings.audio_topic``."""
+    return settings.edge_group_id or f"voicebus-edge.{settings.audio_topic}"
+
+
 def session_key(session_id: str) -> bytes:
     return session_id.encode("utf-8")
 

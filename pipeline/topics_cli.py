@@ -12,7 +12,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("topics", help="print the topic map as a markdown table (--create: create the topics)")
     p.add_argument("--create", action="store_true",
                    help="create every fixed topic (control, synthesis, audio, playback, dead letters, agent "
-                        "registry, gate changelog) with VOICEBUS_PARTITIONS partitions, if missing")
+                        "registry, gate changelog) with VOICEBUS_PARTITIONS partitions, if missing; on a "
+                        "SASL bus also grant each role its ACLs (run it as the admin principal)")
+    p.add_argument("--agent", action="append", default=[], metavar="ID[=PRINCIPAL]",
+                   help="with --create on a SASL bus: the agent ID may write its own text topic "
+                        "(principal User:ID unless named); repeat for each agent")
     p.set_defaults(func=run)
 
 
@@ -23,9 +27,23 @@ def run(args, settings) -> int:
         asyncio.run(ensure_topics(settings))
         for name in fixed_topics(settings):
             print(f"{name}: ready")
+        if settings.kafka_security_protocol.startswith("SASL_"):
+            from voicebus.acls import role_acls
+            from voicebus.bus import create_acls
+
+            agents = dict(_agent_principal(a) for a in args.agent)
+            acls = role_acls(settings, agents)
+            asyncio.run(create_acls(settings, acls))
+            print(f"ACLs: {len(acls)} granted to the gate, worker and edge"
+                  + (f" and agent(s) {', '.join(agents)}" if agents else ""))
         return 0
     print("| topic | key | schema | producer | consumer | cleanup, retention |")
     print("|---|---|---|---|---|---|")
     for t in topic_map(settings):
         print(f"| `{t.name}` | {t.key} | {t.schema} | {t.producer} | {t.consumer} | {t.retention.describe()} |")
     return 0
+
+
+def _agent_principal(spec: str) -> tuple[str, str]:
+    agent_id, _, principal = spec.partition("=")
+    return agent_id, principal or f"User:{agent_id}"

@@ -41,16 +41,15 @@ from pydantic import SecretStr
 
 from voicebus.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings, reveal
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
-from voicebus.topics import partition_of, session_key
+from voicebus.topics import edge_group_id, partition_of, session_key
 from voicebus.tracing import StageTracer, tracer_for
 from voicebus.players import protocol
 from voicebus.players.auth import TokenError, verify_token
 from voicebus.players.heard import HEARD_KINDS, Rendered
 from voicebus.players.metrics import EdgeMetrics
 from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
-from voicebus.players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_key, directory_record,
-                           edge_group_id,
-                           new_edge_id, public_url)
+from voicebus.players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_key,
+                                    directory_record, new_edge_id, public_url)
 from voicebus.schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
@@ -158,7 +157,7 @@ class NoOwner(Exception):
 class KafkaLink:
     """The edge's Kafka clients, owned by the app's cleanup_ctx (docs/edge.md, "Sharded edges"):
 
-    * a **membership** consumer in the edges' consumer group (`voicebus.players.shard.edge_group_id`),
+    * a **membership** consumer in the edges' consumer group (`voicebus.topics.edge_group_id`),
       subscribed to the control topic with its partitions paused: owning control partition p means
       owning every session on p (the gate's mechanism, docs/gate.md);
     * an **audio** consumer without a group, assigned partition p of the audio topic for every owned

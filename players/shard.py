@@ -31,11 +31,6 @@ from voicebus.settings import Settings
 DIRECTORY_PARTITION = 0  # every directory record goes here: one log, one order
 
 
-def edge_group_id(settings: Settings) -> str:
-    """The consumer group of the edges sharing ``settings.audio_topic``."""
-    return settings.edge_group_id or f"voicebus-edge.{settings.audio_topic}"
-
-
 def new_edge_id(settings: Settings) -> str:
     return settings.edge_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 

@@ -75,7 +75,7 @@ def test_the_edges_share_one_group_and_the_proxy_routes_to_each_by_its_public_ur
     and routes each edge's public URL (what its redirects name) to that edge alone."""
     import re
 
-    from voicebus.players.shard import edge_group_id
+    from voicebus.topics import edge_group_id
 
     edges = {name: Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
              for name in EDGES}

@@ -147,7 +147,7 @@ class PipelineStack(Owned):
         the edge has sent may still be on the socket (a client's ping round trip settles that)."""
         from voicebus.bus import committed_offsets, end_offsets, topics_matching
         from voicebus.gate.app import stored_positions
-        from voicebus.synthesis.worker import worker_group_id
+        from voicebus.topics import worker_group_id
         from voicebus.topics import text_topic_pattern
 
         def covered(ends: dict, done: dict) -> bool:

@@ -185,7 +185,7 @@ WORKER_READY_LINE = "voicebus-worker ready"  # `--announce`: printed, JSON after
 def ready_line(settings: Settings, worker_id: str, partitions: list[int]) -> str:
     """The `--announce` line: `WORKER_READY_LINE` then JSON: the worker's id, its group, the
     synthesis topic and the partitions first assigned to it (possibly none)."""
-    from voicebus.synthesis.worker import worker_group_id
+    from voicebus.topics import worker_group_id
 
     return f"{WORKER_READY_LINE} " + json.dumps({
         "worker_id": worker_id, "group": worker_group_id(settings), "topic": settings.synthesis_topic,

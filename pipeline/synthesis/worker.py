@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -59,6 +58,7 @@ from voicebus.codecs import Codec, CodecError, codec_for
 from voicebus.lifecycle import Owned
 from voicebus.settings import Settings
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
+from voicebus.topics import worker_group_id
 from voicebus.synthesis.engine import EngineError, NoVoices, UnknownLanguage
 from voicebus.synthesis.metrics import CancelObservation, RealTimeWatch, WorkerMetrics
 from voicebus.synthesis.scheduler import (
@@ -86,7 +86,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-WORKER_GROUP_SUFFIX = "-workers"
 MAX_POLL_INTERVAL_MS = 300_000  # Kafka's default max.poll.interval.ms: a full worker polls well within it
 MAX_TRACED_REQUESTS = 10_000  # request trace contexts kept (tracing on); the oldest forgotten beyond
 REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may finish before it is cut
@@ -101,11 +100,6 @@ SPEAK_FAILURES: tuple[type[BaseException], ...] = (EngineError, CodecError, cont
 
 class WorkerError(RuntimeError):
     """The worker could not start (broker unreachable, control topic unreadable, ...)."""
-
-
-def worker_group_id(settings: Settings) -> str:
-    """The consumer group of all synthesis workers of one deployment."""
-    return settings.synthesis_topic + WORKER_GROUP_SUFFIX
 
 
 def new_worker_id() -> str:

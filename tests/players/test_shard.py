@@ -8,7 +8,8 @@ from voicebus.settings import Settings
 from voicebus.topics import partition_of
 from voicebus.players import protocol
 from voicebus.players.router import SessionRouter
-from voicebus.players.shard import DirectoryRecordError, EdgeDirectory, directory_key, directory_record, edge_group_id, public_url
+from voicebus.players.shard import DirectoryRecordError, EdgeDirectory, directory_key, directory_record, public_url
+from voicebus.topics import edge_group_id
 from voicebus.players.tone import tone_turn
 
 

@@ -130,3 +130,92 @@ async def test_the_whole_pipeline_runs_on_sasl_ssl(secure_cluster):
                         await asyncio.sleep(0.02)
             done = await listener.wait_turn_end("t1", timeout=240)
     assert {sentence for _, sentence, _, _ in done.frames} >= {0, 1} and done.duration_s > 0.2
+
+
+# --- ACLs: each principal may do only its own part ------------------------------------------------
+
+
+async def _grant(cluster: LocalCluster, settings: Settings, agents: dict[str, str]) -> None:
+    from voicebus.acls import role_acls
+    from voicebus.bus import create_acls, ensure_topics
+
+    admin = settings.replace(**{k: getattr(role_settings(cluster, "admin"), k)
+                                for k in ("kafka_sasl_username", "kafka_sasl_password")})
+    await ensure_topics(admin)
+    assert await create_acls(admin, role_acls(admin, agents)) > 0
+
+
+def refused_for_authorization():
+    """What an agent meets on a topic that is not its own: the broker's authorization error, or
+    (the topic not existing yet) the SDK's refused creation naming it."""
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    from voicebus.bus import TopicCreationError
+
+    return pytest.raises((TopicAuthorizationFailedError, TopicCreationError), match="(?i)authorization")
+
+
+async def test_an_agent_may_write_its_own_text_topic_and_no_other(secure_cluster):
+    agent = role_settings(secure_cluster, "agent")
+    await _grant(secure_cluster, agent, {"host": "User:agent"})
+    async with Publisher(agent, agent_id="host") as publisher:
+        async with publisher.turn("s-acl", "t1", language="en") as turn:
+            await turn.token("Allowed.")
+    with refused_for_authorization():
+        async with Publisher(agent, agent_id="expert") as publisher:
+            async with publisher.turn("s-acl", "t2", language="en") as turn:
+                await turn.token("Not mine.")
+
+
+@pytest.mark.parametrize("role, topic", [("edge", "audio_topic"), ("edge", "text_topic_prefix"),
+                                         ("worker", "synthesis_topic"), ("gate", "audio_topic")])
+async def test_a_stage_cannot_write_what_it_does_not_produce(secure_cluster, role, topic):
+    from aiokafka.errors import KafkaError
+
+    settings = role_settings(secure_cluster, role)
+    await _grant(secure_cluster, settings, {})
+    name = getattr(settings, topic) + ("intruder" if topic == "text_topic_prefix" else "")
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        with pytest.raises(KafkaError) as caught:
+            await producer.send_and_wait(name, b"forged", key=b"s")
+    finally:
+        await producer.stop()
+    assert "Authorization" in type(caught.value).__name__, repr(caught.value)
+
+
+async def test_no_stage_may_reconfigure_a_topic(secure_cluster):
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    settings = role_settings(secure_cluster, "gate")
+    await _grant(secure_cluster, settings, {})
+    admin = make_admin(settings)
+    await admin.start()
+    try:
+        [response] = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, settings.synthesis_topic,
+                                                               configs={"retention.ms": "1"})])
+    finally:
+        await admin.close()
+    [(code, *_rest)] = response.resources
+    assert code != 0, "the gate altered a topic's configuration"
+
+
+async def test_a_refused_agent_harms_no_one_else(secure_cluster):
+    """The pipeline (its stages as the admin) keeps serving a listener while an agent principal
+    is refused on a topic that is not its own."""
+    stages = role_settings(secure_cluster, edge_port=free_port(), worker_max_in_flight=2)
+    agent = stages.replace(kafka_sasl_username="agent", kafka_sasl_password=secure_cluster.security.password("agent"))
+    await _grant(secure_cluster, stages, {"host": "User:agent"})
+    async with PipelineStack(stages, SynthesisEngine.tiny(seed=3)) as stack:
+        async with Listener(stack.edge_url, "s-good", stages.edge_secret) as listener:
+            with refused_for_authorization():
+                async with Publisher(agent, agent_id="expert") as intruder:
+                    async with intruder.turn("s-good", "forged", language="en") as turn:
+                        await turn.token("Forged words.")
+            async with Publisher(agent, agent_id="host") as publisher:
+                async with publisher.turn("s-good", "t1", language="en") as turn:
+                    for piece in ["Still", " here.", " All", " well."]:
+                        await turn.token(piece)
+            done = await listener.wait_turn_end("t1", timeout=240)
+    assert done.duration_s > 0.2 and "forged" not in done.timelines
