@@ -313,6 +313,11 @@ class Settings(BaseModel):
     """Where players reach this edge's ``/ws``, as redirects name it: an absolute ``ws://`` or
     ``wss://`` URL, or a path (``/edge-1/ws``) the player resolves against its page's origin (an
     edge behind a proxy). Empty: ``ws://<edge_host>:<edge_port>/ws``."""
+    edge_redirect_origins: str = ""
+    """Comma-separated origins (``https://edge-3.example.com``) of edges that announce themselves in
+    the directory without the shared edge secret, which edges and players may still follow.
+    Empty (default): only edge-directory records signed with ``edge_secret`` are believed, and a
+    player follows a redirect only to its page's origin or to the edges its edge listed."""
     edge_session_timeout_ms: int = 10_000
     """Consumer-group session timeout of the edges: how soon a dead edge's sessions move to the
     others (the broker's minimum is 6000 by default)."""

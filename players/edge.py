@@ -48,8 +48,8 @@ from voicebus.players.auth import TokenError, verify_token
 from voicebus.players.heard import HEARD_KINDS, Rendered
 from voicebus.players.metrics import EdgeMetrics
 from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
-from voicebus.players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_key,
-                                    directory_record, new_edge_id, public_url)
+from voicebus.players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, EdgeDirectory, directory_headers,
+                                    directory_key, directory_record, new_edge_id, public_url, redirect_origins)
 from voicebus.schemas.contract import ControlAction, PlaybackKind
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class KafkaLink:
         self.edge_id = new_edge_id(settings)
         self.url = public_url(settings)
         self.group = edge_group_id(settings)
-        self.directory = EdgeDirectory(self.group)
+        self.directory = EdgeDirectory(self.group, settings.edge_secret, redirect_origins(settings))
         self.owned: set[int] = set()
         self.partitions = 0
         self.producer: Any = None
@@ -252,9 +252,10 @@ class KafkaLink:
             await farewell(membership.stop(), f"edge {self.edge_id} leaving its group")
         if self.producer is not None and self.ready.is_set():
             # out of the directory: no player is sent to a stopped edge
-            await farewell(self.producer.send_and_wait(self.settings.edges_topic, None,
-                                                       key=directory_key(self.group, self.edge_id),
-                                                       partition=DIRECTORY_PARTITION),
+            key = directory_key(self.group, self.edge_id)
+            await farewell(self.producer.send_and_wait(self.settings.edges_topic, None, key=key,
+                                                       partition=DIRECTORY_PARTITION,
+                                                       headers=directory_headers(self.settings.edge_secret, key, None)),
                            f"edge {self.edge_id} leaving the directory")
         if self.follower is not None:
             await farewell(self.follower.stop(), f"edge {self.edge_id} stopping its control follower")
@@ -355,7 +356,8 @@ class KafkaLink:
         backoff = 0.1
         for _ in range(20):
             try:
-                await self.producer.send_and_wait(self.settings.edges_topic, value, key=key, partition=DIRECTORY_PARTITION)
+                await self.producer.send_and_wait(self.settings.edges_topic, value, key=key, partition=DIRECTORY_PARTITION,
+                                                  headers=directory_headers(self.settings.edge_secret, key, value))
                 return
             except KafkaError as exc:
                 log.warning("edge %s: directory claim failed (%s); retrying in %.1f s", self.edge_id, exc, backoff)
@@ -393,22 +395,25 @@ class KafkaLink:
         end = (await seek_to_beginning_quietly(consumer, [tp]))[tp]  # a new directory topic too
         async with asyncio.timeout(15):
             while await consumer.position(tp) < end:
-                self._apply_directory(await consumer.getmany(tp, timeout_ms=200))
+                await self._apply_directory(await consumer.getmany(tp, timeout_ms=200))
 
     async def _follow_directory(self) -> None:
         while True:
-            if self._apply_directory(await self.directory_consumer.getmany(timeout_ms=1000)):
+            if await self._apply_directory(await self.directory_consumer.getmany(timeout_ms=1000)):
                 self._notify()
 
-    def _apply_directory(self, batch: dict) -> bool:
+    async def _apply_directory(self, batch: dict) -> bool:
+        """Apply directory records; a malformed or forged one is dead-lettered with its reason and
+        counted (`voicebus_records_dead_lettered{stage="edge"}`), and changes nothing."""
         applied = False
         for records in batch.values():
             for record in records:
                 try:
-                    self.directory.apply(record.key, record.value, record.offset)
+                    self.directory.apply(record.key, record.value, record.offset, record.headers or ())
                     applied = True
                 except DirectoryRecordError as exc:
-                    log.warning("edge %s: ignoring %s", self.edge_id, exc)
+                    assert self.policy is not None
+                    await self.policy.fail(record, exc)
         return applied
 
     # --- audio -------------------------------------------------------------------------------------

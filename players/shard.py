@@ -16,17 +16,33 @@ stops; keyed ``<group>/<edge id>``), always to partition 0, so the order of clai
 directory from its beginning; the owner of p is the edge of the **latest** record claiming p
 (`EdgeDirectory`, pure). A dead edge's claim stands until its partitions' new owner writes its
 own, one session timeout later.
+
+The directory is **authenticated**: whoever may write the edges topic could otherwise name any
+URL, and players would take their session token there. Each record (a tombstone too) carries an
+HMAC-SHA256 of its key and value in the header ``voicebus.edge.sig``, keyed by the edge secret the
+edges of a deployment already share (it signs the players' tokens). A record without a valid
+signature is refused (`ForgedDirectoryRecord`), unless its URL's origin is one the operator
+allowed (``VOICEBUS_EDGE_REDIRECT_ORIGINS``: edges that cannot share the secret).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
 import uuid
 from dataclasses import dataclass
+from typing import Iterable
+from urllib.parse import urlsplit
 
-from voicebus.settings import Settings
+from pydantic import SecretStr
+
+from voicebus.settings import Settings, reveal
+
+SIGNATURE_HEADER = "voicebus.edge.sig"
+_DOMAIN = b"voicebus edge directory v1"  # the edge secret signs tokens too: a key of its own here
 
 DIRECTORY_PARTITION = 0  # every directory record goes here: one log, one order
 
@@ -53,6 +69,39 @@ class Claim:
 class DirectoryRecordError(ValueError):
     """A directory record that is not ``{"edge_id", "url", "partitions": [int]}``."""
 
+    reason = "bad-directory-record"
+
+
+class ForgedDirectoryRecord(DirectoryRecordError):
+    """A directory record without a valid signature (and not of an allowed origin)."""
+
+    reason = "forged-directory-record"
+
+
+def directory_signature(secret: str | SecretStr, key: bytes, value: bytes | None) -> bytes:
+    """The signature of one directory record (a tombstone: `value` None)."""
+    signing_key = hmac.new(reveal(secret).encode("utf-8"), _DOMAIN, hashlib.sha256).digest()
+    body = len(key).to_bytes(4, "big") + key + (b"\x00" if value is None else b"\x01" + value)
+    return hmac.new(signing_key, body, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def directory_headers(secret: str | SecretStr, key: bytes, value: bytes | None) -> list[tuple[str, bytes]]:
+    return [(SIGNATURE_HEADER, directory_signature(secret, key, value))]
+
+
+def redirect_origins(settings: Settings) -> list[str]:
+    """``VOICEBUS_EDGE_REDIRECT_ORIGINS`` as a list."""
+    return [o.strip() for o in settings.edge_redirect_origins.split(",") if o.strip()]
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of an absolute URL (ws/wss as http/https); "" for a path."""
+    parts = urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return ""
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return f"{scheme}://{parts.netloc.lower()}"
+
 
 def directory_record(group: str, edge_id: str, url: str, partitions: set[int] | frozenset[int]) -> tuple[bytes, bytes]:
     """The directory record of one edge of `group`: (key, value). The key is ``<group>/<edge_id>``,
@@ -68,20 +117,28 @@ def directory_key(group: str, edge_id: str) -> bytes:
 class EdgeDirectory:
     """The edges of one group and the partitions they own, from the directory records in log order (pure)."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, secret: str | SecretStr | None = None,
+                 allowed_origins: Iterable[str] = ()) -> None:
         self.prefix = f"{group}/"
         self.claims: dict[str, Claim] = {}
+        # None: records are not checked (a directory read by a tool, or tests of the ownership rule)
+        self.secret = secret
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins if o)
 
-    def apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+    def apply(self, key: bytes | None, value: bytes | None, offset: int,
+              headers: Iterable[tuple[str, bytes]] = ()) -> None:
         """One directory record; a tombstone (None) removes its edge; another group's is ignored.
-        Raises `DirectoryRecordError`."""
+        Raises `DirectoryRecordError` (`ForgedDirectoryRecord` for a bad or missing signature)."""
         if key is None:
             raise DirectoryRecordError("a directory record without a key")
         name = key.decode("utf-8", "replace")
         if not name.startswith(self.prefix):
             return
         edge_id = name[len(self.prefix):]
+        signed = self._signed(key, value, headers)
         if value is None:
+            if not signed:
+                raise ForgedDirectoryRecord(f"an unsigned tombstone for edge {edge_id!r}")
             self.claims.pop(edge_id, None)
             return
         try:
@@ -91,7 +148,16 @@ class EdgeDirectory:
             raise DirectoryRecordError(f"directory record of {edge_id!r}: {exc!r}") from None
         if not isinstance(url, str) or not url:
             raise DirectoryRecordError(f"directory record of {edge_id!r} has no url")
+        if not signed and origin_of(url) not in self.allowed_origins:
+            raise ForgedDirectoryRecord(f"directory record of {edge_id!r} naming {url!r} is not signed with the "
+                                        f"edges' secret and its origin is not allowed")
         self.claims[edge_id] = Claim(edge_id, url, partitions, offset)
+
+    def _signed(self, key: bytes, value: bytes | None, headers: Iterable[tuple[str, bytes]]) -> bool:
+        if self.secret is None:
+            return True
+        expected = directory_signature(self.secret, key, value)
+        return any(k == SIGNATURE_HEADER and hmac.compare_digest(v or b"", expected) for k, v in headers)
 
     def owner(self, partition: int) -> Claim | None:
         """The edge of the latest record that claims `partition`, or None."""

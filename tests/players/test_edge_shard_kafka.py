@@ -158,3 +158,41 @@ async def test_when_an_edge_leaves_its_sessions_move_and_a_resume_on_the_survivo
         got = await collect(ws, turn_ended, timeout=20)
         assert [(f.sentence, f.chunk) for f in audio(got)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
         await ws.close()
+
+
+async def test_a_forged_directory_record_is_dead_lettered_and_never_followed(make_settings):
+    """Whoever may write the edges topic names an attacker's URL as the owner of every partition:
+    the edges refuse the unsigned claim (dead-lettered with its reason, counted), so no player is
+    redirected there and `ready.edges` never lists it."""
+    from voicebus.bus import read_to_end
+    from voicebus.players.shard import DIRECTORY_PARTITION, directory_record
+    from voicebus.topics import edge_group_id
+
+    settings = make_settings(edge_secret=SECRET, partitions=PARTITIONS, edge_session_timeout_ms=6000)
+    await ensure_topics(settings, [settings.audio_topic, settings.control_topic])
+    port_a, port_b = free_ports(2)
+    async with inprocess_edge(settings, port_a, "edge-a") as (app_a, client_a), \
+            inprocess_edge(settings, port_b, "edge-b") as (app_b, client_b):
+        await wait_settled([app_a, app_b], PARTITIONS)
+        key, value = directory_record(edge_group_id(settings), "evil", "ws://attacker.example:9/ws", set(range(PARTITIONS)))
+        producer = make_producer(settings)
+        await producer.start()
+        try:
+            await producer.send_and_wait(settings.edges_topic, value, key=key, partition=DIRECTORY_PARTITION)
+        finally:
+            await producer.stop()
+
+        async def dead_lettered():
+            records = await read_to_end(settings, [settings.deadletter_topic])
+            found = [dict(r.headers) for r in records if r.key == key]
+            return found if len(found) >= 2 else None
+
+        letters = await eventually(dead_lettered, timeout_s=20, what="both edges dead-lettered the forged claim")
+        assert {h["voicebus.error.reason"] for h in letters} == {b"forged-directory-record"}
+        assert {h["voicebus.error.stage"] for h in letters} == {b"edge"}
+        session = session_on(PARTITIONS, app_b[LINK_KEY].owned)
+        async with Listener(f"http://127.0.0.1:{port_a}", session, SECRET) as listener:
+            assert listener.redirects == [f"ws://127.0.0.1:{port_b}/ws"]
+            assert "attacker" not in json.dumps(listener.ready)
+        metrics_a = await (await client_a.get("/metrics")).text()
+        assert 'voicebus_records_dead_lettered_total{reason="forged-directory-record",stage="edge"} 1.0' in metrics_a

@@ -75,3 +75,46 @@ def test_sessions_that_move_out_are_closed_with_1012_and_forgotten():
     assert router.n_clients == 1
     router.disconnect(a)  # the socket's own cleanup afterwards changes nothing
     assert router.n_clients == 1
+
+
+# --- the authenticated directory ------------------------------------------------------------------
+
+from voicebus.players.shard import ForgedDirectoryRecord, directory_headers  # noqa: E402
+
+SECRET = "edges-share-this"
+
+
+def test_a_signed_claim_is_believed_and_a_forged_one_refused():
+    d = EdgeDirectory("g", SECRET)
+    key, value = directory_record("g", "e1", "ws://edge-1:8765/ws", {0, 1})
+    d.apply(key, value, 0, directory_headers(SECRET, key, value))
+    assert d.owner(0).url == "ws://edge-1:8765/ws"
+    forged_key, forged = directory_record("g", "evil", "wss://attacker.example/ws", {0, 1})
+    with pytest.raises(ForgedDirectoryRecord, match="not signed"):
+        d.apply(forged_key, forged, 1)
+    with pytest.raises(ForgedDirectoryRecord):
+        d.apply(forged_key, forged, 2, directory_headers("another-secret", forged_key, forged))
+    with pytest.raises(ForgedDirectoryRecord):  # a signature moved onto another value
+        d.apply(forged_key, forged, 3, directory_headers(SECRET, key, value))
+    assert d.owner(0).url == "ws://edge-1:8765/ws" and d.urls() == ["ws://edge-1:8765/ws"]
+
+
+def test_an_unsigned_tombstone_cannot_remove_an_edge():
+    d = EdgeDirectory("g", SECRET)
+    key, value = directory_record("g", "e1", "ws://edge-1:8765/ws", {0})
+    d.apply(key, value, 0, directory_headers(SECRET, key, value))
+    with pytest.raises(ForgedDirectoryRecord, match="tombstone"):
+        d.apply(key, None, 1)
+    assert d.owner(0) is not None
+    d.apply(key, None, 2, directory_headers(SECRET, key, None))
+    assert d.owner(0) is None
+
+
+def test_an_allowed_origin_needs_no_signature():
+    d = EdgeDirectory("g", SECRET, allowed_origins=["https://edge-3.example.com"])
+    key, value = directory_record("g", "e3", "wss://edge-3.example.com/ws", {2})
+    d.apply(key, value, 0)
+    assert d.owner(2).url == "wss://edge-3.example.com/ws"
+    other_key, other = directory_record("g", "e4", "wss://edge-4.example.com/ws", {3})
+    with pytest.raises(ForgedDirectoryRecord):
+        d.apply(other_key, other, 1)
