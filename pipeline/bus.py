@@ -16,14 +16,14 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, NotControllerError, RequestTimedOutError,
                              TopicAlreadyExistsError)
 
-from voicebus.codecs import CONFLUENT, Codec, CodecError, Decoded, deadletter_headers
+from voicebus.codecs import CONFLUENT, Codec, Decoded
 from voicebus.settings import Settings, reveal
 
 if TYPE_CHECKING:
@@ -454,24 +454,6 @@ async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_
                                  headers=headers)
 
 
-async def dead_letter(producer: AIOKafkaProducer, settings: Settings, record: Any, error: Exception) -> None:
-    """Send a bad consumer record, unchanged, to the dead-letter topic with the reason in headers."""
-    headers = deadletter_headers(error, record.topic, record.partition, record.offset)
-    await producer.send_and_wait(settings.deadletter_topic, record.value, key=record.key, headers=headers)
-    log.warning("dead-lettered %s[%s]@%s: %s", record.topic, record.partition, record.offset, error)
-
-
-async def decode_or_dead_letter(
-    producer: AIOKafkaProducer, settings: Settings, codec: Codec, record: Any, expect: str | None = None
-) -> Decoded | None:
-    """Decode a consumer record; on a `CodecError` dead-letter it and return None (never raise)."""
-    try:
-        return codec.decode(record.value, expect=expect)
-    except CodecError as exc:
-        await dead_letter(producer, settings, record, exc)
-        return None
-
-
 @dataclass(frozen=True)
 class DecodedRecord:
     """A consumer record that decoded cleanly: where it came from, its key and its message."""
@@ -482,21 +464,3 @@ class DecodedRecord:
     key: bytes | None
     timestamp_ms: int
     message: Decoded
-
-
-async def decoded_records(
-    consumer: AIOKafkaConsumer,
-    producer: AIOKafkaProducer,
-    settings: Settings,
-    codec: Codec,
-    expect: str | None = None,
-) -> AsyncIterator[DecodedRecord]:
-    """Yield every good record `consumer` receives, decoded; dead-letter the bad ones and go on.
-
-    The caller owns (starts and stops) both clients; this loop ends when the consumer is stopped
-    or the caller stops iterating.
-    """
-    async for record in consumer:
-        decoded = await decode_or_dead_letter(producer, settings, codec, record, expect=expect)
-        if decoded is not None:
-            yield DecodedRecord(record.topic, record.partition, record.offset, record.key, record.timestamp, decoded)

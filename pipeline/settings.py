@@ -90,6 +90,12 @@ class Settings(BaseModel):
     max_text_bytes: int = LIMITS.max_text_bytes
     """A text field longer than this many UTF-8 bytes (16384) is rejected as oversized: the SDK
     refuses to publish it and a consumer dead-letters a record carrying one."""
+    deadletter_attempts: int = Field(3, ge=1)
+    """How many times a stage tries to write one dead letter before it skips the record (counted in
+    ``voicebus_records_skipped_total``): a dead-letter topic that is missing or unwritable must not
+    stop a stage for every other session."""
+    deadletter_timeout_s: float = Field(5.0, gt=0)
+    """How long one try of a dead-letter write may take."""
     max_message_bytes: int = 1024 * 1024
     """The largest Kafka record voicebus produces or fetches per partition (bytes)."""
     fetch_max_wait_ms: int = 100

@@ -8,6 +8,10 @@
   stage goes on with the next record. A typed error (one with a ``reason``) is expected input; an
   untyped one is a bug and is logged with its traceback, but it too costs only its own record.
   The callback is injectable (quix-streams' error-callback shape): tests collect failures with it.
+  A dead letter can itself not wedge the stage: its copy is capped below the producer's request
+  size (the payload truncated, a digest of the original kept in the headers), each write is tried
+  ``deadletter_attempts`` times within ``deadletter_timeout_s`` (tenacity), and a record whose
+  dead letter still fails is skipped and counted (``voicebus_records_skipped_total{stage,reason}``).
 - `Supervisor`: owns a stage's long-running tasks. A task that dies anyway (a bug outside any one
   record, the broker gone for longer than a client retries) is restarted with backoff, the restart
   is counted, and `health()` says so for ``/healthz``.
@@ -30,12 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import inspect
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from voicebus.bus import DecodedRecord, make_consumer, seek_to_beginning_quietly, topics_matching
 from voicebus.clock import now_us
@@ -48,6 +53,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HANDLER_ERROR = "handler-error"  # the reason of an untyped exception raised by a handler (a bug)
+DEADLETTER_HEADROOM = 16 * 1024  # bytes of a dead letter's request left for its key, headers and framing
+DEADLETTER_MAX_KEY = 1024  # a longer key is cut (the record's partition in the dead-letter topic is the cut key's)
+
+
+def capped_copy(key: bytes | None, value: bytes | None, max_request_bytes: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """A dead letter's key and value, cut to fit one request of `max_request_bytes`, and the
+    headers that say what was cut: the original's size and SHA-256, so it can still be matched."""
+    headers: list[tuple[str, bytes]] = []
+    limit = max(1024, max_request_bytes - DEADLETTER_HEADROOM)
+    if value is not None and len(value) > limit:
+        headers += [("voicebus.error.truncated", str(len(value)).encode()),
+                    ("voicebus.error.sha256", hashlib.sha256(value).hexdigest().encode())]
+        value = value[:limit]
+    if key is not None and len(key) > DEADLETTER_MAX_KEY:
+        headers += [("voicebus.error.key_truncated", str(len(key)).encode()),
+                    ("voicebus.error.key_sha256", hashlib.sha256(key).hexdigest().encode())]
+        key = key[:DEADLETTER_MAX_KEY]
+    return key, value, headers
 
 
 # --- the record policy -----------------------------------------------------------------------
@@ -100,9 +123,21 @@ class RecordPolicy:
         self.codec = codec
         self.producer = producer
         self.on_error: ErrorCallback = on_error or self.dead_letter
+        registry = registry if registry is not None else CollectorRegistry()
         self.failures = Counter(
             "voicebus_records_dead_lettered", "Records a stage could not take, by reason",
-            ["stage", "reason"], registry=registry if registry is not None else CollectorRegistry())
+            ["stage", "reason"], registry=registry)
+        self.skipped = Counter(
+            "voicebus_records_skipped", "Records a stage could not take and could not dead-letter either, by reason",
+            ["stage", "reason"], registry=registry)
+
+    async def records(self, consumer: "AIOKafkaConsumer", expect: str | None = None) -> AsyncIterator[DecodedRecord]:
+        """Every record `consumer` receives that decodes and checks, in order; the others go to the
+        error callback. Ends when the consumer stops (or the caller stops iterating)."""
+        async for record in consumer:
+            decoded = await self.accept(record, expect)
+            if decoded is not None:
+                yield decoded
 
     def decode(self, record: Any, expect: str | None = None) -> DecodedRecord:
         """The record decoded and checked; raises `CodecError` (use `process` or `accept`)."""
@@ -143,19 +178,39 @@ class RecordPolicy:
         self.failures.labels(self.stage, failure.reason).inc()
         await self.on_error(failure)
 
-    async def dead_letter(self, failure: RecordFailure) -> None:
-        """The default error callback: the record, unchanged, to the dead-letter topic with the
-        reason, the stage and the source in its headers."""
+    async def dead_letter(self, failure: RecordFailure) -> bool:
+        """The default error callback: the record to the dead-letter topic with the reason, the
+        stage and the source in its headers (cut to fit one request, `capped_copy`). Tried
+        ``deadletter_attempts`` times, each within ``deadletter_timeout_s``; then the record is
+        skipped and counted, and the stage goes on. True once the dead letter is written."""
+        from aiokafka.errors import KafkaError
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
         record = failure.record
         if self.producer is None:
             raise RuntimeError(f"{self.stage}: no producer to dead-letter {record.topic}[{record.partition}]@{record.offset}")
+        s = self.settings
         headers = deadletter_headers(failure.error, record.topic, record.partition, record.offset)
         # the reason the counter uses (an untyped error is "handler-error", not the codec's "unhandled")
         headers = [(k, failure.reason.encode()) if k == "voicebus.error.reason" else (k, v) for k, v in headers]
         headers.append(("voicebus.error.stage", self.stage.encode()))
-        await self.producer.send_and_wait(self.settings.deadletter_topic, record.value, key=record.key, headers=headers)
+        key, value, cut = capped_copy(record.key, record.value, s.max_message_bytes)
+        try:
+            async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(s.deadletter_attempts), wait=wait_exponential(multiplier=0.1, max=2.0),
+                    retry=retry_if_exception_type((KafkaError, asyncio.TimeoutError)), reraise=True):
+                with attempt:
+                    await asyncio.wait_for(self.producer.send_and_wait(s.deadletter_topic, value, key=key,
+                                                                       headers=headers + cut), s.deadletter_timeout_s)
+        except (KafkaError, asyncio.TimeoutError) as exc:
+            self.skipped.labels(self.stage, failure.reason).inc()
+            log.error("%s: %s[%s]@%s (%s) could not be dead-lettered to %s after %d tries (%r): skipped",
+                      self.stage, record.topic, record.partition, record.offset, failure.reason,
+                      s.deadletter_topic, s.deadletter_attempts, exc)
+            return False
         log.warning("%s: dead-lettered %s[%s]@%s (%s): %s", self.stage, record.topic, record.partition,
                     record.offset, failure.reason, failure.error)
+        return True
 
 
 # --- supervised tasks --------------------------------------------------------------------------

@@ -351,19 +351,9 @@ class SynthesisWorker(Owned):
             self._settle_offset(tp, record.offset)
 
     async def _dead_letter(self, failure: RecordFailure) -> None:
-        """The policy's error callback: dead-letter the record, retrying while the broker does not
-        take it (its offset is settled only once the dead letter is acknowledged)."""
-        backoff = self.settings.worker_publish_backoff_s
-        while True:
-            try:
-                await self.policy.dead_letter(failure)
-                return
-            except KafkaError as exc:
-                self.metrics.publish_retries.labels(type(exc).__name__).inc()
-                log.warning("dead-lettering %s[%s]@%s failed (%r); retrying in %.1f s", failure.record.topic,
-                            failure.record.partition, failure.record.offset, exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(self.settings.worker_publish_max_backoff_s, backoff * 2)
+        """The policy's error callback: dead-letter the record (bounded: a dead letter that cannot be
+        written is skipped and counted, `RecordPolicy.dead_letter`); the caller settles its offset."""
+        await self.policy.dead_letter(failure)
 
     async def _synthesis_loop(self) -> None:
         while True:

@@ -12,10 +12,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from voicebus.bus import (TopicCreationError, committed_offsets, decoded_records, end_offsets, ensure_topics,
+from voicebus.bus import (TopicCreationError, committed_offsets, end_offsets, ensure_topics,
                           make_consumer, make_producer, publish, read_to_end, topics_matching)
 from voicebus.codecs import MAGIC, Codec
 from voicebus.settings import Settings
+from voicebus.shell import RecordPolicy
 from voicebus.topics import (AUDIO_RETENTION, DEADLETTER_RETENTION, EVENT_RETENTION, fixed_topics, session_key,
                              text_topic, text_topic_pattern)
 from tests.waiting import eventually
@@ -282,7 +283,7 @@ async def test_malformed_records_are_dead_lettered_while_good_ones_flow(make_set
         seen = []
         try:
             async def read_good() -> None:
-                async for rec in decoded_records(consumer, producer, settings, codec, expect="TextEvent"):
+                async for rec in RecordPolicy("test", settings, codec, producer).records(consumer, expect="TextEvent"):
                     seen.append(rec.message.value["text"])
                     if len(seen) == 2:
                         return

@@ -5,7 +5,7 @@ schema registry (Apicurio, `schema_registry` fixture) on the real broker.
   (text, control and audio topics) is read by confluent-kafka's `Consumer` + `AvroDeserializer` +
   `SchemaRegistryClient`, which know nothing of voicebus.
 * What confluent-kafka's `AvroSerializer` writes is read by the consumer loop every stage uses
-  (`voicebus.bus.decoded_records`, default single-object writer settings with a registry url):
+  (`voicebus.shell.RecordPolicy.records`, default single-object writer settings with a registry url):
   nothing is dead-lettered, and a record with an id the registry does not know is.
 """
 
@@ -23,7 +23,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from voicebus import schemas
 from voicebus.agents.sdk import Publisher, cancel_event
-from voicebus.bus import decoded_records, ensure_topics, make_consumer, make_producer, publish
+from voicebus.bus import ensure_topics, make_consumer, make_producer, publish
+from voicebus.shell import RecordPolicy
 from voicebus.codecs import CONFLUENT, codec_for
 from voicebus.topics import session_key, text_topic
 from voicebus.schemas.contract import AudioEncoding
@@ -133,7 +134,7 @@ async def test_the_pipeline_reads_what_confluent_kafkas_avro_serializer_writes(m
     received = []
 
     async def consume():
-        async for record in decoded_records(consumer, ours, settings, codec_for(settings)):
+        async for record in RecordPolicy("interop", settings, codec_for(settings), ours).records(consumer):
             received.append(record)
 
     task = asyncio.create_task(consume())

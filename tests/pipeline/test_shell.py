@@ -192,3 +192,60 @@ async def test_a_control_follower_whose_consumer_died_is_restarted_where_it_stop
         finally:
             await supervisor.stop()
             await follower.stop()
+
+
+# --- a dead letter that cannot be written never wedges the stage -----------------------------------
+
+
+@pytest.mark.kafka
+async def test_a_missing_dead_letter_topic_skips_the_record_within_its_bound_and_counts_it(make_settings):
+    """Before: the write waited on the missing topic's metadata and then raised out of the stage's
+    loop (the worker retried it forever with its partition stopped)."""
+    settings = make_settings(deadletter_attempts=2, deadletter_timeout_s=1.0)  # the topic is never created
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        policy = RecordPolicy("test", settings, Codec(), producer)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await policy.process(Record(b"not avro"), "ControlEvent", lambda d: None) is False
+        assert loop.time() - started < 2 * 1.0 + 2.0
+    finally:
+        await producer.stop()
+    assert policy.skipped.labels("test", "malformed")._value.get() == 1
+    assert policy.failures.labels("test", "malformed")._value.get() == 1
+
+
+@pytest.mark.kafka
+async def test_a_record_near_the_size_limit_is_dead_lettered_cut_with_a_digest(make_settings):
+    """Before: its dead-letter copy plus headers was larger than one request, every write failed."""
+    import hashlib
+
+    from voicebus.bus import read_to_end
+
+    settings = make_settings()
+    await ensure_topics(settings, [settings.deadletter_topic])
+    huge = b"\xff" + bytes(settings.max_message_bytes - 200)  # not avro, just under the limit
+    record = Record(huge, offset=7)
+    record.key = b"s" * 5000
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        policy = RecordPolicy("test", settings, Codec(), producer)
+        assert await policy.process(record, "ControlEvent", lambda d: None) is False
+    finally:
+        await producer.stop()
+    [letter] = await read_to_end(settings, [settings.deadletter_topic])
+    headers = dict(letter.headers)
+    assert headers["voicebus.error.reason"] == b"malformed"
+    assert headers["voicebus.error.truncated"] == str(len(huge)).encode()
+    assert headers["voicebus.error.sha256"] == hashlib.sha256(huge).hexdigest().encode()
+    assert headers["voicebus.source.offset"] == b"7" and int(headers["voicebus.error.key_truncated"]) == 5000
+    assert len(letter.value) < settings.max_message_bytes and huge.startswith(letter.value)
+    assert policy.skipped.labels("test", "malformed")._value.get() == 0
+
+
+def test_a_small_record_is_dead_lettered_whole():
+    from voicebus.shell import capped_copy
+
+    assert capped_copy(b"k", b"v" * 100, 1024 * 1024) == (b"k", b"v" * 100, [])
