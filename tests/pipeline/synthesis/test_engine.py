@@ -218,13 +218,13 @@ def test_the_device_is_cuda_only_where_torch_sees_one():
 
 
 def test_the_worker_s_torch_threads_come_from_the_settings_and_are_at_least_one():
-    from voicebus.settings import Settings
-    from voicebus.synthesis.engine import EngineError, intra_op_threads
+    from voicebus.settings import Settings, SettingsError
+    from voicebus.synthesis.engine import intra_op_threads
 
     assert intra_op_threads(Settings()) == 1  # a node whose cores are shared (docs/benchmarks.md)
     assert intra_op_threads(Settings.from_env({"VOICEBUS_SYNTHESIS_THREADS": "2"})) == 2
-    with pytest.raises(EngineError, match="at least 1"):
-        intra_op_threads(Settings(synthesis_threads=0))
+    with pytest.raises(SettingsError, match="VOICEBUS_SYNTHESIS_THREADS: .*greater than or equal to 1"):
+        Settings(synthesis_threads=0)
 
 
 def test_windows_are_planned_from_the_decode_speed_the_engine_measured():

@@ -477,13 +477,12 @@ def test_a_cancel_drops_a_parked_tentative_job():
 def test_the_worker_encodes_as_the_settings_say_and_refuses_an_unknown_encoding():
     from types import SimpleNamespace
 
-    from voicebus.audio_codec import AudioCodecError
-    from voicebus.settings import Settings
+    from voicebus.settings import Settings, SettingsError
     from voicebus.synthesis.worker import SynthesisWorker
     from voicebus.schemas.contract import AudioEncoding
 
     engine = SimpleNamespace(sample_rate=SAMPLE_RATE)  # read at construction; nothing is synthesized
     assert SynthesisWorker(Settings(), engine).audio.encoding == AudioEncoding.PCM16LE
     assert SynthesisWorker(Settings(audio_encoding="opus"), engine).audio.encoding == AudioEncoding.OPUS
-    with pytest.raises(AudioCodecError, match="VOICEBUS_AUDIO_ENCODING='flac'"):
+    with pytest.raises(SettingsError, match="VOICEBUS_AUDIO_ENCODING: Input should be 'pcm16' or 'opus'"):
         SynthesisWorker(Settings(audio_encoding="flac"), engine)
