@@ -117,6 +117,10 @@ class Limits:
     """One AudioChunk's audio: ~5.4 s of 24 kHz PCM16, far above the 150 ms chunks workers send."""
     min_speed: float = 0.25
     max_speed: float = 4.0
+    max_turn_ids: int = 64
+    """A ControlEvent cancels at most this many listed turns (``turn_ids``), each a valid id: a
+    cancel cannot grow a stage's state (two cancels of 600 KB of ids once made the gate's state
+    record too large to write)."""
 
 
 LIMITS = Limits()
@@ -224,6 +228,11 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         non_negative("issued_at_us", 2**63 - 1)
         label("reason")
         label("source")
+        turn_ids = value.get("turn_ids") or ()
+        if len(turn_ids) > limits.max_turn_ids:
+            problems.append(f"turn_ids lists {len(turn_ids)} turns, at most {limits.max_turn_ids}")
+        elif not all(is_valid_id(t, limits) for t in turn_ids):
+            problems.append(f"each of turn_ids must be 1-{limits.max_id_chars} characters without control characters")
     elif message_type == "SynthesisRequest":
         ident("turn_id")
         agent()

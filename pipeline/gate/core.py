@@ -313,7 +313,9 @@ class GateSession:
             self.resolution = {
                 "session_id": self.session_id, "turn_id": None, "action": ControlAction.CANCEL,
                 "reason": f"resolved: {event.get('reason') or 'session cancel'}"[:200], "source": RESOLUTION_SOURCE,
-                "issued_at_us": now_us, "turn_ids": newly,
+                # a ControlEvent lists at most LIMITS.max_turn_ids turns: the latest ones (a session
+                # with more live turns at once is beyond any real conversation)
+                "issued_at_us": now_us, "turn_ids": newly[-LIMITS.max_turn_ids:],
             }
         return []
 

@@ -76,7 +76,7 @@ CONTRACT_FIELDS = {
     "agent_id": st.from_regex(r"[A-Za-z0-9._-]{1,30}", fullmatch=True),
     "seq": st.integers(0, 2**63 - 1), "sentence_seq": st.integers(0, 2**31 - 1),
     "chunk_seq": st.integers(0, 2**31 - 1), "produced_at_us": st.integers(0, 2**63 - 1),
-    "issued_at_us": st.integers(0, 2**63 - 1),
+    "issued_at_us": st.integers(0, 2**63 - 1), "turn_ids": st.lists(_ID_TEXT, max_size=4),
     "sample_rate": st.sampled_from(sorted(contract.LIMITS.sample_rates)),
     "pcm": st.binary(max_size=32).map(lambda b: b[: len(b) // 2 * 2]),
     "speed": st.floats(0.25, 4.0, width=32),

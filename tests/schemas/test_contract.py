@@ -81,3 +81,18 @@ def test_text_event_rules():
                              ({"seq": -1}, "seq -1")]:
         with pytest.raises(InvalidMessage, match=problem):
             codec.encode("TextEvent", {**good, **changes})
+
+
+@pytest.mark.parametrize("turn_ids, problem", [
+    ([f"t{i}" for i in range(65)], "turn_ids lists 65 turns, at most 64"),
+    (["x" * 600_000], "each of turn_ids"),
+    (["ok", ""], "each of turn_ids"),
+])
+def test_a_cancel_cannot_list_unbounded_turns(turn_ids, problem):
+    """Two cancels with 600 KB of turn ids once made the gate's state record too big to write."""
+    event = {"session_id": "s", "turn_id": None, "action": "CANCEL", "reason": "", "source": "agent",
+             "issued_at_us": 1, "turn_ids": turn_ids}
+    with pytest.raises(InvalidMessage, match=problem) as caught:
+        Codec().encode("ControlEvent", event)
+    assert caught.value.reason == "contract-violation"
+    Codec().encode("ControlEvent", {**event, "turn_ids": [f"t{i}" for i in range(64)]})
