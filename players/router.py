@@ -38,7 +38,7 @@ from voicebus.clock import now_us
 from voicebus.players import protocol
 from voicebus.players.heard import HeardTracker
 from voicebus.players.metrics import EdgeMetrics
-from voicebus.schemas.contract import LIMITS, AudioEncoding, ControlAction
+from voicebus.schemas.contract import CANCEL_SOURCES, LIMITS, AudioEncoding, ControlAction, metric_label
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -657,7 +657,7 @@ class SessionRouter:
         session is told to stop. Returns the number of frames dropped. No clock is compared: a
         turn this edge sees after the cancel is not covered unless it is listed (a gate resolution)."""
         self.cancels.cancel(session_id, turn_id, turn_ids)
-        self.metrics.cancels.labels(source).inc()
+        self.metrics.cancels.labels(metric_label(source, CANCEL_SOURCES)).inc()
         session = self._sessions.get(session_id)
         if session is None:
             return 0

@@ -125,6 +125,16 @@ class Limits:
 
 LIMITS = Limits()
 
+# The values a metric label may take from a ControlEvent's free-text ``source``: what voicebus's
+# own producers write. Any other value is counted as "other", so a writer of the control topic
+# cannot add a metric series per value (20,000 distinct sources once made 20,000 series).
+CANCEL_SOURCES = frozenset({"agent", "edge", "gate", "console", "openai-adapter", "user", "cli", "bus"})
+
+
+def metric_label(value: object, allowed: frozenset[str]) -> str:
+    """`value` when it is one of `allowed`, else ``other``: a label from a closed set."""
+    return value if isinstance(value, str) and value in allowed else "other"
+
 # --- Opus packet framing -------------------------------------------------------------------------
 
 OPUS_LENGTH_BYTES = 2

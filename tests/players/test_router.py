@@ -377,3 +377,19 @@ def test_any_history_of_worker_restarts_and_retries_is_heard_exactly_once_in_ord
         assert len(controls(channel, "turn_end")) == 1
 
     check()
+
+
+def test_a_cancel_s_source_label_comes_from_a_closed_set():
+    """A writer of the control topic chose `source`: 20,000 distinct values once added 20,000
+    metric series. Unknown sources are counted as "other"."""
+    from voicebus.players.metrics import EdgeMetrics
+    from voicebus.players.router import SessionRouter
+
+    metrics = EdgeMetrics()
+    router = SessionRouter(metrics=metrics)
+    for i in range(200):
+        router.cancel("s", f"t{i}", source=f"attacker-{i}")
+    router.cancel("s", "t-edge", source="edge")
+    samples = {s.labels["source"]: s.value for m in metrics.registry.collect() if m.name == "voicebus_edge_cancels"
+               for s in m.samples if s.name.endswith("_total")}
+    assert samples == {"other": 200.0, "edge": 1.0}
