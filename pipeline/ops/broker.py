@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
-from voicebus.ops.daemon import COMPLETE_MARK, DaemonError, MavenFetchError, OwnedProcess, free_port, maven_fetch
+from voicebus.ops.daemon import (COMPLETE_MARK, DaemonError, MavenFetchError, OwnedProcess, free_port, maven_fetch,
+                                 state_lock)
 from voicebus.ops.kafka_security import ROLES, SecurityMaterial, broker_properties, client_settings_env, scram_format_args
 from voicebus.settings import Settings
 
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 POM_PATH = Path(__file__).resolve().parent / "maven" / "kafka" / "pom.xml"
 SERVER_MAIN = "kafka.Kafka"  # bin/kafka-server-start.sh
+STATE_LOCK = "voicebus.lock"  # held by the broker process of a state directory while it runs
 STORAGE_TOOL = "kafka.tools.StorageTool"  # bin/kafka-storage.sh
 DEFAULT_JVM_OPTIONS = ("-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20")
 # For a broker that should start fast on a busy machine (the test session's): the C1 compiler
@@ -421,9 +423,15 @@ class LocalKafka:
         """Start the broker process without waiting for it to answer (a cluster's nodes must all
         be launched before any can answer: a broker serves requests only once the controller
         quorum, a majority of the nodes, has formed). `start` launches and waits."""
-        self._write_config()
-        self.format_storage()
-        self._process.launch(self._java_cmd(SERVER_MAIN, str(self.properties_file)), self.stdout_file, self.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            with state_lock(self.data_dir / STATE_LOCK, f"the Kafka state directory {self.data_dir}") as fd:
+                self._write_config()
+                self.format_storage()
+                self._process.launch(self._java_cmd(SERVER_MAIN, str(self.properties_file)), self.stdout_file,
+                                     self.data_dir, keep_fds=(fd,))
+        except DaemonError as exc:
+            raise BrokerError(str(exc)) from None
 
     def exited(self) -> int | None:
         """The exit code of the process this object launched, or None while it runs (or if it

@@ -64,12 +64,13 @@ class OwnedProcess:
         self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen | None = None
 
-    def launch(self, cmd: Sequence[str], log_file: Path, cwd: Path) -> int:
-        """Start `cmd` without waiting for it to answer; its output goes to `log_file`."""
+    def launch(self, cmd: Sequence[str], log_file: Path, cwd: Path, keep_fds: Sequence[int] = ()) -> int:
+        """Start `cmd` without waiting for it to answer; its output goes to `log_file`. `keep_fds`
+        are inherited by the process (a `state_lock`: the server holds it while it runs)."""
         with open(log_file, "ab") as out:
             popen = popen_dying_with_parent if self.die_with_parent else subprocess.Popen
             self._proc = popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               cwd=cwd, start_new_session=True)
+                               cwd=cwd, start_new_session=True, pass_fds=tuple(keep_fds))
         self.pid_file.write_text(f"{self._proc.pid}\n")
         return self._proc.pid
 
@@ -158,6 +159,23 @@ class OwnedProcess:
             return int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
+
+
+@contextlib.contextmanager
+def state_lock(path: Path, what: str):
+    """An exclusive lock on `path` (created if missing), or `DaemonError` at once when another
+    process holds it; yields its file descriptor. A server launched inside with the descriptor in
+    `OwnedProcess.launch`'s ``keep_fds`` keeps the lock for as long as it runs, so two processes
+    can never set up and run servers from one state directory at once."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DaemonError(f"{what} is in use by another process (its lock {path} is held)") from None
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def maven_fetch(

@@ -43,6 +43,21 @@ def test_server_properties_are_kraft_single_node_on_loopback(tmp_path):
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:1234,CONTROLLER://127.0.0.1:1235"
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert props["offsets.topic.replication.factor"] == "1"
+    assert props["auto.create.topics.enable"] == "false"  # a topic exists because voicebus created it
+
+
+def test_a_secured_node_serves_sasl_ssl_and_enforces_acls(tmp_path):
+    from voicebus.ops.kafka_security import SecurityMaterial
+
+    material = SecurityMaterial(tmp_path / "security").ensure()
+    props = LocalKafka(tmp_path, tmp_path / "jars", port=1234, controller_port=1235, security=material).server_properties()
+    assert props["listeners"] == "SASL_SSL://127.0.0.1:1234,CONTROLLER://127.0.0.1:1235"
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:SSL"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["authorizer.class.name"].endswith("StandardAuthorizer")
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["listener.name.controller.ssl.client.auth"] == "required"
+    assert (tmp_path / "security" / "admin.password").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.kafka
@@ -128,3 +143,30 @@ def test_kafka_start_help_shows_the_port_options_and_the_bootstrap_rule(capsys):
         mapped = broker_settings(args, Settings())
         assert (mapped.kafka_port, mapped.kafka_controller_port) == (19092, 19093)
     assert broker_settings(build_parser().parse_args(["kafka", "status"]), Settings()) == Settings()
+
+
+def test_two_processes_cannot_run_brokers_from_one_state_directory(tmp_path, kafka_jars):
+    """The state directory is locked while its broker runs (the broker process inherits the lock):
+    before, two `voicebus kafka start` at once could both format and launch from it."""
+    import fcntl
+
+    broker = LocalKafka(tmp_path, kafka_jars, port=free_port(), controller_port=free_port())
+    fd = os.open(tmp_path / "voicebus.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's start holds it
+        with pytest.raises(BrokerError, match=f"the Kafka state directory {tmp_path} is in use by another process"):
+            broker.launch()
+        assert not (tmp_path / "server.properties").exists() and broker.exited() is None
+    finally:
+        os.close(fd)
+
+
+def test_the_running_broker_holds_its_state_lock(kafka_broker):
+    import fcntl
+
+    fd = os.open(kafka_broker.data_dir / "voicebus.lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
