@@ -283,6 +283,11 @@ class Settings(BaseModel):
     worker_publish_backoff_s: float = 0.1
     """A worker's failed send (audio chunk, dead letter) or commit is retried after this long,
     doubling up to ``worker_publish_max_backoff_s``; the request stays uncommitted meanwhile."""
+    worker_speak_attempts: int = Field(3, ge=1)
+    """How many times a worker synthesizes a sentence whose synthesis failed with an error that is
+    not about its text (out of memory, a device error) before any of its audio was made; then it is
+    failed, with the reason in its last chunk's ``end_reason``. An error about the text itself (an
+    unknown language, no voice) fails it at once."""
     worker_publish_max_backoff_s: float = 5.0
     """The longest wait between two tries of a worker's failed send or commit."""
 

@@ -40,6 +40,9 @@ class WorkerMetrics:
         self.failures = Counter(
             "voicebus_worker_sentences_failed", "Requests the engine could not speak, by reason", ["reason"], **labels)
         self.chunks = Counter("voicebus_worker_chunks_published", "Audio chunks published", **labels)
+        self.speak_retries = Counter(
+            "voicebus_worker_speak_retries", "Syntheses tried again after a transient fault (out of memory, a "
+            "device error) before any of their audio was made, by error", ["error"], **labels)
         self.publish_retries = Counter(
             "voicebus_worker_publish_retries", "Sends that failed and were retried (broker down, timeout), by error",
             ["error"], **labels)

@@ -421,6 +421,11 @@ class ChunkAssembler:
         self._built_samples = 0  # samples of the chunks built so far
         self.finished = False
 
+    @property
+    def fed_bytes(self) -> int:
+        """PCM bytes of engine output fed so far (0: nothing of the sentence was made yet)."""
+        return self._fed_bytes
+
     def feed(self, pcm: bytes, words: Iterable[Any] = (), pause: bool = False) -> list[dict]:
         """Add engine output (and the word timings that came with it: `WordTiming`s or their
         records); returns the chunks now ready to publish, in order. ``pause``: the engine decodes

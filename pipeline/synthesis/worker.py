@@ -92,9 +92,11 @@ REVOKE_GRACE_S = 5.0  # how long a revoked partition's running sentence may fini
 _END = object()
 
 # What the engine raises for text it cannot speak: the same request fails the same way on every
-# worker and every retry, so it is settled as failed (committed) instead of retried. Any other
-# exception of the engine is settled the same way (reason engine-error, logged with its
-# traceback): retrying a request the model chokes on would wedge its session for good.
+# worker and every retry, so it is settled as failed (committed) at once. Any other exception of
+# the engine (out of memory, a device error) is tried again, up to ``worker_speak_attempts``
+# times while none of the sentence's audio was made, then settled the same way (reason
+# engine-error, logged with its traceback): retrying forever a request the model chokes on would
+# wedge its session for good.
 SPEAK_FAILURES: tuple[type[BaseException], ...] = (EngineError, CodecError, contract.UnknownLanguage, ValueError)
 
 
@@ -378,6 +380,24 @@ class SynthesisWorker(Owned):
             self.scheduler.finish(job, outcome)
             self._wake.set()  # a slot is free
 
+    async def _synthesize(self, job: SynthesisJob, assembler: ChunkAssembler, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the engine on `job` in the executor, publishing what the assembler makes of its
+        output as it comes; the engine's exceptions propagate (the stream is closed either way)."""
+        stream = self.engine.stream_timed(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
+                                          **synthesis_args(job, self.settings.opening_clause_min_words))
+        try:
+            while not job.stop_requested:
+                timed = await loop.run_in_executor(self._executor, next, stream, _END)
+                if timed is _END:
+                    break
+                if not await self._publish_all(job, assembler.feed(timed.pcm, timed.words, timed.pause)):
+                    break
+        finally:
+            # ValueError: the generator is still executing a cancelled step; RuntimeError: the
+            # executor is already shut down (the worker stops). Either way the stream is dropped.
+            with contextlib.suppress(ValueError, RuntimeError):
+                await loop.run_in_executor(self._executor, stream.close)
+
     async def _speak(self, job: SynthesisJob) -> Outcome | None:
         """Synthesize one request and publish its chunks. SPOKEN once every chunk is acknowledged
         (or the job was asked to stop: the scheduler then settles it with the stop's reason);
@@ -396,18 +416,26 @@ class SynthesisWorker(Owned):
             finally:
                 self._observe_cancel_end(job)
             return Outcome.SPOKEN
-        stream = None
         if self.tracer.enabled:
             self._open_synthesis_span(job, assembler.synthesis_started_at_us)
         try:
-            stream = self.engine.stream_timed(chunk_ms=self.settings.chunk_ms, should_stop=job.should_stop,
-                                              **synthesis_args(job, self.settings.opening_clause_min_words))
-            while not job.stop_requested:
-                timed = await loop.run_in_executor(self._executor, next, stream, _END)
-                if timed is _END:
+            attempts = self.settings.worker_speak_attempts
+            for attempt in range(1, attempts + 1):
+                try:
+                    await self._synthesize(job, assembler, loop)
                     break
-                if not await self._publish_all(job, assembler.feed(timed.pcm, timed.words, timed.pause)):
-                    break
+                except Exception as exc:  # noqa: BLE001 - a transient fault is tried again, the rest re-raised
+                    if isinstance(exc, SPEAK_FAILURES) or attempt == attempts or assembler.fed_bytes or job.stop_requested:
+                        raise
+                    # Out of memory, a device error: nothing of the sentence was made yet, so it is
+                    # made again from the start (no audio twice); the same text failing the same
+                    # way every time is failed after the last attempt.
+                    self.metrics.speak_retries.labels(type(exc).__name__).inc()
+                    backoff = min(self.settings.worker_publish_max_backoff_s,
+                                  self.settings.worker_publish_backoff_s * 2 ** (attempt - 1))
+                    log.warning("%s: synthesis failed (%s: %s), attempt %d of %d; trying again in %.1f s", job.key,
+                                type(exc).__name__, exc, attempt, attempts, backoff)
+                    await asyncio.sleep(backoff)
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())
                 self._observe_speed(assembler)
@@ -415,7 +443,7 @@ class SynthesisWorker(Owned):
                 return None
         except Exception as exc:  # noqa: BLE001 - the engine's failure of this text: reported, settled
             # Publishing never raises here (`_send` retries); what reaches this is the engine's (or
-            # the codec's) answer to this request, the same on every retry and every worker.
+            # the codec's) answer to this request after its attempts.
             reason = speak_failure_reason(exc)
             self.metrics.failures.labels(reason).inc()
             log.log(logging.WARNING if isinstance(exc, SPEAK_FAILURES) else logging.ERROR,
@@ -432,11 +460,6 @@ class SynthesisWorker(Owned):
                 return None
             return Outcome.FAILED
         finally:
-            if stream is not None:
-                # ValueError: the generator is still executing a cancelled step; RuntimeError: the
-                # executor is already shut down (the worker stops). Either way the stream is dropped.
-                with contextlib.suppress(ValueError, RuntimeError):
-                    await loop.run_in_executor(self._executor, stream.close)
             self._observe_cancel_end(job)
             span = self._synthesis_spans.pop(job, None)
             if span is not None:

@@ -284,3 +284,58 @@ async def test_a_full_worker_stays_in_its_group_however_long_its_synthesis_takes
     assert worker.revocations == 0  # it never left its group: each sentence spoken once, by it
     assert complete_sentences(bus.of("s", "t1")) == {0, 1}
     assert len({c["worker_id"] for c in bus.of("s", "t1")}) == 1
+
+
+class FaultyEngine:
+    """The tiny engine, except that a sentence starting with "Faulty" raises `fault` (MemoryError,
+    a device error) the first `times` times it is synthesized, after `after_chunks` of its audio."""
+
+    def __init__(self, engine, fault: BaseException, times: int, after_chunks: int = 0) -> None:
+        self._engine, self.fault, self.left, self.after_chunks = engine, fault, times, after_chunks
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def stream_timed(self, *args, **kwargs):
+        text = kwargs.get("text", args[0] if args else "")
+        if not text.startswith("Faulty"):
+            yield from self._engine.stream_timed(*args, **kwargs)
+            return
+        self.calls += 1
+        for i, timed in enumerate(self._engine.stream_timed(*args, **kwargs)):
+            if self.left and i == self.after_chunks:
+                self.left -= 1
+                raise self.fault
+            yield timed
+
+
+async def test_a_transient_fault_before_any_audio_is_tried_again_and_the_sentence_spoken(make_settings, engine):
+    """Before: any exception of the engine (out of memory, a CUDA error) settled its sentence as
+    failed, never tried again."""
+    settings = make_settings(worker_publish_backoff_s=0.01)
+    faulty = FaultyEngine(engine, MemoryError("CUDA out of memory"), times=2)
+    async with Bus(settings) as bus, SynthesisWorker(settings, faulty, warm_up=False) as worker:
+        await bus.requests([request("s", "t1", 0, "Faulty at first, then fine.", last=True)])
+        await bus.wait_for(turn_done(bus, "s", "t1"), what="the turn's last chunk")
+    chunks = bus.of("s", "t1")
+    assert faulty.calls == 3 and complete_sentences(chunks) == {0}
+    assert not any(c["end_reason"] for c in chunks)
+    assert len({c["chunk_seq"] for c in chunks}) == len(chunks), "a chunk published twice"
+    assert total(worker.metrics.speak_retries) == 2 and total(worker.metrics.failures) == 0
+
+
+async def test_a_fault_that_persists_or_comes_after_audio_fails_the_sentence_with_a_reason(make_settings, engine):
+    settings = make_settings(worker_publish_backoff_s=0.01, worker_speak_attempts=2)
+    always = FaultyEngine(engine, RuntimeError("device lost"), times=10)
+    async with Bus(settings) as bus, SynthesisWorker(settings, always, warm_up=False) as worker:
+        await bus.requests([request("s", "t1", 0, "Faulty every time.", last=True)])
+        await bus.wait_for(turn_done(bus, "s", "t1"), what="the turn's last chunk")
+    assert always.calls == 2 and bus.of("s", "t1")[-1]["end_reason"] == "engine-error"
+    assert outcomes(worker).get("failed") == 1
+    late = FaultyEngine(engine, RuntimeError("device lost"), times=1, after_chunks=1)
+    async with Bus(settings) as bus, SynthesisWorker(settings, late, warm_up=False) as worker:
+        await bus.requests([request("s", "t2", 0, "Faulty after some of its audio went out.", last=True)])
+        await bus.wait_for(turn_done(bus, "s", "t2"), what="the turn's last chunk")
+    assert late.calls == 1, "audio already published: trying again would make it twice"
+    assert bus.of("s", "t2")[-1]["end_reason"] == "engine-error"
