@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -190,6 +191,9 @@ class GateWorker:
         self.supervisor = Supervisor("gate", registry=self.registry)
         self.ready = asyncio.Event()
         self.revoked_partitions = 0
+        self.recovery_error: str | None = None  # why owned partitions are not served yet (/healthz)
+        self.recovery_failures = 0
+        self._stopping = asyncio.Event()  # set by stop: a recovery being retried gives up
         self.tracer = tracer if tracer is not None else tracer_for(settings, "gate")
         # (session, turn) -> the trace context its first text record carried (tracing on only).
         # Shell memory, not the changelog: after a failover the turn's next record brings it again.
@@ -198,6 +202,7 @@ class GateWorker:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
+        self._stopping.clear()
         await ensure_topics(s, fixed_topics(s))  # start in any order: no "topic not found" loops
         self.producer = make_producer(s)
         await self.producer.start()
@@ -241,6 +246,7 @@ class GateWorker:
 
     async def stop(self) -> None:
         """Finish the event in hand, commit control positions, leave the group, stop every client."""
+        self._stopping.set()
         if self._http_runner is not None:
             await self._http_runner.cleanup()
             self._http_runner = None
@@ -267,9 +273,11 @@ class GateWorker:
         """What ``/healthz`` says: healthy while ready and every supervised task runs; each task's
         restarts and last error (a task that died and was restarted shows here)."""
         tasks = self.supervisor.health()
-        return {"stage": "gate", "healthy": self.ready.is_set() and self.supervisor.healthy,
+        return {"stage": "gate",
+                "healthy": self.ready.is_set() and self.supervisor.healthy and self.recovery_error is None,
                 "ready": self.ready.is_set(), "restarts": sum(t["restarts"] for t in tasks.values()),
-                "tasks": tasks, "partitions": sorted(self._owned), "sessions": len(self._sessions)}
+                "tasks": tasks, "partitions": sorted(self._owned), "sessions": len(self._sessions),
+                "recovery_error": self.recovery_error}
 
     def run(self, loglevel: str = "WARNING") -> int:
         """Run the worker in this process until SIGINT/SIGTERM."""
@@ -352,22 +360,30 @@ class GateWorker:
             log.info("gate: partitions %s revoked", sorted(partitions))
 
     async def _assign(self, partitions: set[int]) -> None:
-        from aiokafka.errors import KafkaError
-
         backoff = 0.2
-        while True:  # aiokafka swallows a callback's error: the partitions would sit unread
+        while not self._stopping.is_set():  # aiokafka swallows a callback's error: the partitions would sit unread
             try:
                 async with self._lock:
                     new = partitions - self._owned
                     await self._recover(new)
                     self._owned |= new
                     await self._assign_text()
+                self.recovery_error = None
                 break
-            except KafkaError as exc:
-                log.error("gate: recovering partitions %s failed (%s); retrying in %.1f s", sorted(partitions),
+            except Exception as exc:  # noqa: BLE001 - any failure leaves the partitions unserved: say so, retry
+                # A broker error, a changelog partition not read in time, or a state record this
+                # gate cannot load: the partitions are not served until it succeeds, so /healthz
+                # says why (503) and the recovery is tried again for as long as the gate runs.
+                self.recovery_error = f"recovering partitions {sorted(partitions)}: {type(exc).__name__}: {exc}"[:500]
+                self.recovery_failures += 1
+                log.error("gate: recovering partitions %s failed (%r); retrying in %.1f s", sorted(partitions),
                           exc, backoff)
-                await asyncio.sleep(backoff)
+                # the consumer's stop waits for this callback: a stopping gate must not sleep here
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), backoff)
                 backoff = min(5.0, backoff * 2)
+        if self._stopping.is_set():
+            return
         log.info("gate: partitions %s assigned and recovered (%d sessions)", sorted(partitions), len(self._sessions))
         self.ready.set()
         if self._announce:

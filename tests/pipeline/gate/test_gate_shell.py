@@ -451,3 +451,55 @@ async def test_healthz_reports_a_task_that_died_and_its_restart(make_settings, w
         async with http.get(url + "/metrics") as response:
             assert 'voicebus_task_restarts_total{stage="gate",task="registry"} 1.0' in await response.text()
         backoff.set()
+
+
+async def test_a_recovery_that_fails_is_reported_on_healthz_and_tried_again(make_settings, workers):
+    """Before: only a Kafka error was retried; any other failure of the recovery (here a state
+    record the gate cannot load) escaped into aiokafka's rebalance callback, which swallows it:
+    the partition sat unserved while /healthz said 200."""
+    import aiohttp
+
+    from voicebus.ops.daemon import free_port
+
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    async with make_producer(settings) as producer:  # a session state no gate can load
+        await producer.send_and_wait(settings.gate_changelog_topic, b"{not json", key=b"s-corrupt", partition=0)
+    port = free_port()
+    gate = await workers(settings, metrics_port=port, wait=False)
+    url = f"http://{settings.edge_host}:{port}/healthz"
+    async with aiohttp.ClientSession() as http:
+        async def status(code: int, failed: bool = False):
+            try:
+                async with http.get(url) as response:
+                    body = await response.json() if response.status == code else None
+            except aiohttp.ClientConnectionError:
+                return None  # not serving yet
+            return body if body is not None and (not failed or body["recovery_error"]) else None
+
+        # (503 before the first recovery ends too: not ready yet; the reason comes with its failure)
+        body = await eventually(lambda: status(503, failed=True), timeout_s=60,
+                                what="/healthz reports the failed recovery")
+        assert "recovering partitions [0]: JSONDecodeError" in body["recovery_error"]
+        await eventually(lambda: gate.recovery_failures >= 2, what="the recovery tried again")
+        async with make_producer(settings) as producer:  # the operator deletes the bad state
+            await producer.send_and_wait(settings.gate_changelog_topic, None, key=b"s-corrupt", partition=0)
+        body = await eventually(lambda: status(200), timeout_s=60, what="healthy once the recovery succeeds")
+        assert body["recovery_error"] is None and body["partitions"] == [0]
+
+
+async def test_a_gate_whose_recovery_keeps_failing_still_stops(make_settings):
+    """The consumer's stop waits for its rebalance callback: a recovery retried in it kept the
+    stop waiting for ever."""
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    async with make_producer(settings) as producer:
+        await producer.send_and_wait(settings.gate_changelog_topic, b"{not json", key=b"s-corrupt", partition=0)
+    gate = GateWorker(settings)
+    starting = asyncio.create_task(gate.start())
+    try:
+        await eventually(lambda: gate.recovery_failures >= 1, timeout_s=60, what="the recovery failed")
+    finally:
+        await asyncio.wait_for(gate.stop(), 30)
+        await asyncio.gather(starting, return_exceptions=True)
+    assert not gate.ready.is_set()
