@@ -173,3 +173,7 @@ def test_replication_fits_the_compose_kafka_and_matches_the_local_broker(compose
         settings = Settings.from_env({k: str(v) for k, v in compose["services"][name]["environment"].items()})
         durable = durability(settings, len(kafka_nodes))  # raises if the topics could not be created
         assert (durable.replication_factor, durable.min_insync_replicas) == (1, 1)
+
+
+def test_the_unauthenticated_registry_is_reachable_on_the_compose_network_only(compose):
+    assert "ports" not in compose["services"]["registry"]
