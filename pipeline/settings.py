@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator
 
 from voicebus.schemas.contract import LANGUAGES, LIMITS
 
@@ -52,6 +52,9 @@ Language = Literal[tuple(LANGUAGES)]  # type: ignore[valid-type]  # the contract
 
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # secret field -> the file it was read from (``VOICEBUS_<FIELD>_FILE``): a child process is
+    # given the file, never the value
+    _secret_files: dict[str, str] = PrivateAttr(default_factory=dict)
 
     # --- bus -------------------------------------------------------------------------------
     bootstrap: str = "127.0.0.1:9092"
@@ -410,12 +413,16 @@ class Settings(BaseModel):
                 continue  # read below, after the plain variable (which wins)
             else:
                 log.warning("%s is not a voicebus setting (ignored)%s", key, _closest_hint(name))
+        files: dict[str, str] = {}
         for name in secrets:
             path = environ.get(f"{ENV_PREFIX}{name.upper()}_FILE")
-            if path and name not in values:
+            if path and name not in values and name not in overrides:
                 values[name] = _read_secret_file(f"{ENV_PREFIX}{name.upper()}_FILE", path)
+                files[name] = path
         values.update(overrides)
-        return cls(**values)
+        settings = cls(**values)
+        settings._secret_files.update(files)
+        return settings
 
     def __init__(self, **values: Any) -> None:
         try:
@@ -426,14 +433,20 @@ class Settings(BaseModel):
     def replace(self, **changes: Any) -> "Settings":
         """A copy with `changes`, validated like any other settings."""
         current = {name: getattr(self, name) for name in type(self).model_fields}
-        return type(self)(**{**current, **changes})
+        changed = type(self)(**{**current, **changes})
+        changed._secret_files.update({k: v for k, v in self._secret_files.items() if k not in changes})
+        return changed
 
     def to_env(self) -> dict[str, str]:
         """These settings as ``VOICEBUS_*`` variables, for a child process (gate or worker
-        subprocess) that must see exactly the same configuration."""
+        subprocess) that must see exactly the same configuration. A secret read from a file is
+        passed as its ``_FILE`` variable: its value is in no child's environment."""
         env: dict[str, str] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
+            if name in self._secret_files:
+                env[f"{ENV_PREFIX}{name.upper()}_FILE"] = self._secret_files[name]
+                continue
             if isinstance(value, SecretStr):
                 value = value.get_secret_value()
             env[ENV_PREFIX + name.upper()] = "" if value is None else str(value)

@@ -90,3 +90,26 @@ def test_the_choices_are_the_stages_own():
     assert get_args(fields["gate_mode"].annotation) == GATE_MODES
     assert get_args(fields["hold_timeout_policy"].annotation) == HOLD_TIMEOUT_POLICIES
     assert set(get_args(fields["default_language"].annotation)) == set(LANGUAGES)
+
+
+def test_a_secret_from_a_file_reaches_a_child_as_the_file_never_the_value(tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("from-the-file\n")
+    s = Settings.from_env({"VOICEBUS_KAFKA_SASL_PASSWORD_FILE": str(secret), "VOICEBUS_EDGE_SECRET": "plain"})
+    assert reveal(s.kafka_sasl_password) == "from-the-file"
+    env = s.replace(partitions=2).to_env()
+    assert env["VOICEBUS_KAFKA_SASL_PASSWORD_FILE"] == str(secret) and "VOICEBUS_KAFKA_SASL_PASSWORD" not in env
+    assert "from-the-file" not in "".join(env.values())
+    assert reveal(Settings.from_env(env).kafka_sasl_password) == "from-the-file"
+    assert env["VOICEBUS_EDGE_SECRET"] == "plain"  # given as a value: the child needs it as one
+    changed = s.replace(kafka_sasl_password=SecretStr("new"))
+    assert changed.to_env()["VOICEBUS_KAFKA_SASL_PASSWORD"] == "new"
+
+
+def test_a_plain_secret_variable_wins_over_its_file(tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("from-the-file")
+    s = Settings.from_env({"VOICEBUS_KAFKA_SASL_PASSWORD_FILE": str(secret), "VOICEBUS_KAFKA_SASL_PASSWORD": "plain"})
+    assert reveal(s.kafka_sasl_password) == "plain"
+    with pytest.raises(SettingsError, match="VOICEBUS_REGISTRY_PASSWORD_FILE: cannot read"):
+        Settings.from_env({"VOICEBUS_REGISTRY_PASSWORD_FILE": str(tmp_path / "missing")})
