@@ -756,6 +756,15 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
                                           f"{ENV_PREFIX}EDGE_SECRET serves loopback names only")
         await _fail(request, ws, error, error.close_code)
         return ws
+    if router.n_clients + router.awaiting_hello >= router.max_clients:
+        # A socket that has not said hello yet holds a place too: a flood of silent sockets
+        # cannot take the edge's memory and file descriptors past its limit.
+        router.metrics.disconnects.labels("edge-full").inc()
+        await _fail(request, ws, ConnectionRefused("edge-full", f"this edge serves {router.max_clients} players "
+                                                   f"(and sockets before their hello) already"),
+                    protocol.CLOSE_TRY_AGAIN_LATER)
+        return ws
+    router.awaiting_hello += 1
     try:
         hello = await _receive_hello(ws, app[HELLO_TIMEOUT_KEY])
     except asyncio.TimeoutError:
@@ -767,6 +776,8 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         return ws
     except ConnectionResetError:
         return ws
+    finally:
+        router.awaiting_hello -= 1
     session_id = hello["session"]
     try:
         verify_token(settings.edge_secret, hello["token"], session_id)

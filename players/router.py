@@ -294,6 +294,7 @@ class SessionRouter:
         self.stall_timeout_s, self.max_sessions, self.turns_per_session = stall_timeout_s, max_sessions, turns_per_session
         self.replay_max_bytes, self.grace_s = replay_max_bytes, grace_s
         self.max_clients, self.max_clients_per_session = max_clients, max_clients_per_session
+        self.awaiting_hello = 0  # sockets accepted that have not said hello yet (counted against max_clients)
         self.cancel_rate_per_s, self.cancel_burst = cancel_rate_per_s, cancel_burst
         self.clock = clock
         self.replay_bytes = 0  # all replay buffers together

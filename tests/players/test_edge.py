@@ -289,3 +289,21 @@ async def test_a_barge_in_does_not_cancel_a_new_turn_whose_agent_clock_is_behind
             router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000})
         got = await collect(ws, turn_ended)
         assert of_type(got, "turn_start")[0]["turn_id"] == "t2" and len(audio(got)) == 2
+
+
+async def test_sockets_that_never_say_hello_count_against_the_connection_limit():
+    """Before: only players past their hello were counted; any number of silent sockets could be
+    held open (each for the hello timeout), beside a full edge."""
+    async with running_edge(edge_settings(edge_max_clients=2), with_kafka=False) as (app, client):
+        router = app[ROUTER_KEY]
+        silent = [await client.ws_connect("/ws") for _ in range(2)]
+        await eventually(lambda: router.awaiting_hello == 2, timeout_s=5, what="two sockets waiting for hello")
+        ws, error = await connect(client, "a")
+        assert error["type"] == "error" and error["code"] == "edge-full"
+        await collect(ws, lambda m: False)
+        assert ws.close_code == protocol.CLOSE_TRY_AGAIN_LATER
+        await silent[0].close()
+        await eventually(lambda: router.awaiting_hello == 1, timeout_s=5, what="the silent socket left")
+        _, ready = await connect(client, "a")
+        assert ready["type"] == "ready" and router.n_clients == 1 and router.awaiting_hello == 1
+        await silent[1].close()
