@@ -310,6 +310,12 @@ class Settings(BaseModel):
     edge_cancel_burst: int = 5
     """Cancels one player connection may send at once (token bucket size); beyond the rate an
     extra cancel is refused with the error ``rate-limited`` (the connection stays up)."""
+    edge_message_rate_per_s: float = Field(20.0, gt=0)
+    """Reports and pings one player connection may send per second, sustained (token bucket); a
+    player sends a few per sentence and a ping every few seconds. Beyond it a message is refused
+    with the error ``rate-limited`` (the connection stays up)."""
+    edge_message_burst: int = Field(50, ge=1)
+    """Reports and pings one player connection may send at once (token bucket size)."""
     edge_heard_wait_ms: int = 500
     """After a session's first heard report of a turn (playback end or stop, with how far it
     rendered), how long the edge waits for its other players before it publishes TurnHeard

@@ -894,6 +894,13 @@ async def _read_loop(request: web.Request, ws: web.WebSocketResponse, channel: C
 async def _handle_client_message(app: web.Application, channel: ClientChannel, message: dict) -> None:
     settings, router, link = app[SETTINGS_KEY], app[ROUTER_KEY], app[LINK_KEY]
     mtype = message["type"]
+    if mtype in (protocol.PING, protocol.REPORT) and not channel.message_bucket.take():
+        router.metrics.refused.labels(f"{mtype}-rate-limited").inc()
+        channel.push(OutFrame(protocol.encode_control(
+            protocol.ERROR, code="rate-limited",
+            message=f"{mtype} refused: at most {router.message_burst} reports and pings at once and "
+                    f"{router.message_rate_per_s:g} per second per connection")), front=True)
+        return
     if mtype == protocol.PING:
         channel.push(_pong(message), front=True)
     elif mtype == protocol.HELLO:

@@ -120,11 +120,14 @@ class ClientChannel:
     seconds, the router's) times the stall rule and the cancel rate limit."""
 
     def __init__(self, client_id: str, session_id: str, max_frames: int, stall_timeout_s: float, metrics: EdgeMetrics,
-                 cancel_bucket: TokenBucket | None = None, clock: Callable[[], float] = time.monotonic):
+                 cancel_bucket: TokenBucket | None = None, clock: Callable[[], float] = time.monotonic,
+                 message_bucket: TokenBucket | None = None):
         self.client_id, self.session_id = client_id, session_id
         self.clock = clock
         # the client's cancels: a listen-only client cannot flood the bus (docs/edge.md, "Bounds")
         self.cancel_bucket = cancel_bucket or TokenBucket(2.0, 5, clock)
+        # its reports and pings: each costs the edge work (a report is published on the bus)
+        self.message_bucket = message_bucket or TokenBucket(20.0, 50, clock)
         self.max_frames, self.stall_timeout_s = max_frames, stall_timeout_s
         self.metrics = metrics
         self.outbox: deque[OutFrame] = deque()
@@ -284,6 +287,8 @@ class SessionRouter:
         max_clients_per_session: int = 8,
         cancel_rate_per_s: float = 2.0,
         cancel_burst: int = 5,
+        message_rate_per_s: float = 20.0,
+        message_burst: int = 50,
         heard_wait_ms: int = 500,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -296,6 +301,7 @@ class SessionRouter:
         self.max_clients, self.max_clients_per_session = max_clients, max_clients_per_session
         self.awaiting_hello = 0  # sockets accepted that have not said hello yet (counted against max_clients)
         self.cancel_rate_per_s, self.cancel_burst = cancel_rate_per_s, cancel_burst
+        self.message_rate_per_s, self.message_burst = message_rate_per_s, message_burst
         self.clock = clock
         self.replay_bytes = 0  # all replay buffers together
         # turns holding replay frames, least recently appended to first: the byte limit's eviction order
@@ -313,6 +319,7 @@ class SessionRouter:
             replay_max_bytes=settings.edge_replay_max_bytes, grace_s=settings.edge_session_grace_s,
             max_clients=settings.edge_max_clients, max_clients_per_session=settings.edge_max_clients_per_session,
             cancel_rate_per_s=settings.edge_cancel_rate_per_s, cancel_burst=settings.edge_cancel_burst,
+            message_rate_per_s=settings.edge_message_rate_per_s, message_burst=settings.edge_message_burst,
             heard_wait_ms=settings.edge_heard_wait_ms,
         )
         values.update(overrides)
@@ -367,6 +374,7 @@ class SessionRouter:
         channel = ClientChannel(
             f"c{next(self._client_ids)}", session_id, self.client_queue_frames, self.stall_timeout_s, self.metrics,
             cancel_bucket=TokenBucket(self.cancel_rate_per_s, self.cancel_burst, self.clock), clock=self.clock,
+            message_bucket=TokenBucket(self.message_rate_per_s, self.message_burst, self.clock),
         )
         session.clients[channel.client_id] = channel
         self.n_clients += 1

@@ -307,3 +307,20 @@ async def test_sockets_that_never_say_hello_count_against_the_connection_limit()
         _, ready = await connect(client, "a")
         assert ready["type"] == "ready" and router.n_clients == 1 and router.awaiting_hello == 1
         await silent[1].close()
+
+
+async def test_reports_and_pings_past_their_rate_are_refused_and_counted():
+    """Before: a client could send reports (each published on the bus) and pings without limit."""
+    async with running_edge(edge_settings(edge_message_burst=5, edge_message_rate_per_s=0.001),
+                            with_kafka=False) as (app, client):
+        router = app[ROUTER_KEY]
+        ws, _ = await connect(client, "s1")
+        for i in range(10):
+            await ws.send_str(json.dumps({"type": "ping", "v": 1, "t0": i}))
+        got = await collect(ws, lambda m: len(of_type(m, "pong")) + len(of_type(m, "error")) >= 10)
+        assert len(of_type(got, "pong")) == 5
+        assert {e["code"] for e in of_type(got, "error")} == {"rate-limited"} and len(of_type(got, "error")) == 5
+        assert router.metrics.registry.get_sample_value("voicebus_edge_refused_total", {"reason": "ping-rate-limited"}) == 5
+        other, _ = await connect(client, "s1")  # another connection has its own bucket
+        await other.send_str(json.dumps({"type": "ping", "v": 1, "t0": 1}))
+        assert of_type(await collect(other, lambda m: of_type(m, "pong")), "pong")
