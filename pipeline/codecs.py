@@ -42,6 +42,7 @@ from fastavro.read import SchemaResolutionError
 from fastavro.schema import SchemaParseException, fingerprint, to_parsing_canonical_form
 
 from voicebus import schemas
+from voicebus.ratelimit import TokenBucket
 from voicebus.schemas import contract
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ SINGLE_OBJECT = "single-object"
 CONFLUENT = "confluent"
 WIRE_FORMATS = (SINGLE_OBJECT, CONFLUENT)
 _MAX_MISSING_IDS = 1024  # ids the registry said it does not know, remembered so bad records don't hammer it
+LOOKUP_RATE_PER_S, LOOKUP_BURST = 20.0, 100  # registry lookups of ids this codec has not seen
 
 
 class CodecError(ValueError):
@@ -145,6 +147,7 @@ class Codec:
         *,
         framing: str = SINGLE_OBJECT,
         registry: "SchemaRegistry | None" = None,
+        lookup_limit: "TokenBucket | None" = None,
     ) -> None:
         if framing not in WIRE_FORMATS:
             raise ValueError(f"wire format {framing!r} is not one of {', '.join(WIRE_FORMATS)}")
@@ -163,6 +166,9 @@ class Codec:
         self._id_fp: dict[int, bytes] = {}
         self._topic_ids: dict[tuple[str, str], int] = {}
         self._missing_ids: set[int] = set()
+        # Lookups of ids not known here, each a registry request: a flood of records naming made-up
+        # ids is refused past this rate instead of turning into a flood of requests.
+        self._lookups = lookup_limit or TokenBucket(LOOKUP_RATE_PER_S, LOOKUP_BURST)
         for name, raw in current.items():
             parsed = parse_schema(dict(raw), named_schemas={})
             fp = schema_fingerprint(raw)
@@ -289,6 +295,9 @@ class Codec:
             )
         if schema_id in self._missing_ids:
             raise UnknownSchemaId(f"the schema registry has no schema id {schema_id}")
+        if not self.registry.knows(schema_id) and not self._lookups.take():
+            raise UnknownSchemaId(f"schema id {schema_id} not looked up: lookups of unknown schema ids are "
+                                  f"limited to {self._lookups.rate_per_s:g} per second")
         try:
             text = self.registry.schema_by_id(schema_id)
         except SchemaNotFound as exc:

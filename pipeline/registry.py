@@ -103,6 +103,11 @@ class SchemaRegistry:
             self._by_id[schema_id] = text
         return schema_id
 
+    def knows(self, schema_id: int) -> bool:
+        """The schema of `schema_id` is cached here (no request needed)."""
+        with self._lock:
+            return schema_id in self._by_id
+
     def schema_by_id(self, schema_id: int) -> str:
         """The schema text registered with `schema_id` (cached); `SchemaNotFound` if none."""
         with self._lock:

@@ -38,6 +38,7 @@ from voicebus.clock import now_us
 from voicebus.players import protocol
 from voicebus.players.heard import HeardTracker
 from voicebus.players.metrics import EdgeMetrics
+from voicebus.ratelimit import TokenBucket
 from voicebus.schemas.contract import CANCEL_SOURCES, LIMITS, AudioEncoding, ControlAction, metric_label
 
 TIMELINE_FIELDS = (
@@ -62,30 +63,6 @@ class ConnectionRefused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass
-class TokenBucket:
-    """A token bucket (pure; the clock is passed in): `take` spends one token if there is one.
-    Refills at `rate_per_s` up to `burst` tokens."""
-
-    rate_per_s: float
-    burst: float
-    clock: Callable[[], float] = time.monotonic
-    tokens: float = field(init=False)
-    stamp: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tokens, self.stamp = float(self.burst), self.clock()
-
-    def take(self) -> bool:
-        now = self.clock()
-        self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.stamp) * self.rate_per_s)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
 
 
 class ClientClosed(Exception):

@@ -75,3 +75,53 @@ def test_a_wrong_password_is_a_clear_error_without_the_password(registry_url):
     with pytest.raises(RegistryError) as caught:
         SchemaRegistry(unreachable, timeout_s=2).subjects()
     assert "unreachable" in str(caught.value) and wrong not in str(caught.value)
+
+
+# --- a flood of unknown schema ids ----------------------------------------------------------------
+
+
+def test_a_flood_of_unknown_schema_ids_is_looked_up_at_a_bounded_rate():
+    """Records naming made-up schema ids each cost a registry request (blocking the stage while
+    it waits); past the codec's lookup rate they are refused without one, and an id the registry
+    said it does not know is never asked again."""
+    import struct
+
+    from voicebus.codecs import Codec, UnknownSchemaId
+    from voicebus.ratelimit import TokenBucket
+
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            asked.append(self.path)
+            body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        now = [0.0]
+        codec = Codec(registry=SchemaRegistry(f"http://127.0.0.1:{server.server_address[1]}"),
+                      lookup_limit=TokenBucket(1.0, 3, clock=lambda: now[0]))
+        reasons = []
+        for schema_id in [7, 7, *range(100, 200)]:
+            with pytest.raises(UnknownSchemaId) as caught:
+                codec.decode(b"\x00" + struct.pack(">I", schema_id) + b"\x02")
+            reasons.append(str(caught.value))
+        assert len(asked) == 3 and asked[0].endswith("/schemas/ids/7")  # 7 once, then 2 more: the burst
+        assert sum("per second" in r for r in reasons) == 98  # 102..199: the burst was spent on 7, 100, 101
+        now[0] += 2.0  # two tokens later
+        for schema_id in (300, 301, 302):
+            with pytest.raises(UnknownSchemaId):
+                codec.decode(b"\x00" + struct.pack(">I", schema_id) + b"\x02")
+        assert len(asked) == 5
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -248,7 +248,7 @@ def test_connections_past_the_per_session_and_per_edge_limits_are_refused():
 
 
 def test_the_cancel_bucket_allows_a_burst_then_its_rate():
-    from voicebus.players.router import TokenBucket
+    from voicebus.ratelimit import TokenBucket
 
     clock = FakeClock()
     bucket = TokenBucket(rate_per_s=2.0, burst=5, clock=clock)
