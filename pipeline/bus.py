@@ -358,7 +358,7 @@ async def await_group_coordinator(settings: Settings, group_id: str, timeout_s: 
     GroupCoordinatorNotAvailable until that topic's partitions have leaders (a second or so).
     aiokafka's group consumer logs each such retry at ERROR, so a stage started first on a fresh
     broker would print errors although nothing is wrong. Every stage with a consumer group asks
-    here first (start in any order, issue 16.3); after `timeout_s` it goes on and lets the
+    here first (start in any order); after `timeout_s` it goes on and lets the
     consumer retry (and log) as usual."""
     from aiokafka.errors import KafkaError
 

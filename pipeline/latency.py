@@ -73,7 +73,7 @@ def summary(values: Iterable[float]) -> dict[str, float]:
 
 
 def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], settings=None) -> list[float]:
-    """Release latency of each sentence of one turn (issue 16's measure): from the moment the text
+    """Release latency of each sentence of one turn: from the moment the text
     event that completed the sentence was produced (``produced_at_us``; the event the gate's pure
     core releases the sentence on, found by replaying the turn's events offline through
     `GateSession` with the gate's config) to the request's ``released_at_us``. `events` are the

@@ -260,7 +260,7 @@ class Settings(BaseModel):
     it is decoded; sentences are then cut only where they must be (no pause mid-phrase). Its
     quality gates hold (Whisper tiny.en WER the same as the whole decode's, seams no worse than
     the audio around them: docs/synthesis.md); False: one window per piece, sentences cut after
-    their 8th word for early audio (the engine before issue 11)."""
+    their 8th word for early audio (the engine's older behaviour)."""
     shorten_inner_pauses: bool = True
     """Shorten every silence Kokoro predicts inside a phrase (no punctuation in it) to 75 ms of
     silent frames before decoding (`kokoro_frames.shorten_inner_silence`); a pause the text

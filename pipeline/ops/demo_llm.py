@@ -5,7 +5,7 @@ local OpenAI-compatible server (`voicebus.ops.local_llm.LocalLlmServer`: llama-c
 SmolLM2-135M-Instruct, extra ``voicebus[llm]``). Each question is streamed through the OpenAI
 adapter (`voicebus.agents.openai_adapter.speak_chat_completion`, what `voicebus ask` runs) as a turn of
 agent `AGENT_ID`, whose text topic does not exist before the first question: its first turn is
-a new agent joining, and the table shows whether that costs anything (issue 16).
+a new agent joining, and the table shows whether that costs anything.
 
 Questions come from ``--ask Q`` (repeatable), else from the terminal (one per line, until an
 empty line or Ctrl-D) when stdin is a terminal, else `DEFAULT_QUESTIONS`. The player URL of the

@@ -47,7 +47,7 @@ PIECE_MAX_WORDS = 30
 # piece) a sentence is cut only where it must be: pieces of at most this many words, cut at
 # clause punctuation when the clauses allow, so the phonemes stay far under MAX_PHONEMES
 # (about 6 symbols a word in en/es/pt: ~300 of 510). Each cut is a pause of 250-500 ms heard
-# in the middle of the sentence (issue 11 item 7).
+# in the middle of the sentence.
 WINDOWED_PIECE_MAX_WORDS = 50
 
 
@@ -196,7 +196,7 @@ def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this machine's CPU multiplies bfloat16 in hardware (a flag of `BF16_CPU_FLAGS`):
     oneDNN's bfloat16 convolutions are then faster than its float32 ones: ~8x with AMX; with AVX-512
     BF16 on a 2-core Zen 5 EPYC, synthesis's real-time factor 1.7x lower and its first audio 1.4x
-    sooner (docs/benchmarks.md, "stop 24")."""
+    sooner (docs/benchmarks.md, "bench synth")."""
     try:
         with open(cpuinfo, encoding="ascii", errors="replace") as f:
             return any(line.startswith("flags") and BF16_CPU_FLAGS & set(line.split()) for line in f)

@@ -20,10 +20,10 @@ One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per fram
 
 Inside the sound, `shorten_inner_silence` cuts a silence Kokoro predicts within a phrase (no
 punctuation token in it) down to `MAX_INNER_SILENCE_FRAMES` before anything is decoded, and
-shortens the durations of the tokens it belonged to (issue 11 item 7; docs/synthesis.md,
+shortens the durations of the tokens it belonged to (docs/synthesis.md,
 "Mid-phrase pauses").
 
-Windowed decoding (issue 11 item 2; docs/synthesis.md "First audio from the first window"):
+Windowed decoding (docs/synthesis.md "First audio from the first window"):
 `prepare_decoder` is `Decoder.forward` up to the generator, over a whole span, plus the
 generator's harmonic source drawn once; `generate` is `Generator.forward` on a window of that
 span; `first_cut` and `next_cut` plan the windows from the decode speed measured (`seams`: the
@@ -277,7 +277,7 @@ def decode_sound(
     return decode_frames(model, frames, start, stop, weights), start, stop
 
 
-# --- pauses inside a phrase (issue 11 item 7) -------------------------------------------------
+# --- pauses inside a phrase -------------------------------------------------
 
 # Predicted energy at or below which a frame inside a phrase is silence to the ear: N = -3.5
 # decodes to a peak of 8 samples (-72 dBFS) and -2.2 to 76 (-53 dBFS), both more than 40 dB
@@ -350,7 +350,7 @@ def shorten_inner_silence(frames: Frames, symbols: list[str], keep: int = MAX_IN
     return Frames(asr=frames.asr[:, :, kept], f0=frames.f0[:, kept2], n=frames.n[:, kept2], style=frames.style, durations=durations)
 
 
-# --- windowed decoding: the first audio from the first frames (issue 11 item 2) ---------------
+# --- windowed decoding: the first audio from the first frames ---------------
 
 # Sounding frames (25 ms each) in the first window: its audio is published before the rest of
 # the piece is decoded. 16 frames = 400 ms of speech, more than a chunk ahead of the player.

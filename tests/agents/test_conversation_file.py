@@ -128,7 +128,7 @@ _TEXTISH = st.fixed_dictionaries({
 @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(_JSON.map(json.dumps), _TEXTISH.map(json.dumps), st.text(max_size=30)), max_size=6))
 def test_any_lines_parse_into_what_replay_can_publish_or_raise_the_format_error(lines):
-    """Fuzz (issue 10): a conversation file is either refused with ConversationFormatError or
+    """Fuzz: a conversation file is either refused with ConversationFormatError or
     every event replay makes of it encodes (the pipeline can act on it): a language the engine
     cannot speak, an over-long id or a control character used to pass and fail mid-replay."""
     try:

@@ -129,7 +129,7 @@ def test_events_before_a_bad_line_in_the_same_bytes_come_out_first():
         decoder.feed(b"data: two\n\n")  # a broken stream stays broken
 
 
-# --- fuzzing (issue 10.8): any bytes, any chunking, any JSON -------------------------------------
+# --- fuzzing: any bytes, any chunking, any JSON -------------------------------------
 
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st  # noqa: E402
 

@@ -434,7 +434,7 @@ def test_any_avro_value_is_taken_whole_or_refused_by_the_contract_both_ways(name
     assert str(on_decode.value) == str(on_encode.value) == f"{name}: " + "; ".join(problems)
 
 
-# Every writer schema the codec reads, current and history (issue 10.8: a fuzz per decoder).
+# Every writer schema the codec reads, current and history (a fuzz per decoder).
 _WRITERS = sorted((raw["name"].rsplit(".", 1)[-1], i, raw) for i, raw in
                   enumerate([schemas.load(n) for n in sorted(schemas.CURRENT)] + schemas.load_history()))
 

@@ -1,4 +1,4 @@
-"""Start in any order (issue 16 item 3): the stages started by hand, as a user does, each with its
+"""Start in any order: the stages started by hand, as a user does, each with its
 own `voicebus` command, on a new broker (a fresh one of this test's own: no topic, not even
 ``__consumer_offsets``, exists yet): the edge first, then the gate, then the synthesis worker
 (the gate before the worker), and no agent until all three run. Nothing loops on a missing

@@ -248,7 +248,7 @@ async def test_a_cancel_published_before_the_edge_started_still_drops_its_turn(m
 
 
 async def test_a_player_resuming_on_a_restarted_edge_gets_the_rest_of_its_turn(make_settings):
-    """Issue 9 (chaos, kind ``edge``): the edge a player listened to died mid-turn; audio kept
+    """Chaos (kind ``edge``): the edge a player listened to died mid-turn; audio kept
     coming while no edge ran. A new edge reads the recent audio back into its replay buffers
     before it serves anyone, so the player's ``resume`` gets its turn from the sentence it was
     playing: nothing lost, and the sentences it had heard whole are not sent again."""
@@ -276,7 +276,7 @@ async def test_a_player_resuming_on_a_restarted_edge_gets_the_rest_of_its_turn(m
 
 
 async def test_a_player_without_resume_on_a_restarted_edge_gets_the_turn_it_never_saw_start(make_settings):
-    """Issue 9 (bench chaos, kind ``edge``, 4 sessions): the edge died before this player saw its
+    """Bench chaos (kind ``edge``, 4 sessions): the edge died before this player saw its
     turn start, so the player has no ``resume`` to send; the turn's audio was published while no
     edge ran. A starting edge serves such a player from the partition too, re-read (it took the
     partition just now): the whole turn, nothing lost."""
@@ -302,7 +302,7 @@ async def test_a_player_without_resume_on_a_restarted_edge_gets_the_turn_it_neve
 
 
 async def test_a_player_back_between_turns_on_a_restarted_edge_gets_the_turn_spoken_while_none_ran(make_settings):
-    """Issue 9 (bench chaos, kind ``edge``, 3 sessions): the player had heard turn t1 to its end when
+    """Bench chaos (kind ``edge``, 3 sessions): the player had heard turn t1 to its end when
     its edge died; turn t2 was spoken and ended while no edge ran. The player comes back with
     ``resume {t1, finished}`` and hears t2 whole (and nothing of t1 again): without it, an ended
     turn is not sent to a player, and t2 was lost."""

@@ -139,7 +139,7 @@ _FRAME = st.fixed_dictionaries(
 @example(json.dumps({"type": "cancel", "v": 1, "resume": {}}))
 @example(json.dumps({"type": "ping", "v": 1, "turn_id": False, "t0": 0}))
 def test_any_client_text_frame_is_refused_or_yields_ids_the_contract_accepts(text):
-    """Fuzz (issue 10): the edge turns a client's cancel and report into bus events; an id the
+    """Fuzz: the edge turns a client's cancel and report into bus events; an id the
     contract refuses (control characters, over 128 characters) used to pass the frame check and
     fail only when the edge encoded the event."""
     try:

@@ -1,4 +1,4 @@
-"""`voicebus bench agents`: what an agent joining costs, to itself and to everyone else (issue 16).
+"""`voicebus bench agents`: what an agent joining costs, to itself and to everyone else.
 
 One gate worker (a subprocess, as deployed) and a few "other" sessions speaking all the time from
 an agent that has been there since the start. Phases in blocks of the same length, taken in turn

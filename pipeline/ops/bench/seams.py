@@ -1,4 +1,4 @@
-"""Measures of windowed decoding's quality (issue 11 item 2), shared by `voicebus bench synth`
+"""Measures of windowed decoding's quality, shared by `voicebus bench synth`
 and the real-weight tests: log-mel spectra, the log-mel distance between two decodes of the
 same frames, the seam measure, and the mid-phrase pause measure (`mid_phrase_pauses`).
 
@@ -185,8 +185,7 @@ def intelligibility(engine, voice: str, whisper, language: str, sentences: list[
     return {mode: count / reference for mode, count in errors.items()} | {"words": reference}
 
 
-# Sentences of about twenty words with no punctuation inside: any pause in them is mid-phrase
-# (issue 11 item 7).
+# Sentences of about twenty words with no punctuation inside: any pause in them is mid-phrase.
 LONG_PHRASES = {
     "en": "The technician will call you tomorrow morning before nine to confirm the visit and the time of the repair.",
     "es": "El técnico te llamará mañana por la mañana antes de las nueve para confirmar la visita y la hora de la reparación.",

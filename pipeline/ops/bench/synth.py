@@ -14,7 +14,7 @@ Engine alone, no Kafka. Each repeat runs every variant on every sentence, varian
 Variants: ``before`` is the engine as it was (whole piece decoded, then trimmed); ``after`` only
 the sounding frames decoded, in one window, sentences cut after their 8th word for early audio;
 ``windowed`` is the engine's default (sounding frames decoded in growing windows, the first
-audio published from the first, sentences cut only where they must be: issue 11 items 2, 7); the
+audio published from the first, sentences cut only where they must be); the
 others change one runtime option: torch intra-op threads, ``no_grad`` instead of
 ``inference_mode``, ``fixed`` (windowed: the fixed window sizes of `kokoro_frames.seams`, not
 those planned from the decode speed), ``unbaked`` (kokoro's weight-norm hooks kept, recomputing every weight on
@@ -181,7 +181,7 @@ def _quality(engine, voice: str) -> None:
 
 
 def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
-    """Issue 11 item 7, Kokoro's pauses inside a phrase kept (``inner_pause_frames`` None) and
+    """Kokoro's pauses inside a phrase kept (``inner_pause_frames`` None) and
     shortened (the engine's): the mid-phrase pauses in each language's long phrase over
     ``seeds`` decoder seeds, and Whisper base's word error rate over the es and pt sentences of
     `voicebus.ops.bench.seams` (fixed window sizes, seeded per sentence: the same audio each run)."""

@@ -1,4 +1,4 @@
-"""The gate core's bounds (issue 10, the gate's share): no sentence over the text limit, a bounded
+"""The gate core's bounds: no sentence over the text limit, a bounded
 segmenter buffer (run-on text, unclosed code fences), bounded session state, idle expiry, and a
 turn that still ends when the gate fails on it."""
 

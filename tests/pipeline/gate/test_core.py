@@ -178,7 +178,7 @@ def test_session_cancel_covers_the_turns_the_gate_holds_by_order_not_by_clock():
 
 
 def test_a_far_future_cancel_timestamp_mutes_nothing():
-    """Regression (issue 10): a whole-session cancel with issued_at_us far ahead used to cancel
+    """Regression: a whole-session cancel with issued_at_us far ahead used to cancel
     every turn that started before it, i.e. every later turn of the session, for good."""
     t1, t2 = Turn("t1", t0=1 * S), Turn("t2", t0=2 * S)
     out, _ = run(t1.tokens("First. ") + [t1.end(), cancel(at=2**62)] + t2.tokens("Second. ") + [t2.end()])

@@ -1,11 +1,11 @@
 """The gate's aiokafka shell through the real broker, workers run in this process:
 
-- a rebalance in the middle of turns with held evidence (issue 9.6): two workers, every sentence
+- a rebalance in the middle of turns with held evidence: two workers, every sentence
   released exactly once, nothing sent by the old owner for a partition after its revoke, the
   changelog holds the new owner's state;
-- a restart with a backlog (issue 9.5): events sent before the restarted worker is ready are
+- a restart with a backlog: events sent before the restarted worker is ready are
   processed (50 runs: ``pytest -m soak -k restarted``; the default run takes 3);
-- new agents at no cost (issue 16): a registered topic is read without a rebalance, an
+- new agents at no cost: a registered topic is read without a rebalance, an
   unregistered one is found by the listing, a topic that cannot be co-partitioned is refused;
 - start in any order (16.3): a worker on a bare broker creates what it uses, no error loop;
 - a record on the wrong partition for its session is dead-lettered.

@@ -1,7 +1,7 @@
-"""`voicebus bench agents` (issue 16 item 2) in miniature, through the real broker and a gate worker
+"""`voicebus bench agents` in miniature, through the real broker and a gate worker
 subprocess: one round of short blocks; the JSON has the documented shape, every request it
 waited for arrived, new agents joined, and each block announced itself as it started (the
-whole benchmark runs for minutes: issue 14 item 5, long benchmarks show progress)."""
+whole benchmark runs for minutes: long benchmarks show progress)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`voicebus bench chaos`'s own machinery as the fault tests (issue 9): one SIGKILL of each kind in
+"""`voicebus bench chaos`'s own machinery as the fault tests: one SIGKILL of each kind in
 the middle of a turn, on the real cluster, with the gate, synthesis worker (tiny random-weight
 Kokoro) and edge as processes and a listener that reconnects with ``resume``: every sentence
 heard whole, none twice, none out of order, the turn ended.

@@ -1,4 +1,4 @@
-"""A real LLM end to end (issue 16 item 4): llama-cpp-python's OpenAI-compatible server with
+"""A real LLM end to end: llama-cpp-python's OpenAI-compatible server with
 SmolLM2-135M-Instruct, streamed by `voicebus ask` (a process of its own, as a user runs it) into a
 running gate, synthesis worker (tiny random weights: the model's speed is not what is measured)
 and edge; a listener on the edge hears each turn.
@@ -86,7 +86,7 @@ async def test_a_real_llm_through_voicebus_ask_is_heard_and_a_new_agents_first_t
     ask two questions each in a session of their own, one after another, into a gate, worker
     and edge started before any of them. Every turn is heard (audio, turn end), and a new agent's
     first turn releases its sentences as fast as its later turns: release latency p50 within 50
-    ms (issue 16's acceptance; with faust it was ~3.5 s more)."""
+    ms (with faust it was ~3.5 s more)."""
     from voicebus.ops.demo_llm import turn_release_latencies
     from voicebus.ops.runtime import PipelineStack
     from voicebus.synthesis.engine import SynthesisEngine

@@ -158,7 +158,7 @@ def test_trimming_in_parts_is_trimming_the_whole():
 
 
 def test_a_long_sentence_is_not_cut_mid_phrase_when_the_first_audio_comes_from_a_window():
-    """Issue 11 item 7: with windowed decoding a sentence is cut only at clause punctuation
+    """With windowed decoding a sentence is cut only at clause punctuation
     when it must be (its words over the phoneme-safe limit), never after its 8th word."""
     from voicebus.synthesis.engine import WINDOWED_PIECE_MAX_WORDS, piece_limits
 

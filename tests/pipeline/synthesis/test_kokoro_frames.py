@@ -160,7 +160,7 @@ def test_weighted_norms_with_equal_weights_are_kokoros_norms(tiny_engine):
     assert not any("forward" in vars(m) for m in model.decoder.modules())  # kokoro's modules restored
 
 
-# --- windowed decoding (issue 11 item 2) ---------------------------------------------------
+# --- windowed decoding ---------------------------------------------------
 
 
 def test_windows_start_short_and_grow_so_each_is_decoded_while_the_ones_before_play():
@@ -555,7 +555,7 @@ def test_prepare_decoder_with_a_folded_half_keeps_kokoro_s_excitation(tiny_engin
     assert torch.allclose(kokoro.x, folded.x, atol=1e-4 * float(kokoro.x.abs().max()), rtol=0)
 
 
-# --- pauses inside a phrase (issue 11 item 7) ----------------------------------------------------
+# --- pauses inside a phrase ----------------------------------------------------
 
 LOUD, QUIET = 5.0, -8.0
 

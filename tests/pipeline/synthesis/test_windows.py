@@ -1,4 +1,4 @@
-"""Windowed decoding on real weights (issue 11 items 2 and 7): Whisper hears the windowed
+"""Windowed decoding on real weights: Whisper hears the windowed
 decode as it hears the whole-piece decode, its seams are no worse than the audio around them
 (`voicebus.ops.bench.seams`), and a long sentence is spoken with no pause in the middle of a phrase."""
 
@@ -69,7 +69,7 @@ def spoken_pauses(engine, whisper_base, languages=LONG_PHRASES) -> dict:
 
 @pytest.mark.model
 def test_no_pause_in_the_middle_of_a_phrase_in_english_spanish_and_portuguese(real_engine, whisper_base):
-    """Issue 11 item 7: no silence of >= 200 ms inside a phrase the text does not punctuate.
+    """No silence of >= 200 ms inside a phrase the text does not punctuate.
     voicebus made one at every cut (each piece a forward pass of its own, with its own trail
     and lead): with windowed decoding it cuts only where the model needs it. Kokoro itself
     predicts others on the offline pack's voice (the test below): the engine shortens those

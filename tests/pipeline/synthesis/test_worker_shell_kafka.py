@@ -1,8 +1,8 @@
 """The synthesis worker's promises under failure, through the real broker with the tiny engine:
 a send the broker refuses is retried and its request stays uncommitted until the audio is
-published (issue 9.3); a sentence the engine cannot speak still ends its sentence and its turn,
-with a reason (10.3); a request that breaks the contract is dead-lettered with its reason and
-settled (10.1). (`--announce` and a worker started first: test_worker_cli.py.)"""
+published; a sentence the engine cannot speak still ends its sentence and its turn,
+with a reason; a request that breaks the contract is dead-lettered with its reason and
+settled. (`--announce` and a worker started first: test_worker_cli.py.)"""
 
 from __future__ import annotations
 
