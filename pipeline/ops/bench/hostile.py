@@ -296,7 +296,7 @@ KIND_HEADER = "voicebus.bench.kind"
 # merely do no harm (a cancel flood, a request for a voice nobody has, a seq far ahead)
 REFUSED_KINDS = ("garbage", "empty", "null-value", "null-key", "negative-seq", "oversized", "unknown-language",
                  "bad-id", "invalid-utf8", "wrong-type", "truncated", "negative-time", "bad-speed", "odd-pcm",
-                 "bad-sample-rate", "bad-opus", "words-backwards")
+                 "bad-sample-rate", "bad-opus", "words-backwards", "too-many-turn-ids")
 
 
 class HostileAgent:
@@ -371,8 +371,8 @@ class HostileAgent:
             for _ in range(100):
                 await self.send("control:cancel-flood-made-up-ids", ctl,
                                 c.encode("ControlEvent", _cancel(sid, f"made-up-{rng.getrandbits(48):x}")), key)
-            await self.send("control:cancel-listing-many-turns", ctl, c.encode(
-                "ControlEvent", _cancel(sid, None, turn_ids=[f"t{i}" for i in range(2000)])), key)
+            await self.send("control:too-many-turn-ids", ctl, raw_avro(
+                c, "ControlEvent", _cancel(sid, None, turn_ids=[f"t{i}" for i in range(2000)])), key)
             await self.send("control:bad-id", ctl, raw_avro(c, "ControlEvent", _cancel("")), b"")
             await self.send("control:negative-time", ctl, raw_avro(c, "ControlEvent", _cancel(sid, issued_at_us=-1)), key)
             # synthesis topic (only the gate should write it): what a buggy gate could send
