@@ -8,6 +8,7 @@ the real Apicurio in test_registry.py."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,20 +23,16 @@ from voicebus.settings import Settings
 USER, PASSWORD = "gate", "registry-pass-1234"
 
 
-@pytest.fixture
-def registry_url():
-    expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
-    seen: list[str | None] = []
+@contextlib.contextmanager
+def json_server(answer):
+    """A loopback HTTP server whose GET answers ``answer(path, headers) -> (status, JSON body)``;
+    yields its base URL."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's naming)
-            seen.append(self.headers.get("Authorization"))
-            if self.headers.get("Authorization") != expected:
-                self.send_response(401)
-                body = json.dumps({"error_code": 40101, "message": "Unauthorized"}).encode()
-            else:
-                self.send_response(200)
-                body = json.dumps(["voicebus.text.a-value"]).encode()
+            status, value = answer(self.path, self.headers)
+            body = json.dumps(value).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -45,11 +42,25 @@ def registry_url():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/apis/ccompat/v7"
-    server.shutdown()
-    server.server_close()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def registry_url():
+    expected = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+
+    def answer(path, headers):
+        if headers.get("Authorization") != expected:
+            return 401, {"error_code": 40101, "message": "Unauthorized"}
+        return 200, ["voicebus.text.a-value"]
+
+    with json_server(answer) as url:
+        yield url + "/apis/ccompat/v7"
 
 
 def test_the_settings_credentials_are_sent_as_basic_auth(registry_url):
@@ -91,24 +102,13 @@ def test_a_flood_of_unknown_schema_ids_is_looked_up_at_a_bounded_rate():
 
     asked: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            asked.append(self.path)
-            body = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode()
-            self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path, headers):
+        asked.append(path)
+        return 404, {"error_code": 40403, "message": "Schema not found"}
 
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with json_server(answer) as url:
         now = [0.0]
-        codec = Codec(registry=SchemaRegistry(f"http://127.0.0.1:{server.server_address[1]}"),
+        codec = Codec(registry=SchemaRegistry(url),
                       lookup_limit=TokenBucket(1.0, 3, clock=lambda: now[0]))
         reasons = []
         for schema_id in [7, 7, *range(100, 200)]:
@@ -122,6 +122,3 @@ def test_a_flood_of_unknown_schema_ids_is_looked_up_at_a_bounded_rate():
             with pytest.raises(UnknownSchemaId):
                 codec.decode(b"\x00" + struct.pack(">I", schema_id) + b"\x02")
         assert len(asked) == 5
-    finally:
-        server.shutdown()
-        server.server_close()
