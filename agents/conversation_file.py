@@ -1,6 +1,6 @@
 """The recorded-conversation format (JSONL): parse, validate and write it. Pure, no Kafka.
 
-One JSON object a line (docs/conversations.md is the reference):
+One JSON object a line (docs/agents.md is the reference):
 
     {"voicebus_conversation": 1, "title": "...", "description": "..."}          (optional header)
     {"t_ms": 412.0, "type": "text", "agent_id": "assistant", "session_id": "s1", "turn_id": "t1",

@@ -202,7 +202,7 @@ class Settings(BaseModel):
     see docs/gate.md for the measured saving and retraction rate."""
     first_clause_min_words: int = 8
     """Release a long first sentence early at a clause boundary once it has this many words
-    (0 disables it). 8 was chosen by measurement: docs/segmentation.md."""
+    (0 disables it). 8 was chosen by measurement: docs/gate.md."""
     hold_timeout_s: float = 10.0
     """How long text waits behind a pending evidence mark before ``hold_timeout_policy`` applies."""
     hold_timeout_policy: Literal["release", "drop"] = "release"
@@ -254,25 +254,25 @@ class Settings(BaseModel):
     max_trail_silence_ms: int = 250
     """Silence kept before and after the sound of each synthesized piece. Kokoro pads each
     forward pass with ~270 ms before and ~600 ms after; the lead delays the turn's first audible
-    sample and the sum is the pause between sentences. 20 + 250 ms: docs/synthesis.md."""
+    sample and the sum is the pause between sentences. 20 + 250 ms: docs/worker.md."""
     windowed_decoding: bool = True
     """Decode each piece in growing windows of frames and publish each window's audio as soon as
     it is decoded; sentences are then cut only where they must be (no pause mid-phrase). Its
     quality gates hold (Whisper tiny.en WER the same as the whole decode's, seams no worse than
-    the audio around them: docs/synthesis.md); False: one window per piece, sentences cut after
+    the audio around them: docs/worker.md); False: one window per piece, sentences cut after
     their 8th word for early audio (the engine's older behaviour)."""
     shorten_inner_pauses: bool = True
     """Shorten every silence Kokoro predicts inside a phrase (no punctuation in it) to 75 ms of
     silent frames before decoding (`kokoro_frames.shorten_inner_silence`); a pause the text
     punctuates is kept whole. The offline pack's voice pauses 310-400 ms in the middle of some
-    phrases ("before nine | to confirm"); False: Kokoro's own pauses (docs/synthesis.md,
+    phrases ("before nine | to confirm"); False: Kokoro's own pauses (docs/worker.md,
     "Mid-phrase pauses")."""
     synthesis_precision: Literal["auto", "float32", "bfloat16"] = "auto"
     """The dtype of the decoder (~90 % of a forward pass) and of the PL-BERT that reads the
     phonemes (`kokoro_frames.Bfloat16Bert`): ``auto`` (bfloat16 on a CPU
     that multiplies it in hardware: AMX or AVX-512 BF16; else float32), ``float32`` or ``bfloat16``.
     bfloat16 made the generator 3.6-4x faster with AMX, the whole synthesis 1.4-1.7x with AVX-512
-    BF16 (a Zen 5 EPYC), and Whisper hears the same words (docs/synthesis.md, "The generator,
+    BF16 (a Zen 5 EPYC), and Whisper hears the same words (docs/worker.md, "The generator,
     folded"); float32 is kokoro's arithmetic (the audio within 1e-5)."""
     synthesis_threads: int = Field(1, ge=1)
     """torch intra-op threads of a worker that loads the real model. 1 (the default) on a node

@@ -2,7 +2,7 @@
 
 Each `.avsc` here is the current writer schema of one message type. Older writer schemas that
 may still be on the bus live in `history/`, so a reader can decode them by fingerprint. Changes
-are additive, with defaults only (see docs/schemas.md).
+are additive, with defaults only (see docs/kafka.md).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Offsets count characters of everything fed since the segmenter was created:
   **Release lag** = ``complete_at - end``: characters received after the utterance's last character
   before it was released. It is 0 when the piece that finished the utterance also settled it.
 
-Rules are in docs/segmentation.md. State is plain data (`to_state`/`from_state`), so the gate can
+Rules are in docs/gate.md. State is plain data (`to_state`/`from_state`), so the gate can
 keep it in its changelog topic.
 """
 

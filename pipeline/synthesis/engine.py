@@ -62,7 +62,7 @@ def piece_limits(windowed: bool) -> tuple[int, int]:
 _CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
 
 # Kokoro-82M pads every forward pass with silence: about 250-290 ms before the first sound and
-# 430-690 ms after the last (measured on the offline pack, docs/synthesis.md). The lead delays
+# 430-690 ms after the last (measured on the offline pack, docs/worker.md). The lead delays
 # the first *audible* sample of a turn by that much; lead plus trail make a pause of almost a
 # second between sentences and inside a sentence cut in pieces. `trim_silence` keeps a margin.
 SILENCE_THRESHOLD = 33  # |sample| of PCM16 at -60 dBFS: quieter than any speech onset
@@ -206,7 +206,7 @@ def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 def pick_precision(requested: str, device: str, cpu_bf16: Callable[[], bool] = cpu_has_bf16) -> "torch.dtype":
     """The folded decoder's dtype (`Settings.synthesis_precision`): ``auto`` gives bfloat16 on a
-    CPU that multiplies it in hardware (`cpu_has_bf16`; Whisper hears the same words; docs/synthesis.md,
+    CPU that multiplies it in hardware (`cpu_has_bf16`; Whisper hears the same words; docs/worker.md,
     "The generator, folded") and float32 elsewhere (a GPU's bfloat16 is not measured yet)."""
     import torch
 
@@ -449,7 +449,7 @@ class SynthesisEngine:
     windowed: bool = False
     """With sound-only decoding: the decoder's generator runs in windows of frames, the first
     short, and each window's audio is published as soon as it is decoded
-    (`kokoro_frames.decode_windows`, docs/synthesis.md "First audio from the first window").
+    (`kokoro_frames.decode_windows`, docs/worker.md "First audio from the first window").
     `Settings.windowed_decoding`, on by default since its quality gates hold."""
     generator: "Callable | None" = field(default=None, repr=False)
     """What decodes the generator's windows: `kokoro_frames.FoldedGenerator` in the engine's
@@ -610,7 +610,7 @@ class SynthesisEngine:
 
     def _decode_sound(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> Voiced:
         """Kokoro's prediction for the whole piece, the decoder on its sounding frames only
-        (docs/synthesis.md, "No compute on silence"). Called with the lock held."""
+        (docs/worker.md, "No compute on silence"). Called with the lock held."""
         from voicebus.synthesis import kokoro_frames
 
         lead_ms, trail_ms = self.silence_margins_ms
@@ -627,7 +627,7 @@ class SynthesisEngine:
 
     def _predict(self, phonemes: str, ref_s: "torch.Tensor", speed: float) -> "Frames":
         """Kokoro's prediction for the whole piece, its silences inside a phrase shortened to
-        ``inner_pause_frames`` (docs/synthesis.md, "Mid-phrase pauses"). Called with the lock held."""
+        ``inner_pause_frames`` (docs/worker.md, "Mid-phrase pauses"). Called with the lock held."""
         from voicebus.synthesis import kokoro_frames
 
         frames = kokoro_frames.predict_frames(self.model, phonemes, ref_s, speed, bert=self.bert)

@@ -20,10 +20,10 @@ One frame is 600 samples (25 ms at 24 kHz); F0 and N come at two values per fram
 
 Inside the sound, `shorten_inner_silence` cuts a silence Kokoro predicts within a phrase (no
 punctuation token in it) down to `MAX_INNER_SILENCE_FRAMES` before anything is decoded, and
-shortens the durations of the tokens it belonged to (docs/synthesis.md,
+shortens the durations of the tokens it belonged to (docs/worker.md,
 "Mid-phrase pauses").
 
-Windowed decoding (docs/synthesis.md "First audio from the first window"):
+Windowed decoding (docs/worker.md "First audio from the first window"):
 `prepare_decoder` is `Decoder.forward` up to the generator, over a whole span, plus the
 generator's harmonic source drawn once; `generate` is `Generator.forward` on a window of that
 span; `first_cut` and `next_cut` plan the windows from the decode speed measured (`seams`: the
@@ -33,7 +33,7 @@ crossfaded at the seams.
 
 `FoldedGenerator` is `generate`'s computation built once from the loaded model's weights: 2-D
 convolutions over channels-last tensors, AdaIN and Snake folded into per-channel scales, in
-float32 (the same audio within 1e-5) or bfloat16 (docs/synthesis.md, "The generator, folded").
+float32 (the same audio within 1e-5) or bfloat16 (docs/worker.md, "The generator, folded").
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ INNER_SILENCE_ENERGY = -3.0
 
 # Frames kept of a longer silence inside a phrase: 75 ms of predicted silence, which decodes to
 # 130-150 ms under -40 dB with the decays around it. A stop's closure ("visit": 2 frames) is
-# shorter and untouched. Measured on the offline pack's voice (docs/synthesis.md, "Mid-phrase
+# shorter and untouched. Measured on the offline pack's voice (docs/worker.md, "Mid-phrase
 # pauses"): 4 frames left 170 ms after "before nine", 2 cut into a 3-frame closure in pt.
 MAX_INNER_SILENCE_FRAMES = 3
 
@@ -603,7 +603,7 @@ class FoldedGenerator(_Folded):
     weighted norms), laid out for oneDNN and folded, in ``dtype``; built once from a loaded
     model, called like `generate` (``prepared, start, stop``) and returns float32 audio.
 
-    Why (docs/synthesis.md, "The generator, folded"): on CPU the generator is ~90 % of a
+    Why (docs/worker.md, "The generator, folded"): on CPU the generator is ~90 % of a
     forward pass and ~60 % of that is its 1-D convolutions. oneDNN runs those much faster as
     2-D convolutions over channels-last tensors ``[1, C, 1, T]``: in float32 the generator takes
     ~25 % less time with the same audio (max difference 1e-5), and in bfloat16 on a CPU with
@@ -702,7 +702,7 @@ class Bfloat16Bert:
     CPU that multiplies bfloat16 it is the largest part of a first audio once the decoder is
     folded: 193 -> 59 ms for 80 phonemes, 321 -> 110 ms for 172, at 1 thread on a Zen 5 EPYC,
     its output within 2 % (relative norm) and the predicted durations the same to 1 token's frame
-    in 174 (docs/synthesis.md, "The generator, folded"). The model's own ``bert`` is left as it
+    in 174 (docs/worker.md, "The generator, folded"). The model's own ``bert`` is left as it
     is (kokoro's forward, the benchmarks' A/B)."""
 
     def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
@@ -724,7 +724,7 @@ class FoldedFrameRateHalf(_Folded):
     convolutions in ``dtype``, each AdaIN a per-channel scale and shift with float32 statistics.
     Called with a piece's `Frames`, its span and weights; returns the generator's input
     ``[1, 512, 2 * frames]`` in float32. On the offline pack, 1 thread, 86-157 frames: kokoro's
-    95-138 ms, folded in bfloat16 ~45 ms (docs/synthesis.md, "The generator, folded").
+    95-138 ms, folded in bfloat16 ~45 ms (docs/worker.md, "The generator, folded").
     The F0 and energy convolutions (one channel each) stay kokoro's."""
 
     def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
@@ -800,7 +800,7 @@ def window_input(prepared: DecoderInput, left: int, right: int) -> tuple[Decoder
     silence is weighted to it, and a window with none gets ``SILENCE_CARRIER_FRAMES`` frames
     of the span's edge silence put before its left context (the generator reaches ~5 frames,
     the context is 6: the kept audio does not hear the join), weighted to it (WER 0.098, the
-    same as the whole decode; docs/synthesis.md). A window that is the whole span, or a span
+    same as the whole decode; docs/worker.md). A window that is the whole span, or a span
     with no known silence, is decoded as it is."""
     import torch
 

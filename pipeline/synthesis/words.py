@@ -10,7 +10,7 @@ and ends where those of its last phoneme end, both moved `ACOUSTIC_LEAD_FRAMES` 
 75 ms) earlier, and never before the piece's audio first sounds nor after it last sounds
 (`place`). The lead is the decoder's: Kokoro's decoder sounds a phoneme about 3 frames before
 the frames the duration predictor gave it (its convolutions and the F0/energy predictor see
-ahead), as the audio shows two ways (docs/synthesis.md, "Word timings"): PocketSphinx's HMM
+ahead), as the audio shows two ways (docs/worker.md, "Word timings"): PocketSphinx's HMM
 forced alignment of the real model's speech puts word starts 76 ms (median) before the first
 phoneme's frames, and 6 ms before those frames less 3 (the error smallest at 3 frames); the
 first sound of a piece comes 19-110 ms (median 37) before its first phoneme's frames.
@@ -70,7 +70,7 @@ FRAME_S = 600 / 24000
 
 ACOUSTIC_LEAD_FRAMES = 3
 """How many frames before its predicted frames a phoneme sounds in Kokoro's decoded audio (see
-the module docstring; measured in docs/synthesis.md, "Word timings")."""
+the module docstring; measured in docs/worker.md, "Word timings")."""
 
 
 def time_tokens(tokens: Sequence, phonemes: str, durations: "torch.Tensor | Sequence[int]",

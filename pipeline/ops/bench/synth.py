@@ -6,7 +6,7 @@ Engine alone, no Kafka. Each repeat runs every variant on every sentence, varian
 - **model TTFA**: from `SynthesisEngine.stream` called to its first chunk, for the sentence as a
   turn's opening sentence (first piece cut at the first clause of >= 3 words, as the worker does).
 - **RTF**: synthesis time of the whole sentence over the duration of the audio published.
-- **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/synthesis.md).
+- **decoded**: frames the decoder ran over predicted frames (silence skipped, docs/worker.md).
 - **stall**: the silence a player starting at the first chunk would hear inside the sentence,
   where a chunk comes after the audio before it has played (`voicebus.players.listener.HeardTurn.starvation`'s
   rule, at the engine): windows decoded slower than the audio before them plays.

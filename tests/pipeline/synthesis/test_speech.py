@@ -80,7 +80,7 @@ def test_speech_starts_within_the_lead_margin_and_pauses_are_bounded(real_engine
 def test_opus_at_24_kbits_is_transcribed_as_the_pcm_is(real_engine, spoken, whisper):
     """The quality gate of VOICEBUS_AUDIO_ENCODING=opus: the real model's speech, cut into chunks
     and encoded as a worker does, then decoded as a player does, is heard by Whisper tiny.en with
-    a word error rate at most 0.02 above the PCM's own (docs/synthesis.md)."""
+    a word error rate at most 0.02 above the PCM's own (docs/worker.md)."""
     from voicebus.audio_codec import AudioFormat, OpusDecoder
     from voicebus.synthesis.scheduler import ChunkAssembler, SynthesisJob
     from voicebus.schemas.contract import AudioEncoding
@@ -130,7 +130,7 @@ def test_no_word_starts_before_its_piece_sounds(spoken_pieces):
 
 @pytest.mark.model
 def test_word_starts_agree_with_a_forced_aligner(real_engine, spoken_pieces, spoken):
-    """docs/synthesis.md "Word timings": against PocketSphinx's forced alignment of the same
+    """docs/worker.md "Word timings": against PocketSphinx's forced alignment of the same
     audio, start error median <= 60 ms and p95 <= 150 ms (measured here: 6 and 53 ms)."""
     from voicebus.ops.bench.words import Aligner, at_16khz, pair_starts
     from voicebus.latency import percentile

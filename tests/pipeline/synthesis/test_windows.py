@@ -99,7 +99,7 @@ def test_the_pause_test_hears_kokoro_s_own_pauses_inside_a_phrase(real_engine, w
 def test_spanish_and_portuguese_stay_intelligible_to_multilingual_whisper(real_engine, whisper_base, language):
     """Windowed decoding (the default) is heard by multilingual Whisper base at least as well as
     the engine before it (sentences cut after the 8th word), over 8 sentences; measured:
-    docs/synthesis.md "Mid-phrase pauses"."""
+    docs/worker.md "Mid-phrase pauses"."""
     sentences = seams.SPANISH if language == "es" else seams.PORTUGUESE
     wer = seams.intelligibility(real_engine, "af_heart", whisper_base, language, sentences)
     assert wer["windowed"] <= wer["unwindowed"] + 0.05, wer
