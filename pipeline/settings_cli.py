@@ -3,7 +3,6 @@ in effect (from the environment) and its meaning (the field's docstring in pipel
 
 from __future__ import annotations
 
-import json
 
 from pydantic import SecretStr
 
@@ -12,7 +11,9 @@ from voicebus.settings import ENV_PREFIX, Settings, field_docs
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("settings", help="list every setting: VOICEBUS_ variable, default, value, meaning")
-    p.add_argument("--json", action="store_true", help="one JSON object per field instead of a table")
+    from voicebus.cli import add_json_argument
+
+    add_json_argument(p, "every field (an array of objects: field, variable, default, value, meaning) instead of a table")
     p.set_defaults(func=run_settings)
 
 
@@ -37,9 +38,10 @@ def _show(value) -> str:
 
 def run_settings(args, settings: Settings) -> int:
     rows = settings_rows(settings)
-    if args.json:
-        for row in rows:
-            print(json.dumps(row, ensure_ascii=False))
+    if args.json is not None:
+        from voicebus.cli import write_json
+
+        write_json(args.json, rows)
         return 0
     from rich.console import Console
     from rich.table import Table

@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from voicebus.logs import add_log_level_argument, configure_logging
+
 
 def register(subparsers) -> None:
     edge = subparsers.add_parser("edge", help="run the player edge (WebSocket + web player + /metrics)")
     edge.add_argument("--host", help="listen address (default: VOICEBUS_EDGE_HOST)")
     edge.add_argument("--port", type=int, help="listen port (default: VOICEBUS_EDGE_PORT)")
+    add_log_level_argument(edge, "INFO")
     edge.set_defaults(func=run_edge)
 
     token = subparsers.add_parser("token", help="print a signed session token and the player URL")
@@ -20,13 +23,11 @@ def register(subparsers) -> None:
 
 
 def run_edge(args: argparse.Namespace, settings) -> int:
-    import logging
-
     from aiohttp import web
 
     from voicebus.players.edge import InsecureEdgeConfig, make_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     settings = settings.replace(edge_host=args.host or settings.edge_host, edge_port=args.port or settings.edge_port)
     try:
         app = make_app(settings)

@@ -64,6 +64,7 @@ from voicebus.clock import now_us
 from voicebus.codecs import CodecError, codec_for
 from voicebus import tracing
 from voicebus.gate.core import GateConfig, GateSession
+from voicebus.logs import add_log_level_argument, configure_logging
 from voicebus.settings import Settings
 from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from voicebus.topics import fixed_topics, session_key, text_topic_pattern
@@ -774,7 +775,7 @@ def run_gate_worker(settings: Settings, **options: Any) -> int:
 
 def start_gate_subprocess(
     settings: Settings, *, commit_interval_s: float = 1.0, session_timeout_s: float = 10.0,
-    stdout: Any = subprocess.PIPE, stderr: Any = None, loglevel: str = "WARNING",
+    stdout: Any = subprocess.PIPE, stderr: Any = None, log_level: str = "WARNING",
 ) -> subprocess.Popen:
     """Start a gate worker as a child process (`python -m voicebus.gate.app --announce`).
 
@@ -783,7 +784,7 @@ def start_gate_subprocess(
     recovered them.
     """
     env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "voicebus.gate.app", "--announce", "--loglevel", loglevel,
+    cmd = [sys.executable, "-m", "voicebus.gate.app", "--announce", "--log-level", log_level,
            "--commit-interval", str(commit_interval_s), "--session-timeout", str(session_timeout_s)]
     return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
 
@@ -794,7 +795,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                              "are stored with the state, on every event)")
     parser.add_argument("--session-timeout", type=float, default=10.0, metavar="S",
                         help="consumer group session timeout: how soon a dead worker's partitions move")
-    parser.add_argument("--loglevel", default="WARNING")
+    add_log_level_argument(parser, "WARNING", aliases=("--loglevel",))
     parser.add_argument("--announce", action="store_true",
                         help=f"print '{READY_LINE} [partitions]' after each rebalance, once recovered")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="P",
@@ -804,10 +805,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def gate_command(args: argparse.Namespace, settings: Settings) -> int:
     """`voicebus gate`: run one gate worker until stopped."""
-    logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     return run_gate_worker(
         settings, commit_interval_s=args.commit_interval, session_timeout_s=args.session_timeout,
-        announce=args.announce, loglevel=args.loglevel, metrics_port=args.metrics_port,
+        announce=args.announce, loglevel=args.log_level, metrics_port=args.metrics_port,
     )
 
 

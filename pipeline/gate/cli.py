@@ -51,7 +51,7 @@ def run_segment(args: argparse.Namespace, settings) -> int:
         print("voicebus segment: --chunk must be at least 1", file=sys.stderr)
         return 2
     min_words = settings.first_clause_min_words if args.first_clause_min_words is None else args.first_clause_min_words
-    segmenter = StreamingSegmenter(args.lang, first_clause_min_words=min_words)
+    segmenter = StreamingSegmenter(args.language, first_clause_min_words=min_words)
     stdin = sys.stdin
     if hasattr(stdin, "reconfigure"):
         stdin.reconfigure(encoding="utf-8")
@@ -71,7 +71,8 @@ def register(subparsers) -> None:
         description="Feed stdin to the streaming segmenter and print each released sentence as "
         'one JSON object per line: {"text", "kind", "start", "end", "lag"}.',
     )
-    seg.add_argument("--lang", choices=LANGUAGES, default="en", help="language of the text (default en)")
+    seg.add_argument("--language", "--lang", dest="language", choices=LANGUAGES, default="en",
+                     help="language of the text (default en)")
     seg.add_argument(
         "--chunk",
         type=int,

@@ -17,7 +17,8 @@ This module owns `voicebus kafka fetch|start [--brokers N]|status|kill N|restart
   partition from the cluster metadata (`cluster_metadata`, aiokafka's admin client). One node is
   the single `LocalKafka` above, in the layout it always had. docs/kafka.md has the details.
 * `ensure_local_kafka(settings)` is for the demo and the benchmarks: it uses a broker already
-  answering at ``settings.bootstrap`` or starts a throwaway one and stops it on exit;
+  answering at ``settings.bootstrap`` or starts a throwaway one and stops it on exit
+  (``start=False``, a command given ``--bootstrap``: never starts one);
   `ephemeral_cluster(settings, n)` starts an N-node one on free ports for a benchmark's own use
   (`throwaway_cluster`: the same, as settings, for benchmarks that compare sizes).
 """
@@ -934,16 +935,17 @@ class LocalCluster:
 
 
 @contextlib.contextmanager
-def ensure_local_kafka(settings: Settings, start_timeout: float = 90.0) -> Iterator[Settings]:
+def ensure_local_kafka(settings: Settings, start_timeout: float = 90.0, *, start: bool = True) -> Iterator[Settings]:
     """Yield settings pointed at a broker that answers.
 
     Uses the broker already answering at ``settings.bootstrap`` (or the secured bus the settings
     name, as they are); otherwise (loopback only) fetches
     the jars, starts a throwaway broker on that port in a temporary data dir, and stops it and
-    removes the dir on exit.
+    removes the dir on exit. ``start=False`` (a command given ``--bootstrap``): the settings as
+    they are, whether a broker answers there or not; nothing is started.
     """
-    if settings.kafka_security_protocol != "PLAINTEXT":
-        yield settings  # a secured bus is the operator's: voicebus starts only plaintext throwaway brokers
+    if not start or settings.kafka_security_protocol != "PLAINTEXT":
+        yield settings  # a named bus, or a secured one, is the operator's: voicebus starts only plaintext throwaway brokers
         return
     host, port = parse_bootstrap(settings.bootstrap)
     if broker_answers(host, port):

@@ -1,6 +1,7 @@
 """`voicebus demo`: the whole pipeline on this machine, end to end.
 
-It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there), gate
+It starts the local Kafka (or uses `VOICEBUS_BOOTSTRAP` when a broker answers there; given
+``--bootstrap``, uses that broker and starts none), gate
 workers, synthesis workers with the real Kokoro weights (offline pack unless configured
 otherwise) and the edge. Then, in one of two modes:
 
@@ -22,7 +23,8 @@ import time
 from pathlib import Path
 
 from voicebus.latency import first_audio_stages
-from voicebus.ops.demo_shared import load_engine, wav_path
+from voicebus.logs import add_log_level_argument, configure_logging
+from voicebus.ops.demo_shared import load_engine, stack_options, wav_path
 from voicebus.settings import Settings
 
 DEFAULT_CONVERSATIONS = ["support", "rag_slow_retrieval", "markdown_long", "spanish", "portuguese", "interrupted"]
@@ -53,6 +55,8 @@ def register(subparsers) -> None:
     p.add_argument("--ask", action="append", metavar="Q",
                    help="--llm: a question to ask (repeatable; default: read them from the terminal, else three "
                         "shipped ones)")
+    add_log_level_argument(p, "WARNING", help="log level of the pipeline: this process and its gate processes "
+                                              "(default WARNING)")
     p.set_defaults(func=run_demo, mode=None)
 
 
@@ -71,6 +75,7 @@ def run_demo(args: argparse.Namespace, settings: Settings) -> int:
 
     from voicebus.players.edge import InsecureEdgeConfig, check_exposure
 
+    configure_logging(getattr(args, "log_level", None))
     console = Console(width=max(120, Console().width))
     try:
         check_exposure(settings)
@@ -110,7 +115,7 @@ async def _demo(args: argparse.Namespace, settings: Settings, console) -> int:
     failures = 0
     with console.status("starting the pipeline") as status:
         agent_ids = tuple(sorted({e.agent_id for c in conversations.values() for e in c.events if e.type == "text"}))
-        stack = PipelineStack(settings, engine, agent_ids=agent_ids)
+        stack = PipelineStack(settings, engine, agent_ids=agent_ids, **stack_options(args))
         try:
             await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))
         except BaseException:

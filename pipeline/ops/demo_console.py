@@ -37,7 +37,7 @@ def print_url(url: str, out=None) -> None:
 async def _console_demo(args: argparse.Namespace, settings: Settings, console) -> int:
     from voicebus.agents.conversation_file import load
     from voicebus.agents.corpus import corpus_path
-    from voicebus.ops.demo_shared import load_engine
+    from voicebus.ops.demo_shared import load_engine, stack_options
     from voicebus.ops.runtime import PipelineStack, buffered_lane
     from voicebus.players.console import AGENT_ID, Console, console_key, console_url, install_console, is_loopback
 
@@ -55,7 +55,7 @@ async def _console_demo(args: argparse.Namespace, settings: Settings, console) -
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     lanes = {"incremental": settings, "buffered": buffered_lane(settings)}
-    stack = PipelineStack(settings, engine, lanes, agent_ids=agent_ids, edge_setup=setup)
+    stack = PipelineStack(settings, engine, lanes, agent_ids=agent_ids, edge_setup=setup, **stack_options(args))
     try:
         with console.status("starting the pipeline") as status:
             await stack.start(progress=lambda step: (console.log(f"starting {step}"),

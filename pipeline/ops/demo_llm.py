@@ -110,13 +110,14 @@ async def _llm_demo(args: argparse.Namespace, settings: Settings, console, serve
 
     from voicebus.agents.openai_adapter import UpstreamError, speak_chat_completion
     from voicebus.agents.sdk import Publisher
-    from voicebus.ops.demo_shared import load_engine, wav_path
+    from voicebus.ops.demo_shared import load_engine, stack_options, wav_path
     from voicebus.ops.runtime import PipelineStack
     from voicebus.players.auth import issue_token, player_url
     from voicebus.players.listener import Listener
 
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
-    stack = PipelineStack(settings, engine)  # no agent topic made in advance: the LLM agent joins
+    # no agent topic made in advance: the LLM agent joins
+    stack = PipelineStack(settings, engine, **stack_options(args))
     with console.status("starting the pipeline") as status:
         try:
             await stack.start(progress=lambda step: (console.log(f"starting {step}"), status.update(f"starting {step}")))

@@ -1,10 +1,12 @@
-"""What the demo's three modes (batch, console, LLM) share: the engine they load and where a
-turn's audio is written."""
+"""What the demo's three modes (batch, console, LLM) share: the engine they load, how their
+`PipelineStack` is started and where a turn's audio is written."""
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from voicebus.settings import Settings
 
@@ -16,6 +18,14 @@ def wav_path(out: Path, conversation: str, turn_id: str) -> Path:
     from voicebus.paths import path_under
 
     return path_under(out, conversation.removesuffix(".jsonl"), turn_id, suffix=".wav")
+
+
+def stack_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`voicebus.ops.runtime.PipelineStack` options from the demo's command line: no broker
+    started when ``--bootstrap`` was given (that one is used), and the gate process logs at
+    ``--log-level``."""
+    return {"start_broker": getattr(args, "bootstrap", None) is None,
+            "gate_log_level": getattr(args, "log_level", None) or "WARNING"}
 
 
 def load_engine(settings: Settings, tiny: bool, console) -> object:

@@ -1,7 +1,8 @@
 """A whole pipeline on one machine, for the demo and the end-to-end benchmarks.
 
 `PipelineStack` owns everything it starts and stops it in reverse order: the Kafka broker (a
-local one unless `settings.bootstrap` already answers), the topics, one or more *lanes* (a gate
+local one unless `settings.bootstrap` already answers; none with ``start_broker=False``, what a
+command given ``--bootstrap`` asks), the topics, one or more *lanes* (a gate
 worker subprocess + a synthesis worker in this process, sharing one loaded engine), and the edge
 (aiohttp, in this process). A lane is a `Settings` variant: the TTFA benchmark runs an
 incremental and a buffered lane side by side, each with its own text topics, gate group and
@@ -60,13 +61,15 @@ class Lane:
 
 class PipelineStack(Owned):
     def __init__(self, settings: Settings, engine: Any, lanes: dict[str, Settings] | None = None,
-                 *, edge: bool = True, gate_loglevel: str = "WARNING", agent_ids: tuple[str, ...] = (),
-                 edge_setup: Callable[[web.Application, "PipelineStack"], None] | None = None) -> None:
+                 *, edge: bool = True, gate_log_level: str = "WARNING", agent_ids: tuple[str, ...] = (),
+                 edge_setup: Callable[[web.Application, "PipelineStack"], None] | None = None,
+                 start_broker: bool = True) -> None:
         self._base = settings
         self._engine = engine
         self._lane_settings = lanes or {"main": settings}
         self._with_edge = edge
-        self._gate_loglevel = gate_loglevel
+        self._gate_log_level = gate_log_level
+        self._start_broker = start_broker
         self._agent_ids = agent_ids
         self._edge_setup = edge_setup
         self._exit = contextlib.ExitStack()
@@ -86,7 +89,8 @@ class PipelineStack(Owned):
 
             check_exposure(self._base)
         step("Kafka broker")
-        self.settings = await asyncio.to_thread(self._exit.enter_context, ensure_local_kafka(self._base))
+        self.settings = await asyncio.to_thread(self._exit.enter_context,
+                                                ensure_local_kafka(self._base, start=self._start_broker))
         bootstrap = self.settings.bootstrap
         for name, lane_settings in self._lane_settings.items():
             self.lanes[name] = Lane(name, lane_settings.replace(bootstrap=bootstrap))
@@ -174,7 +178,7 @@ class PipelineStack(Owned):
     async def _start_gate(self, lane: Lane, timeout: float = 90.0) -> None:
         from voicebus.gate.app import READY_LINE, start_gate_subprocess
 
-        lane.gate = start_gate_subprocess(lane.settings, stderr=subprocess.STDOUT, loglevel=self._gate_loglevel)
+        lane.gate = start_gate_subprocess(lane.settings, stderr=subprocess.STDOUT, log_level=self._gate_log_level)
         assigned = threading.Event()
 
         def pump(stream) -> None:  # drains the child's output so it never blocks on a full pipe

@@ -20,6 +20,7 @@ import wave
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from voicebus.logs import add_log_level_argument, configure_logging
 from voicebus.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 def register(subparsers) -> None:
     synth = subparsers.add_parser("synth", help="synthesize TEXT to a WAV file with the engine alone (no Kafka)")
     synth.add_argument("--text", required=True)
-    synth.add_argument("--lang", default=None, help="en (default: settings), es, pt or a Kokoro code a/b/e/p")
+    synth.add_argument("--language", "--lang", dest="language", default=None,
+                       help="en (default: settings), es, pt or a Kokoro code a/b/e/p")
     synth.add_argument("--voice", default=None, help="voice pack name (default: settings.default_voice)")
     synth.add_argument("--speed", type=float, default=None)
     synth.add_argument("--chunk-ms", type=int, default=None)
@@ -68,7 +70,7 @@ def run_synth(args, settings) -> int:
         return 1
     loaded = time.perf_counter()
     voice = args.voice or settings.default_voice
-    language = args.lang or settings.default_language
+    language = args.language or settings.default_language
     # G2P for the language is built on first use; warm it so time to first audio is synthesis
     engine.phonemize("Hello.", language)
     t0 = time.perf_counter()
@@ -177,6 +179,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--announce", action="store_true",
                         help="print one line 'voicebus-worker ready {json}' on stdout once the worker consumes "
                              "(engine warm, control caught up, group joined)")
+    add_log_level_argument(parser, "INFO")
 
 
 WORKER_READY_LINE = "voicebus-worker ready"  # `--announce`: printed, JSON after it, once the worker consumes
@@ -226,7 +229,7 @@ def worker_command(args: argparse.Namespace, settings: Settings) -> int:
     """`voicebus worker`: run one synthesis worker until SIGINT/SIGTERM."""
     from voicebus.synthesis.engine import SynthesisEngine
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
 
     async def main() -> int:

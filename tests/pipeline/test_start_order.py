@@ -79,7 +79,7 @@ async def test_edge_gate_worker_started_by_hand_before_any_agent_log_no_error_an
         await admin.close()
     commands = {
         "edge": ["edge"],
-        "gate": ["gate", "--announce", "--loglevel", "INFO"],
+        "gate": ["gate", "--announce", "--log-level", "INFO"],
         "worker": ["worker", "--tiny", "--announce", "--worker-id", "by-hand"],
     }
     procs: dict[str, asyncio.subprocess.Process] = {}

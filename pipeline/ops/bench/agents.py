@@ -22,7 +22,9 @@ does not follow: the broker creates their topics and they speak, but the gate ne
 ``others_ms.churn_unseen`` is what agent churn costs this machine and broker by itself; the gap
 between it and ``churn`` is what it costs the gate.
 
-It uses the broker at ``VOICEBUS_BOOTSTRAP`` (or starts a local one) with topic names of its own.
+It uses the broker at ``VOICEBUS_BOOTSTRAP`` (or starts a local one and stops it at the end;
+given ``--bootstrap``, that broker and none started) with topic names of its own. The gate's log
+is dropped unless ``--log-level`` is given (then it goes to stderr at that level).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from voicebus.cli import add_json_argument
 from voicebus.clock import now_us
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.latency import percentile
+from voicebus.ops.bench.cli import add_stage_log_level
 from voicebus.settings import Settings
 
 SENTENCES = ("The weather is fine today. ", "Your order shipped on Monday morning. ",
@@ -132,7 +136,7 @@ def _stderr(line: str) -> None:
 
 
 async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per_min: float, n_others: int,
-                    progress=_stderr) -> dict:
+                    progress=_stderr, log_level: str | None = None) -> dict:
     """The benchmark (module doc). `progress` gets one line as each block starts (it runs for
     minutes: 3 blocks a round), stderr by default, so stdout keeps only the JSON."""
     from voicebus.bus import ensure_topics, make_consumer
@@ -149,7 +153,8 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
     )
     await ensure_topics(settings)
     await ensure_topics(settings, [text_topic(settings, "steady")])
-    gate = start_gate_subprocess(settings, stderr=subprocess.DEVNULL)
+    gate = (start_gate_subprocess(settings, stderr=subprocess.DEVNULL) if log_level is None
+            else start_gate_subprocess(settings, log_level=log_level))  # its log on this stderr
     ready = threading.Event()
 
     def pump() -> None:  # drain the child's stdout so it never blocks on a full pipe
@@ -258,29 +263,33 @@ def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
         "agents", help="agents joining while others speak: a new agent's first-turn release latency vs later turns, "
                        "others' latency quiet vs churn")
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
+    add_json_argument(p)
     p.add_argument("--quick", action="store_true", help="a short run (about 3 minutes: 3 rounds of 15 s blocks)")
     p.add_argument("--rate", type=float, default=20.0, metavar="PER_MIN", help="agents joining per minute (20)")
     p.add_argument("--block", type=float, default=30.0, metavar="S",
                    help="seconds of each block; a round is one block of quiet, churn and churn_unseen (30; --quick: 15)")
     p.add_argument("--rounds", type=int, default=None, metavar="N", help="rounds (6; --quick: 3)")
     p.add_argument("--others", type=int, default=4, metavar="N", help="other sessions speaking throughout (4)")
+    add_stage_log_level(p)
     p.set_defaults(func=run_agents_bench)
 
 
 def run_agents_bench(args: argparse.Namespace, settings: Settings) -> int:
-    from voicebus.ops.broker import ensure_local_kafka
+    from voicebus.cli import write_json
+    from voicebus.logs import configure_logging
+    from voicebus.ops.bench.cli import bench_kafka
 
+    log_level = getattr(args, "log_level", None)
+    configure_logging(log_level)
     block_s = 15.0 if args.quick and args.block == 30.0 else args.block
     rounds = args.rounds if args.rounds is not None else (3 if args.quick else 6)
     rate = args.rate * (2 if args.quick and args.rate == 20.0 else 1)  # enough joiners in a short run
-    with ensure_local_kafka(settings) as live:
-        result = asyncio.run(run_bench(live, block_s=block_s, rounds=rounds, rate_per_min=rate, n_others=args.others))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text + "\n")
+    with bench_kafka(args, settings) as live:
+        result = asyncio.run(run_bench(live, block_s=block_s, rounds=rounds, rate_per_min=rate, n_others=args.others,
+                                       log_level=log_level))
+    if args.json != "-":  # the results are this benchmark's report (with `--json -`, they are that alone)
+        print(json.dumps(result, indent=2))
+    write_json(args.json, result, indent=2)
     return 0
 
 

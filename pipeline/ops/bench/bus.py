@@ -11,20 +11,21 @@ it) with the pipeline's acks=all + idempotence, and ``--brokers 1,3`` starts a t
 cluster of each size (free loopback ports, a temporary data dir) and measures each; every run
 visits every (brokers, acks) cell in turn, so a load change on the machine hits all cells alike.
 Without ``--brokers`` it uses the broker at settings.bootstrap, or starts a local one
-(`ensure_local_kafka`) and stops it at the end.
+(`ensure_local_kafka`) and stops it at the end; given ``--bootstrap``, that broker and none
+started (``--brokers`` then does not apply).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import statistics
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from voicebus.cli import add_json_argument, write_json
 from voicebus.latency import percentile
 from voicebus.settings import Settings
 from voicebus.schemas.contract import TextEventKind
@@ -118,7 +119,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--brokers", default=None,
                    help="comma-separated cluster sizes, e.g. 1,3: a throwaway cluster of each is started "
                         "(default: the broker at VOICEBUS_BOOTSTRAP, or a throwaway single one)")
-    p.add_argument("--json", dest="json_path", help="also write the figures to this JSON file")
+    add_json_argument(p, "the figures")
     p.set_defaults(func=run_bench)
 
 
@@ -135,7 +136,8 @@ def run_bench(args, settings: Settings) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from voicebus.ops.broker import cluster_metadata, ensure_local_kafka, throwaway_cluster
+    from voicebus.ops.bench.cli import bench_kafka, refuse_bootstrap
+    from voicebus.ops.broker import cluster_metadata, throwaway_cluster
 
     try:
         acks_variants = _parse_list(args.acks, "acks", set(ACKS_OPTIONS))
@@ -143,11 +145,13 @@ def run_bench(args, settings: Settings) -> int:
     except ValueError as exc:
         print(f"voicebus bench bus: {exc}", file=sys.stderr)
         return 2
+    if sizes is not None and refuse_bootstrap(args, "bus", "--brokers starts throwaway clusters of its own"):
+        return 2
     console = Console()
     results: dict[tuple[int, str], list[BusLatency]] = {}
     with contextlib.ExitStack() as stack:
         if sizes is None:
-            live = stack.enter_context(ensure_local_kafka(settings))
+            live = stack.enter_context(bench_kafka(args, settings))
             clusters = {len(cluster_metadata(live.bootstrap).brokers): live}
         else:  # all clusters up at once, so the runs can alternate between them
             clusters = {n: stack.enter_context(throwaway_cluster(settings, n)) for n in sizes}
@@ -189,8 +193,6 @@ def run_bench(args, settings: Settings) -> int:
           f"ratio_p50_to_target={p50 / TARGET_P50_MS:.2f} ratio_p99_to_target={p99 / TARGET_P99_MS:.2f} "
           f"target={'met' if met else 'missed'} (p50 <= {TARGET_P50_MS} ms, p99 <= {TARGET_P99_MS} ms; "
           f"brokers={ours['brokers']} acks={ours['acks']})")
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"cells": cells, "median_p50_ms": p50, "median_p99_ms": p99, "meets_target": met},
-                      f, indent=2)
+    write_json(args.json, {"cells": cells, "median_p50_ms": p50, "median_p99_ms": p99, "meets_target": met},
+               indent=2)
     return 0

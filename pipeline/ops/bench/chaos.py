@@ -2,7 +2,8 @@
 
 This module owns the chaos run (the benchmark and the fault tests in
 ``tests/pipeline/test_bench_chaos.py`` are this one mechanism). A whole pipeline runs as owned
-operating-system processes on a local KRaft cluster: one gate worker, one synthesis worker (the
+operating-system processes on a local KRaft cluster of the run's own (it kills its nodes:
+``--bootstrap`` does not apply): one gate worker, one synthesis worker (the
 tiny random-weight Kokoro by default: real Kokoro code, the test's speed) and one edge, each a
 child in its own process group that is SIGKILLed (a crash, no clean shutdown) and started again
 (`voicebus.ops.bench.stages.StageProcess`, the one stage-process mechanism the benchmarks share).
@@ -39,16 +40,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from voicebus.ops.bench.stages import StageProcess, healthz_probe, stage_env
+from voicebus.cli import add_json_argument, write_json
+from voicebus.ops.bench.cli import add_stage_log_level, refuse_bootstrap
+from voicebus.ops.bench.stages import StageProcess, healthz_probe, log_level_args, stage_env
 from voicebus.clock import now_us
 from voicebus.latency import STAGES
 from voicebus.lifecycle import Owned
@@ -66,18 +67,23 @@ BROKER_DOWN_S = 3.0  # a killed broker stays down this long before its restart
 # --- the stages, as owned processes (`voicebus.ops.bench.stages`) ---------------------------------------
 
 
-def make_stages(settings: Settings, tiny: bool = True, session_timeout_s: float = 6.0) -> dict[str, StageProcess]:
-    """The gate, worker and edge of a chaos run (not started)."""
+def make_stages(settings: Settings, tiny: bool = True, session_timeout_s: float = 6.0,
+                log_level: str | None = None) -> dict[str, StageProcess]:
+    """The gate, worker and edge of a chaos run (not started); `log_level`: every stage's (None:
+    WARNING for the gate, the worker's and edge's own INFO)."""
     from voicebus.gate.app import READY_LINE
     from voicebus.synthesis.cli import WORKER_READY_LINE
 
     env = stage_env(settings)
-    gate = StageProcess("gate", [sys.executable, "-m", "voicebus.gate.app", "--announce", "--loglevel", "WARNING",
-                                 "--commit-interval", "1", "--session-timeout", f"{session_timeout_s:g}"],
+    gate = StageProcess("gate", [sys.executable, "-m", "voicebus.gate.app", "--announce", "--log-level",
+                                 log_level or "WARNING", "--commit-interval", "1",
+                                 "--session-timeout", f"{session_timeout_s:g}"],
                         env, ready_line=READY_LINE)
     worker = StageProcess("worker", [sys.executable, "-m", "voicebus.synthesis.cli", "--announce", "--worker-id",
-                                     "chaos-worker"] + (["--tiny"] if tiny else []), env, ready_line=WORKER_READY_LINE)
-    edge = StageProcess("edge", [sys.executable, "-m", "voicebus", "edge", "--port", str(settings.edge_port)], env,
+                                     "chaos-worker"] + (["--tiny"] if tiny else []) + log_level_args(log_level),
+                          env, ready_line=WORKER_READY_LINE)
+    edge = StageProcess("edge", [sys.executable, "-m", "voicebus", "edge", "--port", str(settings.edge_port),
+                                 *log_level_args(log_level)], env,
                         probe=healthz_probe(f"http://{settings.edge_host}:{settings.edge_port}/healthz"))
     return {"gate": gate, "worker": worker, "edge": edge}
 
@@ -332,6 +338,7 @@ class ChaosPlan:
     token_ms: float = 40.0
     tiny: bool = True
     turn_timeout_s: float = 150.0
+    log_level: str | None = None  # the stage processes' (`make_stages`)
 
     def faulty(self, round_no: int) -> bool:
         return round_no % self.every == min(1, self.every - 1)
@@ -343,7 +350,7 @@ class ChaosRun(Owned):
 
     def __init__(self, settings: Settings, cluster: Any, plan: ChaosPlan, log: Callable[[str], None] = print) -> None:
         self.settings, self.cluster, self.plan, self.log = settings, cluster, plan, log
-        self.stages = make_stages(settings, plan.tiny)
+        self.stages = make_stages(settings, plan.tiny, log_level=plan.log_level)
         self.publisher: Any = None
         self.listeners: list[ChaosListener] = []
         self.sessions = [f"chaos-{uuid.uuid4().hex[:6]}-{i}" for i in range(plan.sessions)]
@@ -628,7 +635,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds (default all: {','.join(KINDS)})")
     p.add_argument("--quick", action="store_true", help="each fault kind once over a few turns (minutes)")
     p.add_argument("--real", action="store_true", help="Kokoro-82M instead of the tiny random-weight model")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    add_json_argument(p)
+    add_stage_log_level(p)
     p.set_defaults(func=run_chaos)
 
 
@@ -639,17 +647,21 @@ def plan_from_args(args: argparse.Namespace) -> ChaosPlan:
         raise SystemExit(f"voicebus bench chaos: unknown fault kind(s) {sorted(unknown)}; known: {', '.join(KINDS)}")
     turns = args.turns or (3 if args.quick else 20)
     return ChaosPlan(kinds=kinds, turns=turns, sessions=args.sessions or (2 if args.quick else 3),
-                     every=args.every or (turns if args.quick else 4), tiny=not args.real)
+                     every=args.every or (turns if args.quick else 4), tiny=not args.real,
+                     log_level=getattr(args, "log_level", None))
 
 
 def run_chaos(args: argparse.Namespace, settings: Settings) -> int:
+    from voicebus.logs import configure_logging
+
+    if refuse_bootstrap(args, "chaos", "it kills brokers, so it starts clusters of its own"):
+        return 2
+    configure_logging(getattr(args, "log_level", None))
     plan = plan_from_args(args)
     sizes = sorted({int(b) for b in str(args.brokers).split(",")})
     results = asyncio.run(_bench(settings, plan, sizes))
     print(markdown_table(results))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
+    write_json(args.json, results, indent=1)
     return 0 if all(f["lost"] == f["heard_twice"] == f["out_of_order"] == 0 for f in results["faults"].values()) else 1
 
 

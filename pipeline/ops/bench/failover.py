@@ -16,7 +16,8 @@ until every replica is in sync before the next. Per kill, two figures:
 ``--variants`` runs several clusters, each with node properties of its own over voicebus's (e.g.
 ``replica.fetch.backoff.ms=1000``, Kafka's default, against voicebus's 100), the kills alternating
 between them, so a load change hits every variant alike. Figures: median and max per variant.
-Results in docs/benchmarks.md ("Failover").
+Results in docs/benchmarks.md ("Failover"). It kills brokers, so it starts its clusters itself:
+``--bootstrap`` does not apply.
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
+from voicebus.cli import add_json_argument
 from voicebus.settings import Settings
 
 SEND_INTERVAL_S = 0.05
@@ -177,8 +177,12 @@ def run_failover(args: argparse.Namespace, settings: Settings) -> int:
     import os
     import sys
 
+    from voicebus.cli import write_json
+    from voicebus.ops.bench.cli import refuse_bootstrap
     from voicebus.ops.broker import ephemeral_cluster
 
+    if refuse_bootstrap(args, "failover", "it kills brokers, so it starts clusters of its own"):
+        return 2
     try:
         variants = parse_variants(args.variants)
     except ValueError as exc:
@@ -197,9 +201,7 @@ def run_failover(args: argparse.Namespace, settings: Settings) -> int:
     for name, r in results.items():
         e, a = r["election_ms"], r["first_ack_after_election_ms"]
         print(f"| {name} | {r['kills']} | {e['median']:.0f} / {e['max']:.0f} | {a['median']:.0f} / {a['max']:.0f} |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+    write_json(args.json, out, indent=1)
     return 0
 
 
@@ -211,5 +213,5 @@ def register(bench_subparsers) -> None:
                    help="';'-separated clusters: 'default' (voicebus's node properties) or comma-separated "
                         "key=value node properties over them (default: 'default;replica.fetch.backoff.ms=1000', "
                         "voicebus's 100 ms against Kafka's default)")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    add_json_argument(p)
     p.set_defaults(func=run_failover)

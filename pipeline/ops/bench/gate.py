@@ -1,6 +1,7 @@
 """Gate benchmarks: what the gate costs, in the core and through a real broker.
 
-`voicebus bench gate` (uses the broker at ``VOICEBUS_BOOTSTRAP`` or starts a local one) prints:
+`voicebus bench gate` (uses the broker at ``VOICEBUS_BOOTSTRAP`` or starts a local one; given
+``--bootstrap``, that broker and none started) prints:
 
 - core: µs per event of `GateSession`, in memory and with its state through JSON around every
   event (what the gate worker does);
@@ -23,6 +24,8 @@ import uuid
 from voicebus.clock import now_us
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.latency import percentile
+from voicebus.logs import configure_logging
+from voicebus.ops.bench.cli import add_stage_log_level, bench_kafka
 from voicebus.settings import Settings
 from voicebus.schemas.contract import TextEventKind
 
@@ -66,7 +69,8 @@ def releasing_events(events: list[dict]) -> list[int]:
     return out
 
 
-async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_s: float = 0.02) -> dict:
+async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_s: float = 0.02,
+                       log_level: str | None = None) -> dict:
     from voicebus.bus import ensure_topics, make_consumer, make_producer
     from voicebus.codecs import Codec
     from voicebus.gate.app import READY_LINE, start_gate_subprocess
@@ -81,7 +85,7 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
     )
     await ensure_topics(settings, [settings.control_topic, settings.synthesis_topic, settings.deadletter_topic,
                                    text_topic(settings, "bench")])
-    gate = start_gate_subprocess(settings)
+    gate = start_gate_subprocess(settings, log_level=log_level or "WARNING")
     codec = Codec()
     latencies_ms: list[float] = []
     try:
@@ -131,18 +135,19 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("gate", help="gate cost: core us/event, completing token -> request via the broker")
     p.add_argument("--core-only", action="store_true", help="skip the broker run")
+    add_stage_log_level(p)
     p.set_defaults(func=run_gate_bench)
 
 
 def run_gate_bench(args: argparse.Namespace, settings: Settings) -> int:
-    from voicebus.ops.broker import ensure_local_kafka
-
+    log_level = getattr(args, "log_level", None)
+    configure_logging(log_level)
     core = bench_core()
     print(f"gate core: {core['us_per_event']:.1f} us/event in memory, "
           f"{core['us_per_event_with_state']:.1f} us/event with JSON state ({core['events']} events)")
     if not args.core_only:
-        with ensure_local_kafka(settings) as live:
-            broker = asyncio.run(bench_broker(live))
+        with bench_kafka(args, settings) as live:
+            broker = asyncio.run(bench_broker(live, log_level=log_level))
         print(f"gate via broker: completing token -> request consumed: p50 {broker['p50_ms']:.1f} ms, "
               f"p95 {broker['p95_ms']:.1f} ms, max {broker['max_ms']:.1f} ms ({broker['requests']} requests)")
     return 0

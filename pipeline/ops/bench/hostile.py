@@ -2,7 +2,8 @@
 
 A gate, a synthesis worker (the tiny random-weight Kokoro model, seeded: its audio is a function
 of the text) and an edge run as their own processes (`voicebus.ops.bench.stages`), on a broker of
-their own topics. The benchmark:
+their own topics (the one at ``VOICEBUS_BOOTSTRAP`` when it answers, else a throwaway one started
+and stopped by the run; given ``--bootstrap``, that one, and none started). The benchmark:
 
 1. **clean run**: the normal sessions replay their turns (LLM-like tokens through the SDK, a
    `voicebus.players.listener.Listener` per session) with nothing else on the bus; each turn's audio is
@@ -28,7 +29,7 @@ turn crosses it at a cost the tiny model can pay on a CPU. ``--parts`` picks the
 (records, clients, slow-readers, far-future); ``--control`` runs none (the comparison itself must
 then find 0 affected turns).
 
-JSON (``--json FILE``): ``inputs`` (kind -> count), ``processes_died``, ``normal_turns``,
+JSON (``--json PATH``): ``inputs`` (kind -> count), ``processes_died``, ``normal_turns``,
 ``normal_turns_affected``, ``memory_growth_mb`` (stage -> MB), and ``memory_per_round_mb`` (stage
 -> the median round-to-round change, `memory_per_round`: a leak shows there, a high-water step
 does not) with ``rss_mb`` (stage -> MB after the clean run and each round). Figures and reproduction in
@@ -54,6 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from voicebus.cli import add_json_argument
+from voicebus.ops.bench.cli import add_stage_log_level
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,10 +98,11 @@ def register(bench_subparsers) -> None:
     p.add_argument("--control", action="store_true",
                    help="rounds without any hostile input: shows that the comparison itself is deterministic "
                         "(0 affected expected)")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    add_json_argument(p)
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"comma-separated hostile parts to run (default all: {','.join(PARTS)})")
     p.add_argument("--logs", type=Path, default=None, help="write each stage's last output lines to DIR/<stage>.log")
+    add_stage_log_level(p)
     p.set_defaults(func=run)
 
 
@@ -109,12 +113,18 @@ def plan_of(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from voicebus.cli import write_json
+    from voicebus.logs import configure_logging
+    from voicebus.ops.bench.cli import bootstrap_given
+
+    log_level = getattr(args, "log_level", None)
+    configure_logging(log_level)
     parts = set() if args.control else {p.strip() for p in args.parts.split(",") if p.strip()}
     if parts - set(PARTS):
         print(f"bench hostile: unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}", file=sys.stderr)
         return 2
-    results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, parts=parts, progress=_print))
+    results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, parts=parts, progress=_print,
+                                    start_broker=not bootstrap_given(args), log_level=log_level))
     # the issue's keys, then the memory figures that tell a leak from a high-water mark
     summary = {k: results[k] for k in RESULT_KEYS} | {k: results[k] for k in ("memory_per_round_mb", "rss_mb")}
     if args.logs:
@@ -124,10 +134,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for key in ("affected", "closes", "died", "tails"):
         if results.get(key):
             print(f"{key}: {json.dumps(results[key], indent=1)}", file=sys.stderr)
-    print(json.dumps(summary, indent=1))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    if args.json != "-":  # the summary is this benchmark's report (with `--json -`, it is that alone)
+        print(json.dumps(summary, indent=1))
+    write_json(args.json, summary, indent=1)
     ok = summary["processes_died"] == 0 and summary["normal_turns_affected"] == 0
     print("bench hostile:", "0 crashes, 0 normal turns affected" if ok else "TARGET MISSED", file=sys.stderr)
     return 0 if ok else 1
@@ -549,9 +558,11 @@ async def wait_cancels_applied(stack, before: dict[str, float], n: int, timeout_
 
 
 async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set[str] | frozenset[str] = frozenset(PARTS),
-                    progress: Callable[[str], None] = lambda m: None) -> dict:
+                    progress: Callable[[str], None] = lambda m: None, start_broker: bool = True,
+                    log_level: str | None = None) -> dict:
     """The whole benchmark; returns the result keys plus detail (``affected``, ``rss_mb``,
-    ``closes``, ``died``)."""
+    ``closes``, ``died``). `start_broker`: start a throwaway broker when none answers at the
+    settings' bootstrap; `log_level`: the stage processes' (each its own default when None)."""
     from voicebus.agents.sdk import Publisher
     from voicebus.ops.bench.stages import StageProcesses
     from voicebus.ops.broker import ensure_local_kafka
@@ -559,10 +570,10 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set
     from voicebus.topics import fixed_topics, text_topic
 
     rng = random.Random(seed)
-    with ensure_local_kafka(bench_settings(settings)) as s:
+    with ensure_local_kafka(bench_settings(settings), start=start_broker) as s:
         await ensure_topics(s, [*fixed_topics(s), text_topic(s, NORMAL_AGENT), text_topic(s, HOSTILE_AGENT)])
         progress(f"starting gate, worker (tiny model) and edge as processes on {s.bootstrap}")
-        async with StageProcesses(s) as stack, Publisher(stack.settings, NORMAL_AGENT) as publisher, \
+        async with StageProcesses(s, log_level=log_level) as stack, Publisher(stack.settings, NORMAL_AGENT) as publisher, \
                 Publisher(stack.settings, HOSTILE_AGENT) as hostile_publisher:
             raw = make_producer(stack.settings, enable_idempotence=False)
             await raw.start()

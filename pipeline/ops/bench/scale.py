@@ -22,6 +22,9 @@ every frame, then asks each edge for:
 - ``publisher_behind_ms``: how far this process fell behind publishing in real time (above a
   chunk period the machine, not the edge, is the limit: the grid stops there).
 
+The broker: the one at ``VOICEBUS_BOOTSTRAP`` when it answers, else a throwaway one started for
+the run and stopped after it; given ``--bootstrap``, that one and none started (`bench_kafka`).
+
 The topics of a run have ``--partitions`` partitions (default 12: an even share for 1, 2, 3, 4 and
 6 edges; a session's partition is the hash of its id, so shares are even only on average).
 """
@@ -37,9 +40,11 @@ import resource
 import statistics
 import time
 import uuid
-from pathlib import Path
 
+from voicebus.cli import add_json_argument, write_json
 from voicebus.latency import percentile
+from voicebus.logs import configure_logging
+from voicebus.ops.bench.cli import add_stage_log_level, bench_kafka
 
 CHUNK_MS = 160  # whole 20 ms Opus frames; PCM uses the same, so the two grids match chunk for chunk
 QUICK = {"edges": [1, 2], "sessions": [10]}
@@ -57,15 +62,23 @@ def register(bench_subparsers) -> None:
                    help=f"partitions of the run's topics, shared by the edges (default {PARTITIONS})")
     p.add_argument("--quick", action="store_true", help=f"the smallest grid: edges {QUICK['edges']}, "
                                                          f"sessions {QUICK['sessions']}, 2 s")
-    p.add_argument("--json", type=Path, help="also write the runs as JSON to this file")
+    add_json_argument(p, "the runs")
+    add_stage_log_level(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, settings) -> int:
+    configure_logging(getattr(args, "log_level", None))
+    with bench_kafka(args, settings) as live:
+        return _run(args, live)
+
+
+def _run(args: argparse.Namespace, settings) -> int:
     edges = QUICK["edges"] if args.quick else [int(n) for n in args.edges.split(",") if n.strip()]
     sessions = QUICK["sessions"] if args.quick else [int(n) for n in args.sessions.split(",") if n.strip()]
     seconds = 2.0 if args.quick else args.seconds
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
+    log_level = getattr(args, "log_level", None)
     runs = []
     print(f"bench scale: {seconds:g} s of tone per session, {CHUNK_MS} ms chunks, broker {settings.bootstrap}")
     print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'bus KB/s/session':>16} {'MB/edge':>8} {'max/mean':>8} "
@@ -74,7 +87,7 @@ def run(args: argparse.Namespace, settings) -> int:
         for n_sessions in sessions:
             for n_edges in edges:
                 r = asyncio.run(_one(settings.replace(partitions=getattr(args, "partitions", PARTITIONS)),
-                                     encoding, n_edges, n_sessions, seconds))
+                                     encoding, n_edges, n_sessions, seconds, log_level))
                 runs.append(r)
                 print(f"{encoding:>8} {n_edges:>5} {n_sessions:>8} {r['bus_bytes_per_session_s'] / 1e3:>16.2f} "
                       f"{r['bytes_per_edge'] / 1e6:>8.2f} {r['bytes_max_over_mean']:>8.2f} {r['frames_per_edge']:>11.0f} {r['rss_mb_per_edge']:>11.1f} "
@@ -86,9 +99,8 @@ def run(args: argparse.Namespace, settings) -> int:
         ratio = statistics.median(r["bus_bytes_per_session_s"] for r in pcm) / statistics.median(
             r["bus_bytes_per_session_s"] for r in opus)
         print(f"bytes on the bus per session: PCM16 / Opus = {ratio:.1f}x")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"chunk_ms": CHUNK_MS, "seconds": seconds, "runs": runs}, indent=2) + "\n")
+    write_json(args.json, {"chunk_ms": CHUNK_MS, "seconds": seconds, "runs": runs}, indent=2)
+    if args.json not in (None, "-"):
         print(f"wrote {args.json}")
     return 0
 
@@ -102,7 +114,8 @@ def _turn_template(encoding: str, seconds: float) -> list[dict]:
                      encoding=AudioEncoding.OPUS if encoding == "opus" else AudioEncoding.PCM16LE)
 
 
-async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: float) -> dict:
+async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: float,
+               log_level: str | None = None) -> dict:
     from voicebus.bus import ensure_topics, make_producer, session_key
     from voicebus.codecs import codec_for
     from voicebus.players.auth import issue_token
@@ -128,7 +141,7 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
     results = ctx.Queue()
     edges = [ctx.Process(target=_edge_main, args=(s.replace(edge_port=edge_ports[i], edge_id=f"bench-edge-{i}",
                                                             edge_public_url=f"ws://127.0.0.1:{edge_ports[i]}/ws"),
-                                                 i, stop, results), daemon=True) for i in range(n_edges)]
+                                                 i, stop, results, log_level), daemon=True) for i in range(n_edges)]
     for p in edges:
         p.start()
     ports: dict[int, int] = {}
@@ -233,7 +246,9 @@ async def _settled(ports: list[int], partitions: int, timeout_s: float = 120.0) 
             await asyncio.sleep(0.2)
 
 
-def _edge_main(settings, index: int, stop, results) -> None:
+def _edge_main(settings, index: int, stop, results, log_level: str | None = None) -> None:
+    if log_level:  # else as before: Python's own last resort, warnings and above
+        configure_logging(log_level)
     asyncio.run(_edge(settings, index, stop, results))
 
 

@@ -1,7 +1,8 @@
 """`voicebus bench segment`: accuracy, release lag and cost of the streaming segmenter.
 
-Scores the pySBD golden-rule cases (``--cases``, see its README) as whole cases right per set,
-streamed two ways (word-sized tokens with their spaces, and one character at a time), beside
+Scores the pySBD golden-rule cases (``--cases``; by default the copy shipped in the package,
+``voicebus/ops/bench/data/pysbd-golden-rules.json``, see the README beside it) as whole cases
+right per set, streamed two ways (word-sized tokens with their spaces, and one character at a time), beside
 pySBD 0.3.4 in batch (``clean=False``, whole text) and the plain regex ``(?<=[.!?])\\s+``. A case is
 right when the raw spans of the released sentences, stripped, equal its sentences in order (raw
 spans, because list markers and emphasis are cut from the speakable text but are part of the case).
@@ -23,9 +24,10 @@ import time
 from pathlib import Path
 
 from voicebus.latency import percentile
+from voicebus.ops.bench.cli import data_path
 from voicebus.schemas.contract import TextEventKind
 
-DEFAULT_CASES = Path("../shared/benchmarks/segmentation/pysbd-golden-rules.json")
+DEFAULT_CASES = data_path("pysbd-golden-rules.json")  # pySBD 0.3.4's cases (MIT), shipped in the package
 NAIVE_SPLIT = re.compile(r"(?<=[.!?])\s+")
 CLAUSE_SWEEP = (0, 4, 6, 8, 10, 12, 16)
 
@@ -256,7 +258,8 @@ def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
         "segment", help="segmenter accuracy vs pySBD, release lag, µs per token, first-clause sweep"
     )
-    p.add_argument("--cases", default=str(DEFAULT_CASES), help=f"golden-rule cases JSON (default {DEFAULT_CASES})")
+    p.add_argument("--cases", type=Path, default=DEFAULT_CASES, metavar="PATH",
+                   help="golden-rule cases JSON (default: pySBD 0.3.4's, shipped with voicebus)")
     p.add_argument("--repeat", type=int, default=5, help="timing runs; the median is printed (default 5)")
     p.add_argument("--no-clause-sweep", action="store_true", help="skip the first_clause_min_words sweep")
     p.set_defaults(func=run_segment_bench)

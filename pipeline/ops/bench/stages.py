@@ -183,17 +183,23 @@ class StageProcess:
         return "\n".join(list(self.output)[-n:])
 
 
+def log_level_args(log_level: str | None) -> list[str]:
+    """``--log-level LEVEL`` for a stage's command line; none for None (the stage's own default)."""
+    return [] if log_level is None else ["--log-level", log_level]
+
+
 class StageProcesses(Owned):
     """One gate, ``workers`` synthesis workers (the tiny seeded model unless ``tiny=False``) and
-    one edge, each its own process. Use as ``async with``; `settings` then names the edge's port."""
+    one edge, each its own process. Use as ``async with``; `settings` then names the edge's port.
+    `log_level`: every stage's (None: WARNING for the gate, the worker's and edge's own INFO)."""
 
     def __init__(self, settings: Settings, *, workers: int = 1, tiny: bool = True,
-                 start_timeout_s: float = 180.0, loglevel: str = "WARNING") -> None:
+                 start_timeout_s: float = 180.0, log_level: str | None = None) -> None:
         self.settings = settings.replace(edge_port=settings.edge_port or free_port(settings.edge_host))
         self.workers = workers
         self.tiny = tiny
         self.start_timeout_s = start_timeout_s
-        self.loglevel = loglevel
+        self.log_level = log_level
         self.stages: list[StageProcess] = []
         self.metrics_urls: dict[str, str] = {}  # stage -> its Prometheus /metrics
 
@@ -210,19 +216,21 @@ class StageProcesses(Owned):
         host = self.settings.edge_host
         gate_port = free_port(host)
         self.metrics_urls["gate"] = f"http://{host}:{gate_port}/metrics"
-        gate = StageProcess("gate", [py, "-m", "voicebus.gate.app", "--announce", "--loglevel", self.loglevel,
-                                     "--metrics-port", str(gate_port)], env, ready_line=READY_LINE)
+        gate = StageProcess("gate", [py, "-m", "voicebus.gate.app", "--announce", "--log-level",
+                                     self.log_level or "WARNING", "--metrics-port", str(gate_port)],
+                            env, ready_line=READY_LINE)
         worker_ports = [free_port(host) for _ in range(self.workers)]
         workers = [StageProcess(f"worker-{i}" if self.workers > 1 else "worker",
                                 [py, "-m", "voicebus.synthesis.cli", "--announce", "--worker-id", f"bench-worker-{i}",
-                                 "--metrics-port", str(worker_ports[i]), *(["--tiny"] if self.tiny else [])],
+                                 "--metrics-port", str(worker_ports[i]), *(["--tiny"] if self.tiny else []),
+                                 *log_level_args(self.log_level)],
                                 env, ready_line=WORKER_READY_LINE)
                    for i in range(self.workers)]
         for worker, port in zip(workers, worker_ports):
             self.metrics_urls[worker.name] = f"http://{host}:{port}/metrics"
         self.metrics_urls["edge"] = self.edge_url + "/metrics"  # loopback clients only: this one
         edge = StageProcess("edge", [py, "-m", "voicebus", "edge", "--host", self.settings.edge_host,
-                                     "--port", str(self.settings.edge_port)], env,
+                                     "--port", str(self.settings.edge_port), *log_level_args(self.log_level)], env,
                             probe=healthz_probe(self.edge_url + "/healthz"))
         deadline = time.monotonic() + self.start_timeout_s
         for stage in (gate, *workers):  # the edge last: it serves only once there is something to hear

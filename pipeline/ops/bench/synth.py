@@ -55,7 +55,8 @@ OPENING_CLAUSE_MIN_WORDS = 3  # Settings.opening_clause_min_words' default: what
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("synth", help="synthesis engine: time to first audio and real-time factor, A/B")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--lang", default="en")
+    p.add_argument("--language", "--lang", dest="language", default="en",
+                   help="language of the sentences (default en)")
     p.add_argument("--voice", default=None)
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
@@ -250,7 +251,7 @@ def run(args, settings) -> int:
     voice = engine.resolve_voice(args.voice or settings.default_voice)
     for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
         _apply(engines[name], variant)
-        list(engines[name].stream("Warm up, please.", args.lang, voice))
+        list(engines[name].stream("Warm up, please.", args.language, voice))
         variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
@@ -260,13 +261,13 @@ def run(args, settings) -> int:
         for sentence, text in SENTENCES.items():
             for name, variant in variants.items():
                 _apply(engines[name], variant)
-                results.setdefault((name, sentence), []).append(_measure(engines[name], text, args.lang, voice))
+                results.setdefault((name, sentence), []).append(_measure(engines[name], text, args.language, voice))
                 variant["decode_s_per_frame"] = engines[name].decode_s_per_frame
 
     engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
     engine.generator, engine.frame_rate_half, engine.bert = default_generator, default_half, default_bert
     if variants:
-        frames = {s: _frames_of(engine, t, args.lang, voice) for s, t in SENTENCES.items()}
+        frames = {s: _frames_of(engine, t, args.language, voice) for s, t in SENTENCES.items()}
         load = os.getloadavg()[0]
         precision = "kokoro's own" if default_generator is None else str(default_generator.dtype).removeprefix("torch.")
         print(f"engine: {engine.source} on {engine.device}, voice {voice}, {os.cpu_count()} CPUs, load average {load:.1f}, "

@@ -26,6 +26,9 @@ its turn in the rotation of the single-session runs; the results add its TTFA an
 beside the untraced incremental lane's (the difference is tracing's cost end to end, within the
 machine's noise) and the in-process cost of the tracing calls one sentence's first audio goes
 through (`tracing_path_cost_us`), which resolves far below that noise.
+
+The broker: the one at ``VOICEBUS_BOOTSTRAP`` when it answers, else a throwaway one started for the
+run and stopped after it; given ``--bootstrap``, that one, and none started.
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ import time
 import uuid
 from pathlib import Path
 
+from voicebus.cli import add_json_argument, write_json
 from voicebus.clock import now_us
 from voicebus.latency import first_audio_stages, model_ttfa_ms, overhead_ms, summary
+from voicebus.logs import configure_logging
+from voicebus.ops.bench.cli import add_stage_log_level, bootstrap_given
 from voicebus.settings import Settings
 from voicebus.schemas.contract import PlaybackKind
 
@@ -68,7 +74,7 @@ AUDIBLE_TIMEOUT_S = 30.0
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("ttfa", help="time to first audio: incremental vs buffered hand-off")
     p.add_argument("--quick", action="store_true", help="a reduced set (under five minutes here)")
-    p.add_argument("--json", type=Path, default=None, help="write the results as JSON")
+    add_json_argument(p)
     p.add_argument("--markdown", type=Path, default=None, help="write the results table as markdown")
     p.add_argument("--png", type=Path, default=None, help="write a chart")
     p.add_argument("--runs", type=int, default=None, help="repeats per answer length and mode")
@@ -83,18 +89,18 @@ def register(bench_subparsers) -> None:
     p.add_argument("--browser", action="store_true",
                    help="also play every measured session in the web player in headless chromium (/usr/bin/chromium): "
                         "adds time to audible start and cancel -> silence rendered in the page")
+    add_stage_log_level(p)
     p.set_defaults(func=run_ttfa)
 
 
 def run_ttfa(args: argparse.Namespace, settings: Settings) -> int:
     from rich.console import Console
 
+    configure_logging(getattr(args, "log_level", None))
     console = Console(stderr=True)
     results = asyncio.run(_bench(args, settings, console))
     print_results(results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
+    write_json(args.json, results, indent=1)
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(markdown_table(results))
@@ -141,7 +147,9 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
                         console=console, transient=True)
     bar = progress.add_task("steps", total=steps)
     browser = _Browser() if getattr(args, "browser", False) else None
-    async with PipelineStack(base, engine, lanes, agent_ids=("bench",)) as stack, contextlib.AsyncExitStack() as exit_stack:
+    async with PipelineStack(base, engine, lanes, agent_ids=("bench",), start_broker=not bootstrap_given(args),
+                             gate_log_level=getattr(args, "log_level", None) or "WARNING") as stack, \
+            contextlib.AsyncExitStack() as exit_stack:
         if browser is not None:
             await exit_stack.enter_async_context(browser)
         exit_stack.enter_context(progress)

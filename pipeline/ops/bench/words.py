@@ -26,7 +26,7 @@ timing's start for that word minus that onset (ours is never before it by constr
 ``lead_sweep``: our alignment with a decoder lead of 0-4 frames instead of 3 (`LEADS`), against
 both references: how `words.ACOUSTIC_LEAD_FRAMES` was chosen.
 
-``--json FILE`` writes ``{"en": {"words", "median_ms", "p95_ms", "bias_ms", "aligner": {...},
+``--json PATH`` writes ``{"en": {"words", "median_ms", "p95_ms", "bias_ms", "aligner": {...},
 "before": {"whisper": {...}, "aligner": {...}}}, "whisper_vs_aligner": {...},
 "vs_onset_after_pause": {"now", "before", "whisper", "aligner"}, "lead_sweep": {"0".."4": {...}}, ...}``.
 docs/benchmarks.md has the figures and the command.
@@ -35,11 +35,12 @@ docs/benchmarks.md has the figures and the command.
 from __future__ import annotations
 
 import difflib
-import json
 import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from voicebus.cli import add_json_argument, write_json
 
 SENTENCES = [
     "Sure, I can help with that.",
@@ -120,7 +121,7 @@ def at_16khz(pcm: bytes, sample_rate: int):
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("words", help="word timings vs. Whisper's word timestamps (median, p95 of start error)")
     p.add_argument("--voice", default=None)
-    p.add_argument("--json", type=Path, default=None, help="write the figures as JSON to this file")
+    add_json_argument(p, "the figures")
     p.add_argument("--sentences", type=int, default=len(SENTENCES), help="the first N sentences only (a quick run)")
     p.set_defaults(func=run)
 
@@ -309,6 +310,5 @@ def run(args, settings) -> int:
         print(f"lead {lead} frames: " + ", ".join(f"vs {ref} median {f.get('median_ms')} p95 {f.get('p95_ms')} "
                                                    f"bias {f.get('bias_ms')} ms" for ref, f in refs.items()))
     print(f"{spoken} words spoken; engine {engine.source}, voice {voice}")
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.json, result, indent=1)
     return 0

@@ -31,7 +31,7 @@ class GateProcess:
 
     def __init__(self, settings, tmp_path, name, **options):
         self.stderr = open(tmp_path / f"{name}.stderr", "w")
-        self.proc = start_gate_subprocess(settings, stderr=self.stderr, loglevel="INFO", **options)
+        self.proc = start_gate_subprocess(settings, stderr=self.stderr, log_level="INFO", **options)
         self.lines: queue.Queue[str] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

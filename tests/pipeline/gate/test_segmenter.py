@@ -292,7 +292,7 @@ def test_cli_segment_prints_one_json_object_per_sentence():
     text = "# Title\n¿Cómo está, Sra. López? Bien. Hay 1.234,5 kg.\n"
     for extra in ([], ["--chunk", "3"]):
         proc = subprocess.run(
-            [sys.executable, "-m", "voicebus", "segment", "--lang", "es", *extra],
+            [sys.executable, "-m", "voicebus", "segment", "--language", "es", *extra],
             input=text.encode(),
             capture_output=True,
             timeout=60,
