@@ -1101,9 +1101,9 @@ def _print_exports(cluster: LocalCluster, role: str) -> None:
 
 
 def _cmd_env(args, settings: Settings) -> int:
+    settings = broker_settings(args, settings)
     try:
-        cluster = LocalCluster.from_settings(broker_settings(args, settings), secure=True) \
-            if LocalCluster._secure_state_exists(broker_settings(args, settings)) else None
+        cluster = LocalCluster.from_settings(settings, secure=True) if LocalCluster._secure_state_exists(settings) else None
     except BrokerError as exc:
         print(f"voicebus kafka env: {exc}", file=sys.stderr)
         return 1

@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 
 from voicebus.cli import add_json_argument
 from voicebus.clock import now_us
-from voicebus.gate.core import GateConfig, GateSession
 from voicebus.latency import percentile
 from voicebus.ops.bench.cli import add_stage_log_level
+from voicebus.ops.bench.gate import releasing_events
 from voicebus.settings import Settings
 
 SENTENCES = ("The weather is fine today. ", "Your order shipped on Monday morning. ",
@@ -61,15 +61,6 @@ def turn_events(session: str, turn: str, agent: str, text: str) -> list[dict]:
     events = [{**base, "seq": i, "kind": "TOKEN", "text": p} for i, p in enumerate(pieces)]
     events.append({**base, "seq": len(pieces), "kind": "END_OF_TURN", "text": ""})
     return events
-
-
-def releasing_events(events: list[dict]) -> list[int]:
-    """For each request the core gives (in order), the index of the event that released it."""
-    session = GateSession(events[0]["session_id"], GateConfig())
-    out: list[int] = []
-    for i, e in enumerate(events):
-        out += [i] * len(session.apply(e, 0))
-    return out
 
 
 @dataclass
