@@ -25,6 +25,8 @@ headers; END_OF_TURN (or a cancel) ends the root span.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import uuid
 from collections import OrderedDict
@@ -96,9 +98,14 @@ def text_event(
     claim_id: str | None = None,
     language: str | None = None,
     voice: str | None = None,
+    floor: str | None = None,
+    priority: int = 0,
     produced_at_us: int | None = None,
 ) -> dict[str, Any]:
-    """A TextEvent record (schemas/text_event.avsc), checked for what its kind needs."""
+    """A TextEvent record (schemas/text_event.avsc), checked for what its kind needs.
+
+    `floor` (``queue`` or ``preempt``; None: the gate's policy) and `priority` say how the turn
+    takes the session's floor when another turn is speaking (docs/protocol.md, "The floor")."""
     if kind not in TEXT_EVENT_KINDS:
         raise InvalidEventError(f"unknown TextEvent kind {kind!r}; expected one of {TEXT_EVENT_KINDS}")
     if kind in EVIDENCE_KINDS and not claim_id:
@@ -117,6 +124,8 @@ def text_event(
         "claim_id": claim_id,
         "language": language,
         "voice": voice,
+        "floor": floor,
+        "priority": priority,
         "produced_at_us": now_us() if produced_at_us is None else produced_at_us,
     })
 
@@ -144,13 +153,16 @@ class TurnEvents:
     anything after END_OF_TURN. `ended` tells whether the end was produced."""
 
     def __init__(self, session_id: str, turn_id: str, agent_id: str,
-                 language: str | None = None, voice: str | None = None) -> None:
+                 language: str | None = None, voice: str | None = None, *,
+                 floor: str | None = None, priority: int = 0) -> None:
         text_topic(Settings(), agent_id)  # validates the agent id early, with a clear message
         self.session_id = session_id
         self.turn_id = turn_id
         self.agent_id = agent_id
         self.language = language
         self.voice = voice
+        self.floor = floor
+        self.priority = priority
         self.next_seq = 0
         self.ended = False
 
@@ -164,7 +176,7 @@ class TurnEvents:
         event = text_event(
             session_id=self.session_id, turn_id=self.turn_id, agent_id=self.agent_id, seq=self.next_seq,
             kind=kind, text=text, claim_id=claim_id, language=self.language, voice=self.voice,
-            produced_at_us=produced_at_us,
+            floor=self.floor, priority=self.priority, produced_at_us=produced_at_us,
         )
         self.next_seq += 1
         if kind == END_OF_TURN:
@@ -177,13 +189,22 @@ class Publisher(Owned):
 
     `agent_id` is the default agent; `turn(..., agent_id=...)` speaks for another one. Each
     agent's text topic is created (idempotently) the first time this publisher uses it.
+    `voice`, `language`, `floor` and `priority` are the defaults of this publisher's turns (an
+    agent declares its voice once, so two agents in one session are told apart by ear); a turn
+    may override each.
     """
 
     def __init__(self, settings: Settings, agent_id: str = "assistant", *, codec: Codec | None = None,
-                 producer_options: dict[str, Any] | None = None, tracer: StageTracer | None = None) -> None:
+                 producer_options: dict[str, Any] | None = None, tracer: StageTracer | None = None,
+                 voice: str | None = None, language: str | None = None, floor: str | None = None,
+                 priority: int = 0) -> None:
         text_topic(settings, agent_id)  # validate early
         self.settings = settings
         self.agent_id = agent_id
+        self.voice, self.language, self.floor, self.priority = voice, language, floor, priority
+        # the defaults checked once, here, with the contract's message (not at the first turn)
+        text_event(session_id="check", turn_id="check", agent_id=agent_id, seq=0, kind=TOKEN, voice=voice,
+                   language=language, floor=floor, priority=priority, produced_at_us=0)
         self.codec = codec or codec_for(settings)
         self.tracer = tracer if tracer is not None else tracer_for(settings, "agent")
         self._producer_options = producer_options or {}
@@ -282,9 +303,13 @@ class Publisher(Owned):
         return await producer.send(topic, data, key=session_key(value["session_id"]), headers=headers)
 
     def turn(self, session_id: str, turn_id: str | None = None, *, agent_id: str | None = None,
-             language: str | None = None, voice: str | None = None) -> "Turn":
-        """A turn of `agent_id` (default: this publisher's agent) for `session_id`."""
-        events = TurnEvents(session_id, turn_id or new_turn_id(), agent_id or self.agent_id, language, voice)
+             language: str | None = None, voice: str | None = None, floor: str | None = None,
+             priority: int | None = None) -> "Turn":
+        """A turn of `agent_id` (default: this publisher's agent) for `session_id`; language,
+        voice, floor and priority default to the publisher's."""
+        events = TurnEvents(session_id, turn_id or new_turn_id(), agent_id or self.agent_id,
+                            language or self.language, voice or self.voice, floor=floor or self.floor,
+                            priority=self.priority if priority is None else priority)
         return Turn(self, events)
 
     def evidence_source(self, session_id: str, turn_id: str, *, agent_id: str) -> "EvidenceSource":
@@ -412,6 +437,10 @@ class HeardFollower(Owned):
     seen are kept for the last ``keep`` turns, so `wait` returns at once for a turn already heard.
     """
 
+    topic_setting = "heard_topic"  # the Settings field naming the topic followed
+    message_type = "TurnHeard"
+    name = "heard"
+
     def __init__(self, publisher: Publisher, *, on_heard: Any = None, lookback_s: float = 60.0, keep: int = 4096) -> None:
         from collections import OrderedDict
 
@@ -434,12 +463,13 @@ class HeardFollower(Owned):
         from voicebus.bus import ensure_topics
         from voicebus.shell import ControlFollower, RecordPolicy
 
-        await ensure_topics(self.settings, [self.settings.heard_topic])
-        policy = RecordPolicy("agent-heard", self.settings, self.publisher.codec, self.publisher._require_producer())
+        topic = getattr(self.settings, self.topic_setting)
+        await ensure_topics(self.settings, [topic])
+        policy = RecordPolicy(f"agent-{self.name}", self.settings, self.publisher.codec, self.publisher._require_producer())
         self._follower = ControlFollower(self.settings, policy, self._on_record, lookback_s=self.lookback_s,
-                                         topic=self.settings.heard_topic, message_type="TurnHeard")
+                                         topic=topic, message_type=self.message_type)
         await self._follower.start()
-        self._task = asyncio.create_task(self._follower.follow(), name="heard-follower")
+        self._task = asyncio.create_task(self._follower.follow(), name=f"{self.name}-follower")
 
     async def stop(self) -> None:
         import asyncio
@@ -504,3 +534,73 @@ class HeardFollower(Owned):
                 waiters.remove(future)
                 if not waiters:
                     del self._waiters[(session_id, turn_id)]
+
+
+class FloorTimeout(AgentError, TimeoutError):
+    """No floor event of the kind waited for, for a turn, within the time given."""
+
+
+class FloorFollower(HeardFollower):
+    """What happened to turns on their session's floor: every FloorEvent the gate publishes
+    (``settings.floor_topic``, docs/protocol.md "The floor"), for an agent that does its own
+    turn-taking (wait for its turn to be granted, learn that it was queued, cut or refused).
+
+        async with Publisher(settings, agent_id="expert") as agent, FloorFollower(agent) as floor:
+            async with agent.turn("s1") as turn:
+                granted = await floor.wait(turn.session_id, turn.turn_id, "GRANTED", timeout_s=30)
+                granted["waited_us"]
+
+    ``on_event`` (or `add_callback`) is called with every FloorEvent. The same plumbing as
+    `HeardFollower`: a consumer of its own, ``lookback_s`` back at start, no consumer group."""
+
+    topic_setting = "floor_topic"
+    message_type = "FloorEvent"
+    name = "floor"
+
+    def __init__(self, publisher: Publisher, *, on_event: Any = None, lookback_s: float = 60.0,
+                 keep: int = 4096) -> None:
+        super().__init__(publisher, on_heard=on_event, lookback_s=lookback_s, keep=keep)
+
+    async def _on_record(self, event: dict) -> None:
+        # Kept and waited on per (session, turn, event kind): a turn is queued, then granted.
+        key = (event["session_id"], event["turn_id"], str(event["event"]))
+        self._heard[key] = event
+        self._heard.move_to_end(key)
+        while len(self._heard) > self.keep:
+            self._heard.popitem(last=False)
+        for future in self._waiters.pop(key, []):
+            if not future.done():
+                future.set_result(event)
+        for callback in self._callbacks:
+            try:
+                result = callback(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # noqa: BLE001 - an agent's callback must not stop the follower
+                log.exception("on_event callback failed for %s/%s", event["session_id"], event["turn_id"])
+
+    def events(self, session_id: str, turn_id: str) -> dict[str, dict]:
+        """The floor events seen for a turn, by kind (``GRANTED``, ``QUEUED``, ...)."""
+        return {k[2]: e for k, e in self._heard.items() if k[:2] == (session_id, turn_id)}
+
+    async def wait(self, session_id: str, turn_id: str, event: str = "GRANTED",  # type: ignore[override]
+                   timeout_s: float = 10.0) -> dict:
+        """The turn's floor event of kind `event`: at once if seen already, else when it comes;
+        `FloorTimeout` after `timeout_s`."""
+        if self._follower is None:
+            raise PublisherNotStartedError("use the FloorFollower inside `async with` (or call start() first)")
+        key = (session_id, turn_id, str(event))
+        if key in self._heard:
+            return self._heard[key]
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, []).append(future)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise FloorTimeout(f"no {event} floor event for {session_id}/{turn_id} within {timeout_s:g} s") from None
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters and future in waiters:
+                waiters.remove(future)
+                if not waiters:
+                    del self._waiters[key]

@@ -6,9 +6,10 @@ hurt only what that topic feeds:
 
 * an **agent** (principal ``User:<agent id>``) writes only its own text topic (created on first
   use), registers it in the agent registry, sends cancels on the control topic and reads what
-  its listeners heard;
-* the **gate** reads the text topics, the agent registry and control, keeps its changelog and
-  writes sentences to synthesis;
+  its listeners heard and what happened to its turns on the floor;
+* the **gate** reads the text topics, the agent registry and control, keeps its changelog,
+  writes sentences to synthesis, floor events, and cancels on control (a whole-session cancel's
+  resolution, a preempted turn);
 * a **worker** reads synthesis and control and writes audio;
 * the **edge** reads audio and control, writes cancels (barge-in), playback reports and what was
   heard, and keeps the edge directory; it cannot write text or audio;
@@ -81,8 +82,10 @@ def stage_acls(settings: Settings, role: str, principal: str | None = None) -> l
     acls = [a for t in fixed_topics(s) for a in _topic(who, t, D)] + _topic(who, s.deadletter_topic, W)
     if role == "gate":
         acls += _topic(who, s.text_topic_prefix, R, D, prefixed=True)
-        acls += _topic(who, s.agents_topic, R) + _topic(who, s.control_topic, R)
+        # the gate writes control too: a whole-session cancel's resolution, the floor's cuts
+        acls += _topic(who, s.agents_topic, R) + _topic(who, s.control_topic, R, W)
         acls += _topic(who, s.gate_changelog_topic, R, W) + _topic(who, s.synthesis_topic, W)
+        acls += _topic(who, s.floor_topic, W)
         acls += _group(who, s.gate_app_id)
     elif role == "worker":
         acls += _topic(who, s.synthesis_topic, R) + _topic(who, s.control_topic, R)
@@ -103,6 +106,7 @@ def agent_acls(settings: Settings, agent_id: str, principal: str | None = None) 
     R, W, C, D = Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE
     acls = _topic(who, text_topic(s, agent_id), C, W, D)
     acls += _topic(who, s.agents_topic, W, D) + _topic(who, s.control_topic, W, D) + _topic(who, s.heard_topic, R, D)
+    acls += _topic(who, s.floor_topic, R, D)
     return sorted(set(acls))
 
 

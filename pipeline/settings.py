@@ -83,6 +83,9 @@ class Settings(BaseModel):
     """Playback reports from the players (audible start, end, underruns), published by the edge."""
     heard_topic: str = "voicebus.heard"
     """What the listener heard of each turn (TurnHeard), published by the edge for the agents."""
+    floor_topic: str = "voicebus.floor"
+    """What happened to each turn on its session's floor (FloorEvent: granted, queued, cut, ...),
+    published by the gate for the agents."""
     deadletter_topic: str = "voicebus.deadletter"
     """Records a stage could not handle, unchanged, with the reason in ``voicebus.error.*`` headers."""
     edges_topic: str = "voicebus.edges"
@@ -208,6 +211,14 @@ class Settings(BaseModel):
     hold_timeout_policy: Literal["release", "drop"] = "release"
     """What happens to text held behind a pending evidence mark when the hold times out:
     ``release`` or ``drop``."""
+    floor_policy: Literal["queue", "preempt"] = "queue"
+    """How a session's turns share its floor (docs/protocol.md, "The floor"): ``queue``: one turn
+    speaks at a time, in the order the turns started, a later turn waiting until the earlier one
+    ends or is cancelled; ``preempt``: a new turn cuts the one speaking. A turn may override it
+    (its first event's ``floor``), and a turn of higher ``priority`` always preempts."""
+    floor_max_waiting_turns: int = Field(4, ge=1, le=64)
+    """How many turns of one session may wait for the floor; a turn beyond it is refused (ended
+    at once, nothing spoken, with a warning in the gate's log and its floor event)."""
     agents_topic: str = "voicebus.agents"
     """The registry of agent text topics (compacted, key agent id): the SDK writes a record when
     it creates or first uses its topic; every gate worker follows it and starts reading the new
@@ -334,10 +345,12 @@ class Settings(BaseModel):
     ``wss://`` URL, or a path (``/edge-1/ws``) the player resolves against its page's origin (an
     edge behind a proxy). Empty: ``ws://<edge_host>:<edge_port>/ws``."""
     edge_redirect_origins: str = ""
-    """Comma-separated origins (``https://edge-3.example.com``) of edges that announce themselves in
-    the directory without the shared edge secret, which edges and players may still follow.
-    Empty (default): only edge-directory records signed with ``edge_secret`` are believed, and a
-    player follows a redirect only to its page's origin or to the edges its edge listed."""
+    """Comma-separated origins (``https://edge-3.example.com``) of the edges a player may be sent
+    to: a player follows a redirect, or an edge its edge listed, only to its page's own origin or
+    to one of these (so a deployment whose edges have their own host names lists them all here).
+    An edge-directory record naming one of these origins is believed even without the shared
+    ``edge_secret`` signature. Empty (default): players stay on their page's origin, and only
+    signed directory records are believed."""
     edge_session_timeout_ms: int = 10_000
     """Consumer-group session timeout of the edges: how soon a dead edge's sessions move to the
     others (the broker's minimum is 6000 by default)."""

@@ -655,7 +655,14 @@ async def _close_clients(app: web.Application) -> None:
 
 
 async def _index(request: web.Request) -> web.StreamResponse:
-    return web.FileResponse(WEB_DIR / "index.html")
+    """The web player, told which edge origins besides its own it may follow (redirects, the edges a
+    `ready` lists): ``<html data-edge-origins>``, from ``VOICEBUS_EDGE_REDIRECT_ORIGINS``."""
+    import html
+
+    page = (WEB_DIR / "index.html").read_text(encoding="utf-8")
+    origins = html.escape(",".join(redirect_origins(request.app[SETTINGS_KEY])), quote=True)
+    page = page.replace("<html ", f'<html data-edge-origins="{origins}" ', 1)
+    return web.Response(text=page, content_type="text/html")
 
 
 def _metrics_handler(edge_app: web.Application):

@@ -20,6 +20,7 @@ CURRENT = {
     "AudioChunk": "audio_chunk.avsc",
     "PlaybackReport": "playback_report.avsc",
     "TurnHeard": "turn_heard.avsc",
+    "FloorEvent": "floor_event.avsc",
 }
 
 

@@ -58,6 +58,7 @@ TextEventKind = _enum("TextEventKind", "TextEvent", "kind")
 ControlAction = _enum("ControlAction", "ControlEvent", "action")
 AudioEncoding = _enum("AudioEncoding", "AudioChunk", "encoding")
 PlaybackKind = _enum("PlaybackKind", "PlaybackReport", "kind")
+FloorEventKind = _enum("FloorEventKind", "FloorEvent", "event")
 
 EVIDENCE_KINDS = frozenset({TextEventKind.EVIDENCE_PENDING, TextEventKind.EVIDENCE_READY,
                             TextEventKind.EVIDENCE_FAILED})
@@ -117,6 +118,8 @@ class Limits:
     """One AudioChunk's audio: ~5.4 s of 24 kHz PCM16, far above the 150 ms chunks workers send."""
     min_speed: float = 0.25
     max_speed: float = 4.0
+    max_priority: int = 1000
+    """A TextEvent's floor ``priority`` is -max_priority .. max_priority."""
     max_turn_ids: int = 64
     """A ControlEvent cancels at most this many listed turns (``turn_ids``), each a valid id: a
     cancel cannot grow a stage's state (two cancels of 600 KB of ids once made the gate's state
@@ -128,7 +131,14 @@ LIMITS = Limits()
 # The values a metric label may take from a ControlEvent's free-text ``source``: what voicebus's
 # own producers write. Any other value is counted as "other", so a writer of the control topic
 # cannot add a metric series per value (20,000 distinct sources once made 20,000 series).
-CANCEL_SOURCES = frozenset({"agent", "edge", "gate", "console", "openai-adapter", "user", "cli", "bus"})
+CANCEL_SOURCES = frozenset({"agent", "edge", "gate", "floor", "console", "openai-adapter", "user", "cli", "bus"})
+
+# --- the floor (docs/protocol.md, "The floor") ---------------------------------------------------
+
+FLOOR_QUEUE = "queue"  # a turn that finds the floor taken waits until the turn speaking ends
+FLOOR_PREEMPT = "preempt"  # a turn that finds the floor taken cuts the turn speaking
+FLOOR_POLICIES = (FLOOR_QUEUE, FLOOR_PREEMPT)
+FLOOR_CANCEL_SOURCE = "floor"  # the source of the cancel the gate publishes for a preempted turn
 
 
 def metric_label(value: object, allowed: frozenset[str]) -> str:
@@ -233,6 +243,12 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         ident("claim_id", optional=True)
         language(optional=True)
         label("voice")
+        floor = value.get("floor")
+        if floor is not None and floor not in FLOOR_POLICIES:
+            problems.append(f"floor {floor!r} is not one of {', '.join(FLOOR_POLICIES)} (or null)")
+        priority = value.get("priority")
+        if isinstance(priority, int) and not -limits.max_priority <= priority <= limits.max_priority:
+            problems.append(f"priority {priority} is outside -{limits.max_priority}..{limits.max_priority}")
     elif message_type == "ControlEvent":
         ident("turn_id", optional=True)
         non_negative("issued_at_us", 2**63 - 1)
@@ -295,5 +311,10 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         label("client_id")
         if len(value.get("heard_text") or "") > limits.max_text_bytes:
             problems.append(f"heard_text is longer than {limits.max_text_bytes} characters")
+    elif message_type == "FloorEvent":
+        ident("turn_id")
+        agent()
+        non_negative("waited_us", 2**63 - 1)
+        label("reason")
     return problems
 

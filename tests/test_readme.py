@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,38 @@ async def test_the_quickstart_publishes_its_turn_as_written(make_settings, tmp_p
     # registered for the gate, which finds the agent's topic through the agent registry
     registry = await read_to_end(settings, [settings.agents_topic])
     assert any(r.key == b"assistant" for r in registry)
+
+
+@pytest.mark.kafka
+async def test_the_two_agent_example_runs_as_written(make_settings, tmp_path):
+    """docs/agents.md's two agents in one session, against a real gate: the expert's turn queues
+    behind the host's and is granted when the host's turn ends."""
+    from voicebus.gate.app import READY_LINE, start_gate_subprocess
+
+    settings = make_settings(first_clause_min_words=0)
+    gate = start_gate_subprocess(settings, stderr=subprocess.STDOUT)
+    try:
+        seen: list[str] = []
+        ready = threading.Event()
+
+        def pump() -> None:  # drains the gate's output (a full pipe would block it)
+            for line in gate.stdout:
+                seen.append(line)
+                if line.startswith(READY_LINE):
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        assert await asyncio.to_thread(ready.wait, 90), f"the gate did not start: {''.join(seen[-20:])}"
+        script = tmp_path / "two_agents.py"
+        script.write_text(marked_block((ROOT / "docs" / "agents.md").read_text(), "two-agents"))
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, str(script)], cwd=tmp_path,
+                                       env=child_env(settings), capture_output=True, text=True, timeout=300)
+    finally:
+        gate.terminate()
+        await asyncio.to_thread(gate.wait, 60)
+    assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr}"
+    printed = re.search(r"was QUEUED, then GRANTED after (\d+\.\d) s", done.stdout)
+    assert printed and float(printed.group(1)) >= 0.1, done.stdout  # it waited for the host (~0.5 s)
 
 
 def test_the_listener_quickstart_compiles_and_imports_what_exists():

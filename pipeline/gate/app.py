@@ -65,6 +65,7 @@ from voicebus.codecs import CodecError, codec_for
 from voicebus import tracing
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.logs import add_log_level_argument, configure_logging
+from voicebus.schemas.contract import FloorEventKind
 from voicebus.settings import Settings
 from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from voicebus.topics import fixed_topics, session_key, text_topic_pattern
@@ -118,6 +119,7 @@ class _Batch:
     entries: dict = field(default_factory=dict)  # session id -> _Entry touched
     applied: dict = field(default_factory=dict)  # session id -> [(event, now_us)] applied in order
     requests: list = field(default_factory=list)
+    controls: list = field(default_factory=list)  # (message type, value): cancels and floor events to publish
     positions: dict = field(default_factory=dict)  # (topic, p) -> next offset
 
 
@@ -149,7 +151,7 @@ class GateWorker:
         tracer: StageTracer | None = None,
         metrics_port: int | None = None,
     ) -> None:
-        from prometheus_client import CollectorRegistry, Counter
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.settings = settings
         self.config = GateConfig.from_settings(settings)
@@ -169,6 +171,11 @@ class GateWorker:
                                         ["reason"], registry=self.registry)
         self._control_applied = Counter("voicebus_gate_control_events", "Control events applied (after the "
                                         "record policy took them)", registry=self.registry)
+        self._floor_events = Counter("voicebus_gate_floor_events", "Floor events of sessions' turns: granted, "
+                                     "queued, preempting, cut, refused", ["event"], registry=self.registry)
+        self._floor_wait = Histogram("voicebus_gate_floor_wait_seconds", "How long a turn waited for the "
+                                     "floor before it was granted (0: at once)", registry=self.registry,
+                                     buckets=(0.0, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
         self._unencodable = Counter("voicebus_gate_requests_unencodable", "Requests sent with empty text because "
                                     "the contract refused them", registry=self.registry)
         self._pattern = re.compile(text_topic_pattern(settings))
@@ -514,10 +521,12 @@ class GateWorker:
             closing = session.end_failed_turn(event, now, exc)
             batch.entries[sid] = entry
             batch.requests.extend(closing)
+            batch.controls.extend(self._session_controls(session))
             raise
         batch.entries[sid] = entry
         batch.applied.setdefault(sid, []).append((event, now))
         batch.requests.extend(requests)
+        batch.controls.extend(self._session_controls(entry.session))
 
     async def _commit_batch(self, batch: "_Batch") -> None:
         if not batch.entries and not batch.positions:
@@ -527,10 +536,13 @@ class GateWorker:
         for sid, entry in batch.entries.items():
             more, states[sid] = entry.session.shed(now)
             batch.requests.extend(more)
+            batch.controls.extend(self._session_controls(entry.session))
         partitions = {p for _, p in batch.positions} | {e.partition for e in batch.entries.values()}
-        await self._send_retrying(partitions, [(self.settings.synthesis_topic, session_key(r["session_id"]),
-                                                self._encode_request(r), None, self._request_headers(r))
-                                               for r in batch.requests])
+        # The cancels first: a cut turn is dropped downstream no later than its preempter arrives.
+        await self._send_retrying(partitions, [
+            *self._control_records(batch.controls),
+            *[(self.settings.synthesis_topic, session_key(r["session_id"]), self._encode_request(r), None,
+               self._request_headers(r)) for r in batch.requests]])
         previous = {key: self._positions[key] for key in batch.positions}
         self._positions.update(batch.positions)
         topic = self.settings.gate_changelog_topic
@@ -567,12 +579,16 @@ class GateWorker:
                 try:
                     if expiry is not None and expiry <= now:
                         requests = entry.session.expire(now)
+                        controls = self._session_controls(entry.session)
+                        if controls:
+                            await self._send_retrying(entry.partition, self._control_records(controls))
                         await self._emit(requests, entry.partition)
                         await self._write(entry.partition, sid, None)
                         del self._sessions[sid]
                         log.info("gate: session %s expired (idle for %.0f s)", sid, self.settings.gate_session_idle_s)
                     else:
-                        await self._commit_effects(entry, sid, entry.session.tick(now), now)
+                        requests = entry.session.tick(now)
+                        await self._commit_effects(entry, sid, requests, now, self._session_controls(entry.session))
                 except PartitionRevoked as exc:
                     log.info("gate: %s", exc)
         async with self._lock:
@@ -583,7 +599,7 @@ class GateWorker:
     # --- one control record ---------------------------------------------------------------------
     async def _process_control(self, record: Any, partition: int) -> None:
         """(Under the lock.) One control record through the record policy, then its effects."""
-        effects: list[tuple[_Entry, str, list[dict], dict | None]] = []
+        effects: list[tuple[_Entry, str, list[dict], list[tuple[str, dict]]]] = []
 
         def handle(decoded: Any) -> None:
             event = decoded.message.value
@@ -594,32 +610,51 @@ class GateWorker:
             except Exception:
                 entry.session = self._restored(sid, entry)  # it may be half-applied
                 raise  # the policy dead-letters it
-            effects.append((entry, sid, requests, entry.session.resolution))
+            effects.append((entry, sid, requests, self._session_controls(entry.session)))
 
         if await self.policy.process(record, "ControlEvent", handle):
             self._control_applied.inc()
-        for entry, sid, requests, resolution in effects:
-            await self._commit_effects(entry, sid, requests, self.clock_us(), resolution)
+        for entry, sid, requests, controls in effects:
+            await self._commit_effects(entry, sid, requests, self.clock_us(), controls)
 
     async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int,
-                              resolution: dict | None = None) -> None:
-        """(Under the lock.) Send the requests (and the resolution of a whole-session cancel),
-        then store the state (bounded) and positions."""
+                              controls: list[tuple[str, dict]] = ()) -> None:
+        """(Under the lock.) Send the control events (the resolution of a whole-session cancel,
+        the cancels of turns the floor cut) and the requests, then store the state (bounded) and
+        positions."""
         try:
             more, encoded = entry.session.shed(now)
+            controls = [*controls, *self._session_controls(entry.session)]
+            if controls:
+                # Later stages drop these turns even if they had not seen them yet. They come back
+                # to this worker too, where they only cancel turns already cancelled.
+                await self._send_retrying(entry.partition, self._control_records(controls))
             await self._emit(requests + more, entry.partition)
-            if resolution is not None:
-                # Later stages drop these turns even if they had not seen them yet. It comes back
-                # to this worker too, where it only cancels turns already cancelled.
-                await self._send_retrying(entry.partition, [(
-                    self.settings.control_topic, session_key(sid),
-                    self.codec.encode("ControlEvent", resolution, self.settings.control_topic), None)])
             await self._write(entry.partition, sid, encoded.encode("utf-8"))
             entry.state = encoded
             entry.due_us = self._due(entry.session)
         except BaseException:
             entry.session = self._restored(sid, entry)
             raise
+
+    def _session_controls(self, session: GateSession) -> list[dict]:
+        """What `session`'s last call produced for the bus besides requests: its control events
+        (resolutions, the floor's cuts) and its floor events (counted here), tagged with their
+        message type for `_control_records`."""
+        for event in session.floor_events:
+            self._floor_events.labels(event["event"].lower()).inc()
+            if event["event"] == FloorEventKind.GRANTED:
+                self._floor_wait.observe(event["waited_us"] / 1e6)
+            log.debug("gate: session %s turn %s floor %s (waited %.3f s) %s", session.session_id,
+                      event["turn_id"], event["event"], event["waited_us"] / 1e6, event["reason"])
+        out = [("ControlEvent", c) for c in session.controls] + [("FloorEvent", e) for e in session.floor_events]
+        session.controls, session.floor_events = [], []
+        return out
+
+    def _control_records(self, controls: list[tuple[str, dict]]) -> list[tuple]:
+        topics = {"ControlEvent": self.settings.control_topic, "FloorEvent": self.settings.floor_topic}
+        return [(topics[kind], session_key(value["session_id"]), self.codec.encode(kind, value, topics[kind]), None)
+                for kind, value in controls]
 
     def _restored(self, sid: str, entry: _Entry) -> GateSession:
         """The session as last stored (the live object may hold a half-applied event)."""

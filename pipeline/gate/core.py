@@ -27,6 +27,9 @@ Decisions (docs/gate.md says more):
   ``idle_expiry_us`` has its live turns ended and can be deleted (`expire`).
 - Every turn ends: a turn the gate fails on (`end_failed_turn`), sheds or expires still gets its
   ``is_last_in_turn`` request.
+- The floor (`voicebus.gate.floor`): one turn of a session speaks at a time. Every request the
+  session produces passes through its `Floor`, which holds a waiting turn's requests until it gets
+  the floor; a preempted turn is cancelled and `controls` carries the cancel the shell publishes.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from voicebus.gate.floor import PREEMPTING, REFUSED, Floor, turn_floor
 from voicebus.gate.evidence import (
     FAILED,
     READY,
@@ -45,7 +49,8 @@ from voicebus.gate.evidence import (
 import json
 
 from voicebus.settings import Settings
-from voicebus.schemas.contract import DEFAULT_VOICES, LANGUAGES, LIMITS, SEGMENTER_LANGUAGE, ControlAction, TextEventKind
+from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LANGUAGES, LIMITS,
+                                       SEGMENTER_LANGUAGE, ControlAction, TextEventKind)
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -89,6 +94,8 @@ class GateConfig:
     max_state_bytes: int = 256 * 1024
     idle_expiry_us: int = 3600 * 1_000_000
     speculative_release: bool = False
+    floor_policy: str = FLOOR_QUEUE
+    floor_max_waiting: int = 4
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "GateConfig":
@@ -106,6 +113,8 @@ class GateConfig:
             max_state_bytes=int(settings.gate_max_session_state_bytes),
             idle_expiry_us=int(settings.gate_session_idle_s * 1_000_000),
             speculative_release=bool(settings.speculative_release),
+            floor_policy=settings.floor_policy,
+            floor_max_waiting=int(settings.floor_max_waiting_turns),
         )
 
 
@@ -226,9 +235,15 @@ class GateSession:
         cancel = state.get("cancel", {})
         self._cancelled_turns: list[str] = list(cancel.get("turns", []))
         self.last_event_us: int = state.get("last_event_us", -1)
-        # The ControlEvent the shell must publish after the last `apply`: the gate's resolution
-        # of a whole-session cancel (the turns it cancelled), or None. Not part of the state.
-        self.resolution: dict | None = None
+        self._floor = Floor(config.floor_max_waiting, state.get("floor"))
+        self._passed: list[dict] = []  # requests the floor let out while applying (a holder cancelled)
+        # The ControlEvents the shell must publish after the last call that returned requests: the
+        # gate's resolution of a whole-session cancel (the turns it cancelled), and the cancel of
+        # each turn cut by a preempting one. Not part of the state.
+        self.controls: list[dict] = []
+        # The FloorEvents since the last call (granted, queued, preempting, cut, refused), for the
+        # shell to publish on the floor topic and count. Not part of the state.
+        self.floor_events: list[dict] = []
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict:
@@ -238,6 +253,7 @@ class GateSession:
             "early": self._early.to_state(),
             "cancel": {"turns": self._cancelled_turns},
             "last_event_us": self.last_event_us,
+            "floor": self._floor.to_state(),
         }
 
     @classmethod
@@ -247,13 +263,40 @@ class GateSession:
     # --- input ---------------------------------------------------------------------------------
     def apply(self, event: dict, now_us: int) -> list[dict]:
         """A decoded TextEvent or ControlEvent (told apart by its fields)."""
-        self.resolution = None
+        self._begin()
         self.last_event_us = max(self.last_event_us, now_us)
         if "action" in event:
-            return self.apply_control(event, now_us)
-        return self.apply_text(event, now_us)
+            return self._settle(self._apply_control(event, now_us), now_us)
+        return self._settle(self._apply_text(event, now_us), now_us)
 
     def apply_text(self, event: dict, now_us: int) -> list[dict]:
+        return self.apply(event, now_us)
+
+    def apply_control(self, event: dict, now_us: int) -> list[dict]:
+        return self.apply(event, now_us)
+
+    def _begin(self) -> None:
+        self.controls = []
+        self.floor_events = []
+        self._passed = []
+
+    def _settle(self, requests: list[dict], now_us: int) -> list[dict]:
+        """Every request the core produced, through the floor: what may go out now, in order.
+        Turns the floor cut are cancelled here, and their cancels queued in `controls`."""
+        out, cut = self._floor.route(requests, now_us)
+        out = self._passed + out
+        self._passed = []
+        for turn_id in cut:
+            self._cut(turn_id, now_us)
+        for event in self._floor.take_events():
+            turn = self._turns.get(event["turn_id"])
+            self.floor_events.append({"session_id": self.session_id, "turn_id": event["turn_id"],
+                                      "agent_id": turn.agent_id if turn is not None else "unknown",
+                                      "event": event["event"], "waited_us": event["waited_us"],
+                                      "reason": event["reason"][:LIMITS.max_label_chars], "at_us": event["at_us"]})
+        return out
+
+    def _apply_text(self, event: dict, now_us: int) -> list[dict]:
         self._check_session(event)
         kind = event["kind"]
         turn_id, agent_id, seq = event["turn_id"], event["agent_id"], int(event["seq"])
@@ -270,7 +313,9 @@ class GateSession:
 
         turn = self._turns.get(turn_id)
         if turn is None:
-            turn = self._open_turn(event)
+            turn = self._open_turn(event, now_us)
+            if turn.finished:  # refused the floor: it ends now, with nothing spoken
+                return [self._request(turn, "", now_us, now_us, last=True)]
         if not turn.live:
             return []
         if kind == TextEventKind.TOKEN:
@@ -288,12 +333,13 @@ class GateSession:
             return out + self._drain(turn, now_us)
         raise GateInputError(f"unknown TextEvent kind {kind!r}")
 
-    def apply_control(self, event: dict, now_us: int) -> list[dict]:
+    def _apply_control(self, event: dict, now_us: int) -> list[dict]:
         """A CANCEL for one turn (``turn_id``), for the turns listed in ``turn_ids``, or (turn_id
         null, no list) for every turn of the session the gate holds now. No clock is compared:
         a turn whose first event reaches the gate after the cancel is a new turn. For the last
-        kind, `resolution` is set to the ControlEvent that names the turns cancelled, for the
-        shell to publish so that later stages drop them even if they had not seen them yet."""
+        kind, `controls` gets the ControlEvent that names the turns cancelled, for the shell to
+        publish so that later stages drop them even if they had not seen them yet. A cancelled
+        turn that held the floor passes it on: the next turn's held requests are returned."""
         self._check_session(event)
         if event.get("action") != ControlAction.CANCEL:
             return []
@@ -308,25 +354,27 @@ class GateSession:
             turn = self._turns.get(target)
             if turn is not None:
                 self._cancel(turn)
+                self._passed.extend(self._floor.close(target, now_us))
         del self._cancelled_turns[:-MAX_TURNS_KEPT]
         if turn_id is None and not listed and newly:
-            self.resolution = {
+            self.controls.append({
                 "session_id": self.session_id, "turn_id": None, "action": ControlAction.CANCEL,
                 "reason": f"resolved: {event.get('reason') or 'session cancel'}"[:200], "source": RESOLUTION_SOURCE,
                 # a ControlEvent lists at most LIMITS.max_turn_ids turns: the latest ones (a session
                 # with more live turns at once is beyond any real conversation)
                 "issued_at_us": now_us, "turn_ids": newly[-LIMITS.max_turn_ids:],
-            }
+            })
         return []
 
     def tick(self, now_us: int) -> list[dict]:
         """Apply hold timeouts due at `now_us`; returns what they release (or the notices)."""
+        self._begin()
         self._early.prune(now_us)
         out: list[dict] = []
         for turn in list(self._turns.values()):
             if turn.live and turn.evidence.expire(now_us):
                 out.extend(self._drain(turn, now_us))
-        return out
+        return self._settle(out, now_us)
 
     def end_failed_turn(self, event: dict, now_us: int, error: BaseException) -> list[dict]:
         """The gate failed on `event` (a TextEvent) with `error`; make sure its turn still ends.
@@ -336,6 +384,10 @@ class GateSession:
         so its later events are ignored, and gets its end request now (empty text,
         ``is_last_in_turn``), after what was released so far. A turn whose event was merely bad
         input (an evidence mark without a claim id) goes on."""
+        self._begin()
+        return self._settle(self._end_failed_turn(event, now_us, error), now_us)
+
+    def _end_failed_turn(self, event: dict, now_us: int, error: BaseException) -> list[dict]:
         turn_id = event.get("turn_id")
         if not turn_id or event.get("kind") in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
             return []
@@ -361,15 +413,24 @@ class GateSession:
     def shed(self, now_us: int) -> tuple[list[dict], str]:
         """Keep the state within ``max_state_bytes``: end the oldest live turns (their text flushed
         and released, holds resolved as on timeout) until it fits. Returns the requests that
-        released and the state as JSON (the caller stores it)."""
+        released and the state as JSON (the caller stores it). Turns waiting for the floor go
+        first, newest first: they are refused (ended with nothing spoken)."""
+        self._begin()
         out: list[dict] = []
         encoded = json.dumps(self.to_state(), separators=(",", ":"))
         while len(encoded.encode("utf-8")) > self.config.max_state_bytes:
             live = [t for t in self._turns.values() if t.live]
-            if live:
+            waiting = [w["turn"] for w in self._floor.waiting if w["turn"] in self._turns]
+            if waiting:
+                turn = self._turns[waiting[-1]]
+                log.warning("session %s: state over %d bytes, waiting turn %s refused", self.session_id,
+                            self.config.max_state_bytes, turn.turn_id)
+                self._floor.close(turn.turn_id, now_us)
+                out.extend(self._settle(self._refuse(turn, now_us), now_us))
+            elif live:
                 log.warning("session %s: state over %d bytes, turn %s ended early", self.session_id,
                             self.config.max_state_bytes, live[0].turn_id)
-                out.extend(self._force_end(live[0], now_us))
+                out.extend(self._settle(self._force_end(live[0], now_us), now_us))
             elif len(self._turns) > 1 or self._guards or len(self._early):
                 # Only memory of the past is left: forget the oldest half of it.
                 for old in list(self._turns)[: max(1, len(self._turns) // 2)]:
@@ -385,11 +446,12 @@ class GateSession:
     def expire(self, now_us: int) -> list[dict]:
         """The session was idle for ``idle_expiry_us``: end every live turn (as `shed` does). The
         caller then deletes the session's state."""
+        self._begin()
         out: list[dict] = []
         for turn in list(self._turns.values()):
             if turn.live:
                 out.extend(self._force_end(turn, now_us))
-        return out
+        return self._settle(out, now_us)
 
     def expires_at_us(self) -> int | None:
         """When the session counts as idle and may be expired (None: it never saw an event)."""
@@ -411,7 +473,8 @@ class GateSession:
     @property
     def idle(self) -> bool:
         """Nothing buffered, held or pending: the state could be compacted away."""
-        return all(not t.live for t in self._turns.values()) and not len(self._early)
+        return (all(not t.live for t in self._turns.values()) and not len(self._early)
+                and not self._floor.waiting and not self._floor.held)
 
     # --- internals -----------------------------------------------------------------------------
     def _check_session(self, event: dict) -> None:
@@ -425,7 +488,7 @@ class GateSession:
             raise GateInputError(f"{event['kind']} event without a claim_id (turn {event['turn_id']!r})")
         return claim_id
 
-    def _open_turn(self, event: dict) -> _Turn:
+    def _open_turn(self, event: dict, now_us: int) -> _Turn:
         language = kokoro_language(event.get("language"), self.config.default_language)
         voice = event.get("voice") or (
             self.config.default_voice if self.config.default_voice[:1] == language
@@ -438,6 +501,19 @@ class GateSession:
             "started_at_us": started, "cancelled": cancelled,
         })
         self._turns[turn.turn_id] = turn
+        if not cancelled:
+            policy, priority = turn_floor(event, self.config.floor_policy)
+            fate, cut = self._floor.open(turn.turn_id, policy, priority, now_us)
+            for other in cut:
+                self._cut(other, now_us)
+            if fate == REFUSED:
+                log.warning("session %s: turn %s of %s refused: %d turns already wait for the floor",
+                            self.session_id, turn.turn_id, turn.agent_id, self.config.floor_max_waiting)
+                turn.ended = turn.finished = True
+                turn.retire()
+            elif fate == PREEMPTING:
+                log.info("session %s: turn %s of %s will preempt the turn speaking", self.session_id,
+                         turn.turn_id, turn.agent_id)
         for old in [t for t, tt in self._turns.items() if not tt.live][:-MAX_TURNS_KEPT]:
             del self._turns[old]
         return turn
@@ -593,6 +669,30 @@ class GateSession:
         if turn.live:
             turn.cancelled = True
             turn.retire()
+
+    def _cut(self, turn_id: str, now_us: int) -> None:
+        """A turn preempted by another: cancelled here, and a cancel for the later stages (which
+        drop what they hold of it and report what the listener heard of it)."""
+        if turn_id not in self._cancelled_turns:
+            self._cancelled_turns.append(turn_id)
+            del self._cancelled_turns[:-MAX_TURNS_KEPT]
+        turn = self._turns.get(turn_id)
+        if turn is not None:
+            self._cancel(turn)
+        self.controls.append({
+            "session_id": self.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
+            "reason": "preempted by a newer turn", "source": FLOOR_CANCEL_SOURCE,
+            "issued_at_us": now_us, "turn_ids": [],
+        })
+
+    def _refuse(self, turn: _Turn, now_us: int) -> list[dict]:
+        """End a turn that will never get the floor: nothing of it was sent, so its end request is
+        its first (sentence 0, empty text)."""
+        turn.ended = turn.finished = True
+        turn.retire()
+        turn.next_seq = 0
+        turn.spec = None
+        return [self._request(turn, "", now_us, now_us, last=True)]
 
 
 class Gate:

@@ -113,3 +113,33 @@ export function waveView(canvas) {
     g.stroke();
   };
 }
+
+// --- the edges a page may be sent to (docs/security.md, "The player's edges") ----------------
+// A redirect (close 4307) or a `ready`'s `edges` names an edge's /ws; the player follows it only to
+// the page's own origin (the entry edge's host:port) or to an origin the page allows: the
+// `data-edge-origins` attribute of its <html> element, comma-separated ("https://edge-2.example.com"),
+// which the edge fills from VOICEBUS_EDGE_REDIRECT_ORIGINS.
+
+// The origin of an absolute URL, ws/wss written as http/https ("http://edge-2:8765"); "" otherwise.
+export function edgeOrigin(u) {
+  let url;
+  try {
+    url = new URL(String(u));
+  } catch {
+    return "";
+  }
+  const scheme = { "ws:": "http:", "wss:": "https:", "http:": "http:", "https:": "https:" }[url.protocol];
+  return scheme && url.host ? `${scheme}//${url.host}` : ""; // URL.host: lower case, no default port
+}
+
+// A comma-separated list of origins, normalized as edgeOrigin writes them; entries that are not
+// absolute http(s)/ws(s) origins are dropped.
+export function parseOrigins(list) {
+  return String(list || "").split(",").map((o) => edgeOrigin(o.trim())).filter(Boolean);
+}
+
+// Whether an edge URL (absolute, as the player resolved it) may be followed from `pageUrl`.
+export function edgeAllowed(url, pageUrl, allowedOrigins) {
+  const origin = edgeOrigin(url);
+  return origin !== "" && (origin === edgeOrigin(pageUrl) || allowedOrigins.includes(origin));
+}

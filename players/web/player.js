@@ -5,8 +5,8 @@
 // worklet's rendered position. No build step, no dependencies.
 
 import {
-  EdgeClock, ENCODING_OPUS, FLAG_LAST_IN_TURN, HEADER_BYTES, PROTOCOL_VERSION, parseAudioFrame, pcm16Samples,
-  startAudio as startWorklet, waveView,
+  EdgeClock, edgeAllowed, ENCODING_OPUS, FLAG_LAST_IN_TURN, HEADER_BYTES, parseOrigins, PROTOCOL_VERSION,
+  parseAudioFrame, pcm16Samples, startAudio as startWorklet, waveView,
 } from "./edge-client.js";
 
 const $ = (id) => document.getElementById(id);
@@ -30,8 +30,15 @@ const player = (window.voicebusPlayer = {
   received: new Map(), // turn id -> Set of "sentence:chunk" received: a replay after a reconnect adds only what is missing
   duplicates: 0, // frames dropped because they had been received already (a resume's replay)
   // Sharded edges (docs/protocol.md, "Sharded edges"): the page's own edge, the one connected to,
-  // every edge the last ready listed (tried in turn when the connected one is gone), the redirects followed.
-  edges: { entry: null, url: null, known: [], redirects: [], connections: [] },
+  // every edge the last ready listed (tried in turn when the connected one is gone), the redirects followed,
+  // the origins besides the page's own that may be followed (<html data-edge-origins>), and the edge
+  // URLs refused because their origin is neither ({url, why: "redirect" | "ready"}, the last 100).
+  edges: {
+    entry: null, url: null, known: [], redirects: [], connections: [],
+    allowed: parseOrigins(document.documentElement.dataset.edgeOrigins), refused: [],
+  },
+  redirectTo: null, // where the close 4307 that follows a redirect sends the player (null: nowhere)
+  redirectRefused: null, // the redirect of this connection that was refused
   current: null, // {turn, sentence} being played
   lastFinished: null, // turn id of the last turn played to its end (or stopped): a reconnect between turns resumes after it
   reports: [],
@@ -284,7 +291,12 @@ function onControl(msg) {
       player.clientId = msg.client_id;
       player.edge = msg.edge || null;
       player.edges.redirects = [];
-      if (Array.isArray(msg.edges)) player.edges.known = msg.edges.map((u) => resolveEdgeUrl(u));
+      if (Array.isArray(msg.edges)) {
+        // only edges this page may follow are tried when this one is gone
+        const listed = msg.edges.map((u) => resolveEdgeUrl(u));
+        for (const u of listed) if (!mayFollow(u)) refuse(u, "ready");
+        player.edges.known = listed.filter(mayFollow);
+      }
       player.clock.onReady(msg.server_time_us);
       setStatus(`connected as ${msg.client_id} to session ${msg.session}`);
       $("bargein").disabled = false;
@@ -325,10 +337,21 @@ function onControl(msg) {
     case "stop":
       player.node.port.postMessage({ type: "stop", turn: pageTurn(msg.turn) });
       break;
-    case "redirect":
-      // This edge does not own the session: the close (4307) that follows sends us to the owner.
-      player.redirectTo = resolveEdgeUrl(msg.url);
+    case "redirect": {
+      // This edge does not own the session: the close (4307) that follows sends us to the owner,
+      // if the owner's origin is the page's or one the page allows (never the token to another).
+      const to = resolveEdgeUrl(msg.url);
+      if (mayFollow(to)) {
+        player.redirectTo = to;
+      } else {
+        player.redirectTo = null;
+        player.redirectRefused = to;
+        refuse(to, "redirect");
+        setStatus(`redirect to ${to || "(no URL)"} refused: not this page's origin nor one it allows ` +
+          "(data-edge-origins); not followed");
+      }
       break;
+    }
     case "reconnect":
       setStatus(`session moved (${msg.reason}): reconnecting`);
       break;
@@ -343,11 +366,26 @@ function onControl(msg) {
 }
 
 // A redirect's or a ready's edge URL: absolute (ws://edge-2:8765/ws) or a path on the page's
-// origin (/edge-2/ws: edges behind one proxy).
+// origin (/edge-2/ws: edges behind one proxy). "" for what is not a URL.
 function resolveEdgeUrl(u) {
   const page = new URL(location.href);
-  const url = new URL(u, `${page.protocol === "https:" ? "wss" : "ws"}://${page.host}/`);
-  return url.href;
+  try {
+    return new URL(String(u), `${page.protocol === "https:" ? "wss" : "ws"}://${page.host}/`).href;
+  } catch {
+    return "";
+  }
+}
+
+// The redirect allow-list (edge-client.js: edgeAllowed): the page's own origin, or one it allows.
+function mayFollow(url) {
+  return edgeAllowed(url, location.href, player.edges.allowed);
+}
+
+function refuse(url, why) {
+  player.edges.refused.push({ url, why });
+  if (player.edges.refused.length > 100) player.edges.refused.shift();
+  console.warn(`voicebus player: not following ${why === "ready" ? "the listed edge" : "the redirect to"} ${url}: ` +
+    `its origin is neither this page's nor one in data-edge-origins`);
 }
 
 // After a connection is lost: the next edge to try. The one that failed goes last; the page's own
@@ -365,6 +403,7 @@ function connect(url) {
   player.edges.connections.push(url);
   if (player.edges.connections.length > 100) player.edges.connections.shift();
   player.redirectTo = null;
+  player.redirectRefused = null;
   player.connTurns = new Map();
   const ws = new WebSocket(url);
   ws.binaryType = "arraybuffer";
@@ -391,6 +430,8 @@ function connect(url) {
       setStatus(`redirected to ${to}`);
       // hops without a ready in between are spaced out (two edges that disagree during a rebalance)
       setTimeout(() => connect(to), player.edges.redirects.length > 3 ? 1000 : 0);
+    } else if (e.code === 4307 && player.redirectRefused !== null) {
+      // the status says which redirect was refused; nothing else is tried (any edge sends us there)
     } else if (e.code === 1012) {
       setStatus("session moved to another edge; reconnecting");
       setTimeout(() => connect(player.edges.entry), 100);

@@ -15,7 +15,9 @@ def writes(acls) -> set[tuple[str, Pattern]]:
 
 def test_each_stage_writes_only_what_it_produces():
     L = Pattern.LITERAL
-    assert writes(stage_acls(S, "gate")) == {(S.synthesis_topic, L), (S.gate_changelog_topic, L), (S.deadletter_topic, L)}
+    # the gate writes cancels too: a whole-session cancel's resolution and the floor's cuts
+    assert writes(stage_acls(S, "gate")) == {(S.synthesis_topic, L), (S.gate_changelog_topic, L), (S.deadletter_topic, L),
+                                             (S.control_topic, L), (S.floor_topic, L)}
     assert writes(stage_acls(S, "worker")) == {(S.audio_topic, L), (S.deadletter_topic, L)}
     assert writes(stage_acls(S, "edge")) == {(S.control_topic, L), (S.playback_topic, L), (S.heard_topic, L),
                                              (S.edges_topic, L), (S.deadletter_topic, L)}

@@ -80,7 +80,9 @@ CONTRACT_FIELDS = {
     "sample_rate": st.sampled_from(sorted(contract.LIMITS.sample_rates)),
     "pcm": st.binary(max_size=32).map(lambda b: b[: len(b) // 2 * 2]),
     "speed": st.floats(0.25, 4.0, width=32),
-    "rendered_samples": st.integers(0, 2**31 - 1),
+    "rendered_samples": st.integers(0, 2**31 - 1), "waited_us": st.integers(0, 2**63 - 1),
+    "floor": st.none() | st.sampled_from(contract.FLOOR_POLICIES),
+    "priority": st.integers(-contract.LIMITS.max_priority, contract.LIMITS.max_priority),
     "words": st.lists(st.tuples(st.text(max_size=20), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)).map(
         lambda w: {"text": w[0], "start": min(w[1], w[2]), "end": max(w[1], w[2])}), max_size=4),
 }
@@ -161,7 +163,7 @@ def v0_text_event() -> dict:
 
 def test_history_holds_an_older_text_event_with_a_different_fingerprint():
     assert {f["name"] for f in schemas.load("TextEvent")["fields"]} - {f["name"] for f in TEXT_EVENT_V0["fields"]} == {
-        "language", "voice"}
+        "language", "voice", "floor", "priority"}
     assert TEXT_EVENT_V0 in schemas.load_history()
 
 
@@ -175,7 +177,8 @@ def test_new_reader_decodes_an_old_record_by_fingerprint():
     decoded = CODEC.decode(buf.getvalue(), expect="TextEvent")
     assert decoded.older_writer
     assert decoded.fingerprint != CODEC.fingerprint_of("TextEvent")
-    assert decoded.value == {**v0_text_event(), "language": None, "voice": None}  # defaults filled in
+    # defaults filled in
+    assert decoded.value == {**v0_text_event(), "language": None, "voice": None, "floor": None, "priority": 0}
 
 
 def test_old_reader_reads_a_new_record():

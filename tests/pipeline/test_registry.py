@@ -25,7 +25,8 @@ from voicebus.settings import Settings, SettingsError
 def text_event(**changes) -> dict:
     value = {
         "session_id": "s1", "turn_id": "t1", "agent_id": "assistant", "seq": 0, "kind": "TOKEN",
-        "text": "Hello", "claim_id": None, "language": "en", "voice": None, "produced_at_us": 1,
+        "text": "Hello", "claim_id": None, "language": "en", "voice": None, "floor": None, "priority": 0,
+        "produced_at_us": 1,
     }
     value.update(changes)
     return value
@@ -133,11 +134,11 @@ def test_one_reader_takes_both_framings_on_one_topic(codec, registry_url):
 
 @pytest.mark.registry
 def test_an_older_writer_schema_by_id_is_resolved_to_the_current_reader(registry_url):
-    [v0] = [s for s in schemas.load_history() if s["name"] == "TextEvent"]
+    [v0] = [s for s in schemas.load_history() if s["name"] == "TextEvent" and s["version"] == 0]
     name = topic()
     registry = SchemaRegistry(registry_url)
     v0_id = registry.register(subject_for(name), v0)
-    old = {k: v for k, v in text_event().items() if k not in {"language", "voice"}}
+    old = {k: v for k, v in text_event().items() if k not in {"language", "voice", "floor", "priority"}}
     decoded = codec_for(Settings(registry_url=registry_url)).decode(confluent_frame(v0_id, v0, old))
     assert decoded.older_writer and decoded.value == text_event(language=None)
     # and the current schema is a BACKWARD-compatible next version of that subject

@@ -137,10 +137,12 @@ async def test_an_opus_turn_resumes_on_another_edge_at_the_sentence_being_played
     from tests.players.shard_helpers import EdgeProcess, free_ports, session_on, wait_processes_settled
 
     partitions, per_sentence = 4, 8
-    settings = make_settings(edge_secret=SECRET, audio_encoding="opus", partitions=partitions,
-                             edge_session_timeout_ms=6000)
-    await ensure_topics(settings, [settings.audio_topic, settings.control_topic])
     port_a, port_b = free_ports(2)
+    # Two edges on two origins (ports): the player follows only origins it is told to trust.
+    settings = make_settings(edge_secret=SECRET, audio_encoding="opus", partitions=partitions,
+                             edge_session_timeout_ms=6000,
+                             edge_redirect_origins=f"http://127.0.0.1:{port_a},http://127.0.0.1:{port_b}")
+    await ensure_topics(settings, [settings.audio_topic, settings.control_topic])
     edge_a = EdgeProcess(settings, port_a, "edge-a", tmp_path / "edge-a.log")
     edge_b = EdgeProcess(settings, port_b, "edge-b", tmp_path / "edge-b.log")
     edges = [edge_a, edge_b]

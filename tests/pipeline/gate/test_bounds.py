@@ -89,18 +89,26 @@ def test_split_text_keeps_every_piece_within_the_limit_and_every_word(text, limi
         assert pieces == [text]
 
 
-def test_a_session_over_its_state_bound_ends_its_oldest_turns():
-    config = GateConfig.from_settings(Settings(gate_max_session_state_bytes=64 * 1024))
+@pytest.mark.parametrize("floor_policy", ["queue", "preempt"])
+def test_a_session_over_its_state_bound_ends_its_oldest_turns(floor_policy):
+    # Turns of several agents at equal priority: under ``queue`` they wait for the floor (room for
+    # all of them, so only the state bound ends any), under ``preempt`` each cuts the one before.
+    config = GateConfig.from_settings(Settings(gate_max_session_state_bytes=64 * 1024, floor_policy=floor_policy,
+                                               floor_max_waiting_turns=64))
     session = GateSession("s1", config)
     out = []
     for n in range(200):  # 200 turns left open, each with ~1.5 KB of unfinished text
-        t = Turn(turn=f"t{n}")
+        t = Turn(turn=f"t{n}", agent=f"agent{n}")
         out += feed(session, t.tokens("no end in sight " * 100, size=40))
         more, encoded = session.shed(6_000 * S)
         out += more
         assert len(encoded.encode()) <= config.max_state_bytes
     ended = {r["turn_id"] for r in out if r["is_last_in_turn"]}
-    assert "t0" in ended and "t199" not in ended  # the oldest went first
+    if floor_policy == "queue":
+        # The turn speaking keeps the floor; the newest waiting turns are refused first.
+        assert "t0" not in ended and len(ended) > 100
+    else:
+        assert not ended  # each newer turn replaced the one waiting to preempt (a cancel): none shed
     for turn_id in ended:  # every turn it ended was ended properly: in order, once
         seqs = [r["sentence_seq"] for r in out if r["turn_id"] == turn_id]
         assert seqs == list(range(len(seqs)))

@@ -190,12 +190,13 @@ def test_a_whole_session_cancel_is_resolved_into_the_turns_it_cancelled():
     session = GateSession("s1", CONFIG)
     for e in t1.tokens("One. ") + [t1.end()] + t2.tokens("Two two"):
         session.apply(e, e["produced_at_us"])
-        assert session.resolution is None
+        assert session.controls == []
     session.apply(cancel(at=1), 10**12)
-    assert session.resolution["turn_ids"] == ["t1", "t2"] and session.resolution["turn_id"] is None
-    assert session.resolution["source"] == "gate"
+    [resolution] = session.controls
+    assert resolution["turn_ids"] == ["t1", "t2"] and resolution["turn_id"] is None
+    assert resolution["source"] == "gate"
     session.apply(cancel(at=2), 10**12)  # nothing new to cancel: no resolution to publish
-    assert session.resolution is None
+    assert session.controls == []
 
 
 def test_listed_turns_are_cancelled_even_before_the_gate_sees_them():

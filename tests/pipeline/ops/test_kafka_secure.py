@@ -59,6 +59,7 @@ def role_settings(cluster: LocalCluster, role: str = "admin", **overrides) -> Se
     return base.replace(
         text_topic_prefix=f"t{uid}.text.", control_topic=f"t{uid}.control", synthesis_topic=f"t{uid}.synthesis",
         audio_topic=f"t{uid}.audio", playback_topic=f"t{uid}.playback", heard_topic=f"t{uid}.heard",
+        floor_topic=f"t{uid}.floor",
         deadletter_topic=f"t{uid}.deadletter", agents_topic=f"t{uid}.agents", edges_topic=f"t{uid}.edges",
         gate_app_id=f"gate-{uid}", gate_changelog_topic=f"gate-{uid}-gate_sessions-changelog", **overrides)
 
@@ -183,6 +184,21 @@ async def test_a_stage_cannot_write_what_it_does_not_produce(secure_cluster, rol
     finally:
         await producer.stop()
     assert "Authorization" in type(caught.value).__name__, repr(caught.value)
+
+
+@pytest.mark.parametrize("role, topic", [("gate", "control_topic"), ("gate", "floor_topic"),
+                                         ("gate", "synthesis_topic"), ("edge", "heard_topic")])
+async def test_a_stage_may_write_what_it_produces(secure_cluster, role, topic):
+    """Regression: the gate publishes cancels (a whole-session cancel's resolution, a preempted
+    turn) but its ACLs once let it only read the control topic."""
+    settings = role_settings(secure_cluster, role)
+    await _grant(secure_cluster, settings, {})
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(getattr(settings, topic), b"allowed", key=b"s")
+    finally:
+        await producer.stop()
 
 
 async def test_no_stage_may_reconfigure_a_topic(secure_cluster):

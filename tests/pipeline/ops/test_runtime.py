@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from voicebus.agents.sdk import Publisher
+from voicebus.agents.sdk import FloorFollower, Publisher
 from voicebus.ops.daemon import free_port
 from voicebus.bus import read_to_end
 from voicebus.codecs import Codec
@@ -140,3 +140,76 @@ async def test_a_retracted_tentative_sentence_never_reaches_a_player(make_settin
     assert mine[-1]["is_last_chunk"] and any(c["is_last_in_turn"] for c in mine)
     assert held_chunks > 0, "the tentative sentence's audio was made (and held)"
     assert worker.metrics.requests.labels("retracted")._value.get() >= 1
+
+
+async def _say(settings, agent: str, session_id: str, turn_id: str, text: str, token_s: float = 0.1,
+               **turn_options) -> None:
+    """One agent's turn, one word a token every `token_s` (as `voicebus say` does)."""
+    async with Publisher(settings, agent_id=agent) as publisher:
+        async with publisher.turn(session_id, turn_id, language="en", **turn_options) as turn:
+            for word in text.split():
+                await turn.token(word + " ")
+                await asyncio.sleep(token_s)
+
+
+HOST = "Welcome to the show tonight. We talk about the sea. It is deep and wide. Stay with us."
+EXPERT = "Thanks for having me. The sea covers most of the planet. Its depths are dark. Few have seen them."
+
+
+async def test_two_agents_overlapping_in_a_session_are_heard_one_whole_turn_after_the_other(make_settings, engine):
+    """The floor (queue, the default): a host and an expert start 4-sentence turns 0.5 s apart;
+    the listener gets every sentence of the host's turn, then every sentence of the expert's."""
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2, first_clause_min_words=0)
+    async with PipelineStack(settings, engine) as stack:
+        async with Listener(stack.edge_url, "s-floor", settings.edge_secret) as listener, \
+                Publisher(stack.settings, agent_id="expert") as expert, FloorFollower(expert) as floor:
+            host = asyncio.create_task(_say(stack.settings, "host", "s-floor", "host-1", HOST))
+            await asyncio.sleep(0.5)
+            await _say(stack.settings, "expert", "s-floor", "expert-1", EXPERT)
+            await host
+            first = await listener.wait_turn_end("host-1", timeout=240)
+            second = await listener.wait_turn_end("expert-1", timeout=240)
+            # what each agent is told about the floor
+            host_granted = await floor.wait("s-floor", "host-1", "GRANTED", timeout_s=60)
+            queued = await floor.wait("s-floor", "expert-1", "QUEUED", timeout_s=60)
+            granted = await floor.wait("s-floor", "expert-1", "GRANTED", timeout_s=60)
+
+    assert sorted({s for _, s, _, _ in first.frames}) == [0, 1, 2, 3]
+    assert sorted({s for _, s, _, _ in second.frames}) == [0, 1, 2, 3]
+    assert not first.stopped and not second.stopped
+    assert max(f[0] for f in first.frames) < min(f[0] for f in second.frames), "the two turns were spliced"
+    assert host_granted["waited_us"] == 0 and queued["agent_id"] == "expert"
+    assert granted["waited_us"] > 1_000_000  # the host's four sentences of text took ~1.7 s
+
+
+async def test_a_preempting_turn_cuts_the_speaker_at_its_first_sentence(make_settings, engine):
+    """``floor=preempt``: the expert's turn cuts the host's once its first sentence is released;
+    the gate publishes the cut as a cancel (source ``floor``), the edge stops the host's turn at
+    the listener, the rest of the host's turn is never heard, and the expert's turn is heard whole."""
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2, first_clause_min_words=0)
+    async with PipelineStack(settings, engine) as stack:
+        async with Listener(stack.edge_url, "s-preempt", settings.edge_secret) as listener:
+            async with Publisher(stack.settings, agent_id="host") as publisher:
+                async with publisher.turn("s-preempt", "host-1", language="en") as host:
+                    for word in "Welcome to the show tonight. We talk".split():
+                        await host.token(word + " ")
+                    await eventually(lambda: "host-1" in listener.turns and listener.turns["host-1"].frames,
+                                     timeout_s=240, interval_s=0.01, what="the host's first audio at the listener")
+                    await _say(stack.settings, "expert", "s-preempt", "expert-1", EXPERT, token_s=0.02,
+                               floor="preempt")
+                    await eventually(lambda: listener.turns["host-1"].stopped, timeout_s=120,
+                                     what="the host's turn stopped at the listener")
+                    for word in "about the sea. It is deep and wide. Stay with us.".split():
+                        await host.token(word + " ")  # after the cut: the gate ignores it
+            second = await listener.wait_turn_end("expert-1", timeout=240)
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            await listener.ping()
+            first = listener.turns["host-1"]
+            records = await read_to_end(stack.settings, [stack.settings.control_topic])
+
+    assert first.frames_after_stop == 0
+    assert {s for _, s, _, _ in first.frames} == {0}, "nothing of the host's turn after the cut was heard"
+    assert sorted({s for _, s, _, _ in second.frames}) == [0, 1, 2, 3] and not second.stopped
+    codec = Codec()
+    cuts = [e for r in records if (e := codec.decode(r.value).value)["session_id"] == "s-preempt"]
+    assert [(c["turn_id"], c["source"]) for c in cuts] == [("host-1", "floor")]
