@@ -941,6 +941,8 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
         started = router.turn_started_at(channel.session_id, report["turn_id"])
         if report["kind"] == PlaybackKind.AUDIBLE_START and started and report["audible_at_us"] > started:
             router.metrics.stage_latency.labels("first_token_to_audible").observe((report["audible_at_us"] - started) / 1e6)
+        if report["kind"] == PlaybackKind.AUDIBLE_START:
+            router.heard.audible(channel.session_id, report["turn_id"], report["audible_at_us"])
         app[REPORTS_KEY].append(report)
         heard = None
         if report["kind"] in HEARD_KINDS and "rendered_sentence_seq" in message:

@@ -52,6 +52,7 @@ class _TurnWords:
     expected: frozenset[str] = frozenset()  # the players the turn was sent to when the first report came
     reports: dict[str, Rendered] = field(default_factory=dict)
     deadline_us: int | None = None
+    started_us: int = 0  # the earliest audible start a player reported (0: none)
 
 
 class HeardTracker:
@@ -80,6 +81,14 @@ class HeardTracker:
         seen = {(w["start"], w["text"]) for w in known}
         known.extend(w for w in words if (w["start"], w["text"]) not in seen)
         known.sort(key=lambda w: w["start"])
+
+    def audible(self, session_id: str, turn_id: str, at_us: int) -> None:
+        """A player reported audio of the turn audible at `at_us` (server clock): the earliest is
+        when the turn started to be heard."""
+        if at_us <= 0 or (session_id, turn_id) in self._published:
+            return
+        turn = self._turn(session_id, turn_id)
+        turn.started_us = at_us if not turn.started_us else min(turn.started_us, at_us)
 
     def words_of(self, session_id: str, turn_id: str) -> dict[int, list[dict]]:
         turn = self._turns.get((session_id, turn_id))
@@ -129,6 +138,7 @@ class HeardTracker:
             "session_id": turn.session_id, "turn_id": turn.turn_id, "heard_text": " ".join(heard),
             "interrupted": bool(furthest.stopped or unheard), "unheard_words": unheard,
             "sentence_seq": furthest.sentence_seq, "rendered_samples": furthest.samples,
-            "client_id": furthest.client_id, "reports": len(turn.reports), "stopped_at_us": furthest.at_us,
+            "client_id": furthest.client_id, "reports": len(turn.reports), "started_at_us": turn.started_us,
+            "stopped_at_us": furthest.at_us,
             "published_at_us": now_us,
         }

@@ -22,7 +22,7 @@ TOKENS = ["Sure", ".", " The", " office", " opens", " at", " nine", "."]
 def turn_heard(session_id: str, turn_id: str, text: str, interrupted: bool, unheard: list[str]) -> dict:
     return {"session_id": session_id, "turn_id": turn_id, "heard_text": text, "interrupted": interrupted,
             "unheard_words": unheard, "sentence_seq": 1, "rendered_samples": 4800, "client_id": "c1", "reports": 1,
-            "stopped_at_us": now_us(), "published_at_us": now_us()}
+            "started_at_us": 0, "stopped_at_us": now_us(), "published_at_us": now_us()}
 
 
 async def publish_heard(settings, *records: dict) -> None:

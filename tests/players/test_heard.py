@@ -28,6 +28,16 @@ def test_a_stop_mid_second_sentence_hears_the_first_and_the_words_started_before
     assert (heard["stopped_at_us"], heard["published_at_us"], heard["reports"]) == (7, 10, 1)
 
 
+def test_the_turn_started_when_the_first_player_heard_it():
+    t = tracker()
+    t.audible("s", "t", 900)
+    t.audible("s", "t", 500)  # another player (or a later sentence's report, out of order)
+    t.audible("s", "t", 0)  # no time given: ignored
+    heard = t.report("s", "t", Rendered("c1", 1, 3000, False, 7), ["c1"], now_us=10)
+    assert heard["started_at_us"] == 500
+    assert tracker().report("s", "t", Rendered("c1", 1, 3000, False, 7), ["c1"], now_us=10)["started_at_us"] == 0
+
+
 def test_a_word_whose_start_was_not_rendered_is_not_heard():
     heard = tracker().report("s", "t", Rendered("c1", 1, 1000, True, 7), ["c1"], now_us=10)
     assert heard["heard_text"] == "Hello there, friend. How"

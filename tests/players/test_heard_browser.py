@@ -83,6 +83,8 @@ async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_repor
             expected = SENTENCES[0] + [w for i, w in enumerate(SENTENCES[1]) if i * WORD_SAMPLES < samples]
             assert heard["heard_text"] == " ".join(expected)
             assert heard["interrupted"] and heard["session_id"] == "S" and heard["turn_id"] == "turn-1"
+            # when it started to be heard: the player's first audible start, before the barge-in
+            assert 0 < heard["started_at_us"] < heard["stopped_at_us"]
             assert not set(heard["heard_text"].split()) & set(SENTENCES[2])  # never a sentence not rendered
             assert heard["unheard_words"][-len(SENTENCES[2]):] == SENTENCES[2]
             # what the captions showed last is what was heard, give or take the word in progress
