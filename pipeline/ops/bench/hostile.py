@@ -29,11 +29,25 @@ turn crosses it at a cost the tiny model can pay on a CPU. ``--parts`` picks the
 (records, clients, slow-readers, far-future); ``--control`` runs none (the comparison itself must
 then find 0 affected turns).
 
+4. **cases** (`voicebus.ops.bench.hostile_cases`), after the rounds: one named attack at a time
+   beside the normal sessions (fresh session ids again), each scored on its own: processes died,
+   normal turns affected, memory growth per stage (after the case minus before it), and whether
+   the rejection was reported, with the observable that reported it (a dead-letter reason
+   header, a counter on a stage's ``/metrics``, a close code or error frame to the client).
+   ``--cases a,b`` picks them (default all; ``none``: the rounds only, as before the cases
+   existed); ``--rounds 0`` runs the cases alone after the clean run. ``--control`` runs no case.
+   For the cases the bench's edge serves at most 64 players (``pre-hello-flood`` fills that), and,
+   when ``unknown-schema-flood`` runs, the stages are given a schema registry of the bench's own
+   that knows no id and counts the lookups (`hostile_cases.CountingRegistry`).
+
 JSON (``--json PATH``): ``inputs`` (kind -> count), ``processes_died``, ``normal_turns``,
 ``normal_turns_affected``, ``memory_growth_mb`` (stage -> MB), and ``memory_per_round_mb`` (stage
 -> the median round-to-round change, `memory_per_round`: a leak shows there, a high-water step
-does not) with ``rss_mb`` (stage -> MB after the clean run and each round). Figures and reproduction in
-docs/benchmarks.md ("bench hostile").
+does not) with ``rss_mb`` (stage -> MB after the clean run and each round), all of the rounds
+(``processes_died``: by the end of the run, cases included); and ``cases`` (name -> ``attack``,
+``inputs``, ``processes_died``, ``normal_turns``, ``normal_turns_affected``, ``memory_growth_mb``,
+``rejection_reported``, ``reason``, ``detail``). Figures and reproduction in docs/benchmarks.md
+("bench hostile").
 """
 
 from __future__ import annotations
@@ -57,6 +71,8 @@ from typing import Any, Awaitable, Callable
 
 from voicebus.cli import add_json_argument
 from voicebus.ops.bench.cli import add_stage_log_level
+from voicebus.ops.bench.hostile_cases import (CASES, CaseContext, CountingRegistry, Helpers, case_ok, format_cases,
+                                              parse_cases, run_cases)
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,6 +85,7 @@ NORMAL_TEXTS = (
 HOSTILE_AGENT = "hostile"
 PARTS = ("records", "clients", "slow-readers", "far-future")
 NORMAL_AGENT = "assistant"
+EDGE_MAX_CLIENTS = 64  # the bench's edge: players at once (sockets before their hello included)
 TURN_TIMEOUT_S = 300.0  # a normal turn waits behind hostile synthesis on a loaded 2-core machine
 
 
@@ -93,7 +110,8 @@ def register(bench_subparsers) -> None:
                                                          f"{QUICK.rounds} hostile rounds (a few minutes on an idle machine)")
     p.add_argument("--sessions", type=int, default=None, help=f"normal sessions (default {FULL.sessions})")
     p.add_argument("--turns", type=int, default=None, help=f"turns per normal session (default {FULL.turns})")
-    p.add_argument("--rounds", type=int, default=None, help=f"hostile rounds (default {FULL.rounds})")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"hostile rounds (default {FULL.rounds}; 0: none, the cases alone)")
     p.add_argument("--seed", type=int, default=0, help="seed of the hostile inputs (the model's seed is fixed)")
     p.add_argument("--control", action="store_true",
                    help="rounds without any hostile input: shows that the comparison itself is deterministic "
@@ -101,6 +119,9 @@ def register(bench_subparsers) -> None:
     add_json_argument(p)
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"comma-separated hostile parts to run (default all: {','.join(PARTS)})")
+    p.add_argument("--cases", default=None,
+                   help="comma-separated named attacks run one by one after the rounds, each scored on its own "
+                        "(default all: " + ",".join(CASES) + "; none: the rounds only)")
     p.add_argument("--logs", type=Path, default=None, help="write each stage's last output lines to DIR/<stage>.log")
     add_stage_log_level(p)
     p.set_defaults(func=run)
@@ -109,7 +130,7 @@ def register(bench_subparsers) -> None:
 def plan_of(args: argparse.Namespace) -> Plan:
     base = QUICK if args.quick else FULL
     return Plan(sessions=args.sessions or base.sessions, turns=args.turns or base.turns,
-                rounds=args.rounds or base.rounds, scale=base.scale, token_ms=base.token_ms)
+                rounds=base.rounds if args.rounds is None else args.rounds, scale=base.scale, token_ms=base.token_ms)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -123,10 +144,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if parts - set(PARTS):
         print(f"bench hostile: unknown parts {sorted(parts - set(PARTS))}; choose from {', '.join(PARTS)}", file=sys.stderr)
         return 2
+    try:
+        cases = [] if args.control else parse_cases(args.cases)
+    except ValueError as exc:
+        print(f"bench hostile: {exc}", file=sys.stderr)
+        return 2
     results = asyncio.run(run_bench(settings, plan_of(args), seed=args.seed, parts=parts, progress=_print,
-                                    start_broker=not bootstrap_given(args), log_level=log_level))
-    # the issue's keys, then the memory figures that tell a leak from a high-water mark
-    summary = {k: results[k] for k in RESULT_KEYS} | {k: results[k] for k in ("memory_per_round_mb", "rss_mb")}
+                                    start_broker=not bootstrap_given(args), log_level=log_level, cases=cases))
+    # the result keys, then the memory figures that tell a leak from a high-water mark, then the cases
+    summary = ({k: results[k] for k in RESULT_KEYS} | {k: results[k] for k in ("memory_per_round_mb", "rss_mb")}
+               | {"cases": {name: {k: v for k, v in r.items() if k not in ("affected", "died")}
+                            for name, r in results["cases"].items()}})
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
         for stage, text in results["logs"].items():
@@ -134,11 +162,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for key in ("affected", "closes", "died", "tails"):
         if results.get(key):
             print(f"{key}: {json.dumps(results[key], indent=1)}", file=sys.stderr)
+    for name, r in results["cases"].items():
+        if r["affected"] or r["died"]:
+            print(f"case {name}: died {r['died']}, affected {json.dumps(r['affected'], indent=1)}", file=sys.stderr)
     if args.json != "-":  # the summary is this benchmark's report (with `--json -`, it is that alone)
         print(json.dumps(summary, indent=1))
     write_json(args.json, summary, indent=1)
-    ok = summary["processes_died"] == 0 and summary["normal_turns_affected"] == 0
-    print("bench hostile:", "0 crashes, 0 normal turns affected" if ok else "TARGET MISSED", file=sys.stderr)
+    if results["cases"]:
+        print(format_cases(results["cases"]), file=sys.stderr)
+    ok = (summary["processes_died"] == 0 and summary["normal_turns_affected"] == 0
+          and all(case_ok(r) for r in results["cases"].values()))
+    print("bench hostile:", ("0 crashes, 0 normal turns affected" + (", every case's rejection reported"
+                                                                      if results["cases"] else ""))
+          if ok else "TARGET MISSED", file=sys.stderr)
     return 0 if ok else 1
 
 
@@ -177,7 +213,9 @@ def bench_settings(settings: Settings) -> Settings:
         audio_topic=f"{p}.audio", playback_topic=f"{p}.playback", heard_topic=f"{p}.heard",
         deadletter_topic=f"{p}.deadletter", agents_topic=f"{p}.agents", gate_app_id=f"{p}-gate",
         gate_changelog_topic=f"{p}-gate-gate_sessions-changelog", edge_host="127.0.0.1", edge_port=0,
-        edge_secret=secrets.token_hex(16), audio_encoding="pcm16", tracing=False,
+        edges_topic=f"{p}.edges", edge_secret=secrets.token_hex(16), audio_encoding="pcm16", tracing=False,
+        # few enough players that the pre-hello-flood case fills the edge (a round needs about 25)
+        edge_max_clients=min(settings.edge_max_clients, EDGE_MAX_CLIENTS),
         # the segmenter's bound low enough that a run-on turn reaches it at a cost the tiny model
         # can pay on a CPU (at the default 2048 characters one such turn is minutes of audio)
         gate_max_buffer_chars=min(settings.gate_max_buffer_chars, 256))
@@ -559,10 +597,23 @@ async def wait_cancels_applied(stack, before: dict[str, float], n: int, timeout_
 
 async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set[str] | frozenset[str] = frozenset(PARTS),
                     progress: Callable[[str], None] = lambda m: None, start_broker: bool = True,
-                    log_level: str | None = None) -> dict:
+                    log_level: str | None = None, cases: list[str] | tuple[str, ...] = ()) -> dict:
     """The whole benchmark; returns the result keys plus detail (``affected``, ``rss_mb``,
-    ``closes``, ``died``). `start_broker`: start a throwaway broker when none answers at the
-    settings' bootstrap; `log_level`: the stage processes' (each its own default when None)."""
+    ``closes``, ``died``) and ``cases`` (name -> figures, `hostile_cases.run_cases`).
+    `start_broker`: start a throwaway broker when none answers at the settings' bootstrap;
+    `log_level`: the stage processes' (each its own default when None); `cases`: the named
+    attacks to run after the rounds, in order."""
+    registry = await CountingRegistry().start() if "unknown-schema-flood" in cases else None
+    try:
+        return await _run_bench(settings, plan, seed=seed, parts=parts, progress=progress, start_broker=start_broker,
+                                log_level=log_level, cases=list(cases), registry=registry)
+    finally:
+        if registry is not None:
+            await registry.stop()
+
+
+async def _run_bench(settings: Settings, plan: Plan, *, seed: int, parts, progress, start_broker: bool,
+                     log_level: str | None, cases: list[str], registry: "CountingRegistry | None") -> dict:
     from voicebus.agents.sdk import Publisher
     from voicebus.ops.bench.stages import StageProcesses
     from voicebus.ops.broker import ensure_local_kafka
@@ -571,6 +622,8 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set
 
     rng = random.Random(seed)
     with ensure_local_kafka(bench_settings(settings), start=start_broker) as s:
+        if registry is not None:  # the stages ask it about schema ids they do not know
+            s = s.replace(registry_url=registry.url)
         await ensure_topics(s, [*fixed_topics(s), text_topic(s, NORMAL_AGENT), text_topic(s, HOSTILE_AGENT)])
         progress(f"starting gate, worker (tiny model) and edge as processes on {s.bootstrap}")
         async with StageProcesses(s, log_level=log_level) as stack, Publisher(stack.settings, NORMAL_AGENT) as publisher, \
@@ -618,9 +671,15 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set
                         # pass, first use of each error path); growth is measured from there
                         baseline = stack.rss_mb()
                     progress(f"  affected so far {len(bad)}, rss {stack.rss_mb()}")
-                died = stack.died()
                 inputs = agent.inputs + clients.inputs
                 end = stack.rss_mb()
+                case_results = {}
+                if cases:
+                    helpers = Helpers(raw_avro, _text, _cancel, KIND_HEADER, CANCEL_COUNTERS, normal_sessions, affected)
+                    ctx = CaseContext(stack, raw, agent.codec, rng, plan.scale, helpers, registry=registry,
+                                      hostile_topic=agent.topic)
+                    case_results = await run_cases(stack, publisher, plan, clean, cases, ctx, progress)
+                died = stack.died()
                 return {
                     "inputs": dict(sorted(inputs.items())),
                     "processes_died": len(died),
@@ -631,6 +690,7 @@ async def run_bench(settings: Settings, plan: Plan, *, seed: int = 0, parts: set
                     "affected": [f"{key}: {why}" for key, why in bad],
                     "rss_mb": rss, "closes": dict(sorted(clients.closes.items())), "died": died,
                     "tails": {st.name: st.tail(15) for st in stack.stages if st.died()},
+                    "cases": case_results,
                     "logs": {st.name: st.tail(300) for st in stack.stages},
                 }
             finally:

@@ -100,3 +100,56 @@ def test_memory_per_round_tells_a_leak_from_high_water_marks():
     leak = [50.0, 51.0, 53.0, 55.0, 57.0, 59.0, 61.0]
     assert memory_per_round({"worker": steps, "edge": leak, "short": [1.0, 2.0, 3.0]}) == {
         "worker": 0.1, "edge": 2.0, "short": None}
+
+
+def test_cases_are_chosen_by_name_all_by_default_and_an_unknown_name_is_refused():
+    from voicebus.ops.bench.hostile_cases import CASES, parse_cases
+
+    assert parse_cases(None) == parse_cases("all") == list(CASES)
+    assert parse_cases("none") == []
+    assert parse_cases("label-flood, huge-turn-ids") == ["label-flood", "huge-turn-ids"]
+    with pytest.raises(ValueError, match="no-such-case"):
+        parse_cases("huge-turn-ids,no-such-case")
+    assert {"directory-forgery", "near-max-record", "missing-dlq", "huge-turn-ids", "label-flood",
+            "report-ping-flood", "pre-hello-flood", "unknown-schema-flood"} <= set(CASES)
+
+
+def test_a_case_passes_only_with_nothing_died_nothing_affected_and_the_rejection_reported():
+    from voicebus.ops.bench.hostile_cases import case_ok, format_cases
+
+    good = {"processes_died": 0, "normal_turns": 2, "normal_turns_affected": 0, "rejection_reported": True,
+            "reason": "dead-lettered x", "memory_growth_mb": {"gate": 0.1, "worker": -2.0, "edge": 0.0}}
+    assert case_ok(good)
+    assert not case_ok(good | {"rejection_reported": False})
+    assert not case_ok(good | {"normal_turns_affected": 1})
+    assert not case_ok(good | {"processes_died": 1})
+    table = format_cases({"huge-turn-ids": good, "label-flood": good | {"rejection_reported": False}})
+    assert "huge-turn-ids" in table and "+0.1/-2.0/+0.0" in table and "NO" in table.splitlines()[2]
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
+async def test_named_cases_beside_a_normal_session_kill_nothing_affect_nothing_and_report_the_rejection(
+        make_settings):
+    """Three cases against live stage processes on the test session's broker: the forged edge
+    directory (dead-lettered with its reason, no redirect), a cancel with too many turn ids
+    (refused by every stage with its reason) and a ping and report flood (rate limited)."""
+    from voicebus.ops.bench.hostile import Plan, run_bench
+
+    names = ["directory-forgery", "huge-turn-ids", "report-ping-flood"]
+    results = await run_bench(make_settings(), Plan(sessions=1, turns=1, rounds=0, scale=1),
+                              start_broker=False, cases=names)
+    assert list(results["cases"]) == names
+    for name, case in results["cases"].items():
+        assert (case["processes_died"], case["normal_turns_affected"]) == (0, 0), (name, case)
+        assert case["normal_turns"] == 1
+        assert case["rejection_reported"], (name, case["reason"], case["detail"])
+        assert set(case["memory_growth_mb"]) == {"gate", "worker", "edge"}
+    forged = results["cases"]["directory-forgery"]["detail"]
+    assert forged["dead_letter_reasons"] == {"forged-directory-record": 2}
+    assert forged["new_player_first_message"] == "ready" and not forged["forged_owners"]
+    huge = results["cases"]["huge-turn-ids"]["detail"]
+    assert all(v >= 1 for v in huge["counter_increase"].values()) and "at most 64" in huge["message"]
+    flood = results["cases"]["report-ping-flood"]["detail"]
+    assert flood["open_after"] and flood["errors_received"] > 0 and sum(flood["refused"].values()) > 0
+    assert results["processes_died"] == 0
