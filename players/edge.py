@@ -581,6 +581,7 @@ class KafkaLink:
         while True:
             for heard in self.router.heard.due(now_us()):
                 await self.publish_heard(heard)
+            self.router.stop_overdue()  # preempted turns whose preempter was not heard in time
             await asyncio.sleep(0.05)
 
 

@@ -42,6 +42,7 @@ class HeardTurn:
     timelines: dict[int, dict] = field(default_factory=dict)  # sentence -> stage timestamps (+ sent_at_us)
     ended: bool = False
     stopped: bool = False
+    stopped_at_us: int | None = None  # when the edge's "stop" arrived (this machine's clock)
     end_reason: str = ""  # turn_end's reason: why audio is missing (a sentence the pipeline could not speak)
     # A barge-in races frames already on the wire: those that arrive after this listener's
     # cancel are discarded, as the browser worklet does. The edge promises to send nothing of
@@ -237,6 +238,8 @@ class Listener(Owned):
             for turn in ([self.turns[turn_id]] if turn_id in self.turns else list(self.turns.values())):
                 turn.ended = True
                 turn.stopped = mtype == protocol.STOP
+                if turn.stopped and turn.stopped_at_us is None:
+                    turn.stopped_at_us = received_us
                 if mtype == protocol.TURN_END:
                     turn.end_reason = str(message.get("reason") or "")
                 turn.ended_event.set()

@@ -47,6 +47,9 @@ TIMELINE_FIELDS = (
 )
 
 
+DEFERRED_STOP_S = 5.0  # a preempted turn stops at the latest this long after its cut reached the edge
+
+
 class UnroutableChunk(ValueError):
     """A decoded AudioChunk the edge cannot turn into an audio frame (odd PCM16 length, unknown
     encoding). The Kafka shell dead-letters it; nothing is queued."""
@@ -287,6 +290,9 @@ class SessionRouter:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()  # least recently active first
         self._idle: OrderedDict[str, float] = OrderedDict()  # sessions without a client -> since when
         self._client_ids = itertools.count(1)
+        # Preemptions waiting for the new turn's first audio (the floor): (session, new turn) ->
+        # the turns to stop then, and the deadline (clock seconds) after which they stop anyway.
+        self._deferred_stops: OrderedDict[tuple[str, str], tuple[list[str], float]] = OrderedDict()
 
     @classmethod
     def from_settings(cls, settings: Any, metrics: EdgeMetrics | None = None, **overrides: Any) -> "SessionRouter":
@@ -505,6 +511,8 @@ class SessionRouter:
         if session is None:  # nobody listens to this session here: no frame, no replay, no state
             self.metrics.unserved_chunks.inc()
             return 0
+        # The first audio of a preempting turn: the turns it cut stop now, their `stop` ahead of it.
+        self._stop_deferred(session_id, turn_id)
         self.cancels.observe(session_id, turn_id)  # a later whole-session cancel covers it
         turn = session.turns.get(turn_id)
         if turn is None:
@@ -526,7 +534,8 @@ class SessionRouter:
             self.metrics.drops.labels("cancelled" if turn.stopped else "after-turn-end").inc()
             return 0
         elif self.cancels.is_cancelled(session_id, turn_id):
-            self._stop_turns(session, [turn])
+            if not self._stop_is_deferred(session_id, turn_id):  # else it plays on until its cutter speaks
+                self._stop_turns(session, [turn])
             self.metrics.drops.labels("cancelled").inc()
             return 0
         self._sessions.move_to_end(session_id)
@@ -637,11 +646,15 @@ class SessionRouter:
         return dropped
 
     def cancel(self, session_id: str, turn_id: str | None, turn_ids: list[str] | tuple[str, ...] = (),
-               source: str = "bus") -> int:
+               source: str = "bus", after_turn_id: str | None = None) -> int:
         """Apply a cancel (one turn, the listed turns, or every turn of the session seen so far):
         later chunks of the turn(s) are dropped, queued audio goes now and every client of the
         session is told to stop. Returns the number of frames dropped. No clock is compared: a
-        turn this edge sees after the cancel is not covered unless it is listed (a gate resolution)."""
+        turn this edge sees after the cancel is not covered unless it is listed (a gate resolution).
+
+        With `after_turn_id` (a preemption on the session's floor) the stop waits until that
+        turn's first audio reaches this edge (at most `DEFERRED_STOP_S`): the listener hears the
+        old turn until the new one can be heard. Its later chunks are dropped meanwhile."""
         self.cancels.cancel(session_id, turn_id, turn_ids)
         self.metrics.cancels.labels(metric_label(source, CANCEL_SOURCES)).inc()
         session = self._sessions.get(session_id)
@@ -650,10 +663,47 @@ class SessionRouter:
         # Not yet stopped only: the edge's own cancel comes back from the bus, stop once.
         hit = [t for t in session.turns.values()
                if not t.stopped and self.cancels.is_cancelled(session_id, t.turn_id)]
-        return self._stop_turns(session, hit)
+        # A cancel of the preempting turn itself stops what waited for it, too.
+        for cutter in [turn_id, *turn_ids] if turn_id is not None or turn_ids else list(session.turns):
+            self._stop_deferred(session_id, cutter)
+        if after_turn_id is not None and not self._has_audio(session, after_turn_id):
+            waiting = [t.turn_id for t in hit if not self._stop_is_deferred(session_id, t.turn_id)]
+            if waiting:
+                stops, _ = self._deferred_stops.pop((session_id, after_turn_id), ([], 0.0))
+                self._deferred_stops[(session_id, after_turn_id)] = (stops + waiting, self.clock() + DEFERRED_STOP_S)
+                while len(self._deferred_stops) > self.max_sessions:
+                    self._apply_deferred(*self._deferred_stops.popitem(last=False))
+            return 0
+        return self._stop_turns(session, [t for t in hit if not self._stop_is_deferred(session_id, t.turn_id)])
 
     def apply_control(self, event: dict) -> int:
         if event.get("action") != ControlAction.CANCEL:
             return 0
         return self.cancel(event["session_id"], event.get("turn_id"), event.get("turn_ids") or (),
-                           source=event.get("source") or "bus")
+                           source=event.get("source") or "bus", after_turn_id=event.get("after_turn_id"))
+
+    def stop_overdue(self) -> int:
+        """Stop the turns whose preempting turn has not been heard within `DEFERRED_STOP_S` (its
+        audio is late, or it never came). Called periodically by the edge."""
+        now = self.clock()
+        due = [key for key, (_stops, deadline) in self._deferred_stops.items() if deadline <= now]
+        return sum(self._apply_deferred(key, self._deferred_stops.pop(key)) for key in due)
+
+    @staticmethod
+    def _has_audio(session: _Session, turn_id: str) -> bool:
+        return turn_id in session.turns
+
+    def _stop_is_deferred(self, session_id: str, turn_id: str) -> bool:
+        return any(sid == session_id and turn_id in stops for (sid, _by), (stops, _) in self._deferred_stops.items())
+
+    def _stop_deferred(self, session_id: str, cutter: str) -> None:
+        entry = self._deferred_stops.pop((session_id, cutter), None)
+        if entry is not None:
+            self._apply_deferred((session_id, cutter), entry)
+
+    def _apply_deferred(self, key: tuple[str, str], entry: tuple[list[str], float]) -> int:
+        session = self._sessions.get(key[0])
+        if session is None:
+            return 0
+        turns = [session.turns[t] for t in entry[0] if t in session.turns and not session.turns[t].stopped]
+        return self._stop_turns(session, turns)

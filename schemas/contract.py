@@ -251,6 +251,7 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
             problems.append(f"priority {priority} is outside -{limits.max_priority}..{limits.max_priority}")
     elif message_type == "ControlEvent":
         ident("turn_id", optional=True)
+        ident("after_turn_id", optional=True)
         non_negative("issued_at_us", 2**63 - 1)
         label("reason")
         label("source")

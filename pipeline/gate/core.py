@@ -286,8 +286,8 @@ class GateSession:
         out, cut = self._floor.route(requests, now_us)
         out = self._passed + out
         self._passed = []
-        for turn_id in cut:
-            self._cut(turn_id, now_us)
+        for turn_id, by in cut:
+            self._cut(turn_id, by, now_us)
         for event in self._floor.take_events():
             turn = self._turns.get(event["turn_id"])
             self.floor_events.append({"session_id": self.session_id, "turn_id": event["turn_id"],
@@ -362,7 +362,7 @@ class GateSession:
                 "reason": f"resolved: {event.get('reason') or 'session cancel'}"[:200], "source": RESOLUTION_SOURCE,
                 # a ControlEvent lists at most LIMITS.max_turn_ids turns: the latest ones (a session
                 # with more live turns at once is beyond any real conversation)
-                "issued_at_us": now_us, "turn_ids": newly[-LIMITS.max_turn_ids:],
+                "issued_at_us": now_us, "turn_ids": newly[-LIMITS.max_turn_ids:], "after_turn_id": None,
             })
         return []
 
@@ -504,8 +504,8 @@ class GateSession:
         if not cancelled:
             policy, priority = turn_floor(event, self.config.floor_policy)
             fate, cut = self._floor.open(turn.turn_id, policy, priority, now_us)
-            for other in cut:
-                self._cut(other, now_us)
+            for other, by in cut:
+                self._cut(other, by, now_us)
             if fate == REFUSED:
                 log.warning("session %s: turn %s of %s refused: %d turns already wait for the floor",
                             self.session_id, turn.turn_id, turn.agent_id, self.config.floor_max_waiting)
@@ -670,9 +670,10 @@ class GateSession:
             turn.cancelled = True
             turn.retire()
 
-    def _cut(self, turn_id: str, now_us: int) -> None:
-        """A turn preempted by another: cancelled here, and a cancel for the later stages (which
-        drop what they hold of it and report what the listener heard of it)."""
+    def _cut(self, turn_id: str, by: str, now_us: int) -> None:
+        """A turn preempted by turn `by`: cancelled here, and a cancel for the later stages (which
+        drop what they hold of it and report what the listener heard of it; the edge stops it at
+        the players when `by`'s first audio arrives, so the listener is not left in silence)."""
         if turn_id not in self._cancelled_turns:
             self._cancelled_turns.append(turn_id)
             del self._cancelled_turns[:-MAX_TURNS_KEPT]
@@ -682,7 +683,7 @@ class GateSession:
         self.controls.append({
             "session_id": self.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
             "reason": "preempted by a newer turn", "source": FLOOR_CANCEL_SOURCE,
-            "issued_at_us": now_us, "turn_ids": [],
+            "issued_at_us": now_us, "turn_ids": [], "after_turn_id": by,
         })
 
     def _refuse(self, turn: _Turn, now_us: int) -> list[dict]:

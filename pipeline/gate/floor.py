@@ -67,9 +67,10 @@ class Floor:
                 "cut_pending_by": self.cut_pending_by, "waiting": self.waiting, "held": self.held}
 
     # --- turns ---------------------------------------------------------------------------------
-    def open(self, turn_id: str, policy: str, priority: int, now_us: int) -> tuple[str, list[str]]:
+    def open(self, turn_id: str, policy: str, priority: int, now_us: int) -> tuple[str, list[tuple[str, str]]]:
         """A turn opened. Returns its fate (`GRANTED`, `QUEUED`, `PREEMPTING` or `REFUSED`) and the
-        turns cut now (a pending preempter replaced by a newer one of the same priority)."""
+        turns cut now (a pending preempter replaced by a newer one of the same priority), each as
+        (cut turn, the turn that cut it)."""
         def outranks(other: int) -> bool:
             return priority > other or (policy == FLOOR_PREEMPT and priority >= other)
 
@@ -82,13 +83,13 @@ class Floor:
         pending = self.waiting[0] if self.waiting and self.waiting[0]["preempt"] else None
         outranks_holder = outranks(self.holder_priority)
         entry = {"turn": turn_id, "priority": priority, "opened_us": now_us, "preempt": False}
-        cut: list[str] = []
+        cut: list[tuple[str, str]] = []
         if outranks_holder and (pending is None or priority >= pending["priority"]):
             if pending is not None:
                 self.waiting.pop(0)
                 if priority == pending["priority"]:
                     # A newer answer replaces one that had not started yet.
-                    cut.append(pending["turn"])
+                    cut.append((pending["turn"], turn_id))
                     self.held.pop(pending["turn"], None)
                     self._event(pending["turn"], CUT, now_us, pending["opened_us"])
                 else:
@@ -125,14 +126,15 @@ class Floor:
         return any(w["turn"] == turn_id for w in self.waiting)
 
     # --- requests ------------------------------------------------------------------------------
-    def route(self, requests: list[dict], now_us: int) -> tuple[list[dict], list[str]]:
+    def route(self, requests: list[dict], now_us: int) -> tuple[list[dict], list[tuple[str, str]]]:
         """The session's requests, in the order it produced them. Returns those that may go out
-        now (in order) and the turns cut (the caller cancels them; their requests are dropped)."""
+        now (in order) and the turns cut, each as (cut turn, the turn that cut it): the caller
+        cancels them; their requests are dropped."""
         out: list[dict] = []
-        cut: list[str] = []
+        cut: list[tuple[str, str]] = []
         for request in requests:
             turn_id = request["turn_id"]
-            if turn_id in cut:
+            if any(turn_id == gone for gone, _by in cut):
                 continue
             head = self.waiting[0] if self.waiting else None
             if head is not None and head["turn"] == turn_id and head["preempt"]:
@@ -140,7 +142,7 @@ class Floor:
                 # it, whose audio may still play), take the floor.
                 for speaking in (self.holder, self.recent["turn"] if self.recent else None):
                     if speaking is not None:
-                        cut.append(speaking)
+                        cut.append((speaking, turn_id))
                         self._event(speaking, CUT, now_us, now_us)
                 self.holder, self.recent = None, None
                 self.waiting.pop(0)
@@ -148,7 +150,7 @@ class Floor:
             elif turn_id == self.cut_pending_by:
                 self.cut_pending_by = None
                 if self.recent is not None:
-                    cut.append(self.recent["turn"])
+                    cut.append((self.recent["turn"], turn_id))
                     self._event(self.recent["turn"], CUT, now_us, now_us)
                     self.recent = None
             if turn_id == self.holder:
@@ -182,7 +184,7 @@ class Floor:
         self.holder_priority = priority
         self._event(turn_id, GRANTED, now_us, opened_us)
 
-    def _pass(self, now_us: int) -> tuple[list[dict], list[str]]:
+    def _pass(self, now_us: int) -> tuple[list[dict], list[tuple[str, str]]]:
         """The holder is done: the next waiting turn gets the floor and its held requests go out
         (and the one after it, when the whole next turn was held already)."""
         if self.holder is not None:

@@ -73,6 +73,7 @@ _ID_TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1,
 # Fields whose Avro type is wider than the contract (voicebus.schemas.contract) allows, drawn within it.
 CONTRACT_FIELDS = {
     "session_id": _ID_TEXT, "turn_id": _ID_TEXT, "claim_id": st.none() | _ID_TEXT, "client_id": _ID_TEXT,
+    "after_turn_id": st.none() | _ID_TEXT,
     "agent_id": st.from_regex(r"[A-Za-z0-9._-]{1,30}", fullmatch=True),
     "seq": st.integers(0, 2**63 - 1), "sentence_seq": st.integers(0, 2**31 - 1),
     "chunk_seq": st.integers(0, 2**31 - 1), "produced_at_us": st.integers(0, 2**63 - 1),

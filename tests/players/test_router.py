@@ -393,3 +393,68 @@ def test_a_cancel_s_source_label_comes_from_a_closed_set():
     samples = {s.labels["source"]: s.value for m in metrics.registry.collect() if m.name == "voicebus_edge_cancels"
                for s in m.samples if s.name.endswith("_total")}
     assert samples == {"other": 200.0, "edge": 1.0}
+
+
+def _order(channel) -> list[str]:
+    """The outbox as the player gets it: ("audio", turn) or ("stop", turn), in order."""
+    import json
+
+    out = []
+    for frame in channel.outbox:
+        if frame.is_audio:
+            out.append(("audio", frame.turn_id))
+        else:
+            message = json.loads(frame.payload)
+            if message.get("type") == "stop":
+                out.append(("stop", message["turn_id"]))
+    return out
+
+
+def floor_cut(session, cut, by):
+    return {"session_id": session, "turn_id": cut, "action": "CANCEL", "reason": "preempted", "source": "floor",
+            "issued_at_us": 0, "turn_ids": [], "after_turn_id": by}
+
+
+def test_a_preempted_turn_plays_on_until_its_preempter_s_first_audio_then_stops_ahead_of_it():
+    clock = FakeClock()
+    router = SessionRouter(clock=clock)
+    channel = router.connect("s1")
+    host = tone_turn("s1", "host", 3, 2)
+    for chunk in host[:2]:
+        router.route(chunk)
+    assert router.apply_control(floor_cut("s1", "host", "expert")) == 0
+    assert _order(channel) == [("audio", "host")] * 2  # nothing stopped yet: the host is still heard
+    assert router.route(host[2]) == 0  # a chunk of the cut turn still on the bus: dropped, no stop
+    assert ("stop", "host") not in _order(channel)
+    router.route(tone_turn("s1", "expert", 1, 2)[0])
+    assert _order(channel)[0] == ("stop", "host")  # the stop overtakes what was queued
+    assert _order(channel)[-1] == ("audio", "expert")
+    assert sum(1 for kind, turn in _order(channel) if kind == "stop") == 1
+
+
+def test_a_preempted_turn_stops_anyway_when_its_preempter_is_not_heard_in_time():
+    from voicebus.players.router import DEFERRED_STOP_S
+
+    clock = FakeClock()
+    router = SessionRouter(clock=clock)
+    channel = router.connect("s1")
+    router.route(tone_turn("s1", "host", 2, 2)[0])
+    router.apply_control(floor_cut("s1", "host", "expert"))
+    assert router.stop_overdue() == 0 and ("stop", "host") not in _order(channel)
+    clock.now += DEFERRED_STOP_S + 0.1
+    router.stop_overdue()
+    assert ("stop", "host") in _order(channel)
+
+
+def test_a_cut_whose_preempter_is_already_heard_or_cancelled_stops_at_once():
+    router = SessionRouter(clock=FakeClock())
+    channel = router.connect("s1")
+    router.route(tone_turn("s1", "host", 2, 2)[0])
+    router.route(tone_turn("s1", "expert", 2, 2)[0])
+    router.apply_control(floor_cut("s1", "host", "expert"))
+    assert ("stop", "host") in _order(channel)
+    router.route(tone_turn("s1", "third", 2, 2)[0])
+    router.apply_control(floor_cut("s1", "third", "fourth"))
+    assert ("stop", "third") not in _order(channel)
+    router.cancel("s1", "fourth")  # the preempter is cancelled before it is heard: the cut turn stops
+    assert ("stop", "third") in _order(channel)

@@ -32,6 +32,7 @@ BENCH_MODULES = [
     "voicebus.ops.bench.chaos",
     "voicebus.ops.bench.failover",
     "voicebus.ops.bench.hostile",
+    "voicebus.ops.bench.floor",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

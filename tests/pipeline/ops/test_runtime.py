@@ -209,7 +209,10 @@ async def test_a_preempting_turn_cuts_the_speaker_at_its_first_sentence(make_set
 
     assert first.frames_after_stop == 0
     assert {s for _, s, _, _ in first.frames} == {0}, "nothing of the host's turn after the cut was heard"
+    # the host is heard until the expert can be: its stop comes right before the expert's first audio
+    expert_first_audio = min(f[0] for f in second.frames)
+    assert first.stopped_at_us <= expert_first_audio < first.stopped_at_us + 100_000
     assert sorted({s for _, s, _, _ in second.frames}) == [0, 1, 2, 3] and not second.stopped
     codec = Codec()
     cuts = [e for r in records if (e := codec.decode(r.value).value)["session_id"] == "s-preempt"]
-    assert [(c["turn_id"], c["source"]) for c in cuts] == [("host-1", "floor")]
+    assert [(c["turn_id"], c["source"], c["after_turn_id"]) for c in cuts] == [("host-1", "floor", "expert-1")]
