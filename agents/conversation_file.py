@@ -54,6 +54,8 @@ class TextLine:
     claim_id: str | None = None
     language: str | None = None
     voice: str | None = None
+    floor: str | None = None  # how the turn takes the session's floor (queue, preempt; None: the gate's)
+    priority: int = 0
 
     type = "text"
 
@@ -105,7 +107,7 @@ def _require(obj: dict, key: str, kind: type | tuple, where: tuple[str, int], op
 
 
 _TEXT_KEYS = {"t_ms", "type", "agent_id", "session_id", "turn_id", "kind", "text", "claim_id", "language", "voice",
-              "seq", "produced_at_us"}
+              "floor", "priority", "seq", "produced_at_us"}
 _CONTROL_KEYS = {"t_ms", "type", "session_id", "turn_id", "action", "reason", "source", "issued_at_us"}
 
 
@@ -149,12 +151,15 @@ def event_from_json(obj: Any, source: str = "<events>", line: int | None = None)
             turn_id=_require(obj, "turn_id", str, where), kind=kind, text=text, claim_id=claim_id,
             language=_require(obj, "language", str, where, optional=True),
             voice=_require(obj, "voice", str, where, optional=True),
+            floor=_require(obj, "floor", str, where, optional=True),
+            priority=int(_require(obj, "priority", int, where, optional=True) or 0),
         )
         # What replay will publish must be something the pipeline can act on (voicebus.schemas.contract):
         # a file naming a language no stage can speak is refused here, not half-way through a replay.
         _speakable(lambda: text_event(
             session_id=line.session_id, turn_id=line.turn_id, agent_id=line.agent_id, seq=0, kind=line.kind,
-            text=line.text, claim_id=line.claim_id, language=line.language, voice=line.voice, produced_at_us=0), where)
+            text=line.text, claim_id=line.claim_id, language=line.language, voice=line.voice, floor=line.floor,
+            priority=line.priority, produced_at_us=0), where)
         return line
     if kind_of_line == "control":
         unknown = set(obj) - _CONTROL_KEYS
@@ -180,7 +185,7 @@ def event_to_json(event: ConversationEvent) -> dict[str, Any]:
     out: dict[str, Any] = {"t_ms": round(event.t_ms, 3), "type": event.type}
     if isinstance(event, TextLine):
         out.update(agent_id=event.agent_id, session_id=event.session_id, turn_id=event.turn_id, kind=event.kind)
-        for key in ("text", "claim_id", "language", "voice"):
+        for key in ("text", "claim_id", "language", "voice", "floor", "priority"):
             value = getattr(event, key)
             if value:
                 out[key] = value

@@ -108,6 +108,7 @@ def to_conversation(records: list[RecordedRecord], title: str = "", description:
             events.append(TextLine(
                 t_ms=t_ms, agent_id=v["agent_id"], session_id=v["session_id"], turn_id=v["turn_id"], kind=v["kind"],
                 text=v.get("text") or "", claim_id=v.get("claim_id"), language=v.get("language"), voice=v.get("voice"),
+                floor=v.get("floor"), priority=int(v.get("priority") or 0),
             ))
         else:
             events.append(ControlLine(t_ms=t_ms, session_id=v["session_id"], turn_id=v.get("turn_id"),

@@ -89,7 +89,8 @@ def plan_replay(events: Sequence[ConversationEvent], sessions: int = 1, run_id: 
                 key = (e.agent_id, session_id, e.turn_id)
                 value = text_event(
                     session_id=session_id, turn_id=e.turn_id, agent_id=e.agent_id, seq=seq[key], kind=e.kind,
-                    text=e.text, claim_id=e.claim_id, language=e.language, voice=e.voice, produced_at_us=0,
+                    text=e.text, claim_id=e.claim_id, language=e.language, voice=e.voice, floor=e.floor,
+                    priority=e.priority, produced_at_us=0,
                 )
                 seq[key] += 1
                 schedule.append(ScheduledEvent(e.t_ms, "TextEvent", value))

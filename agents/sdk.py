@@ -145,6 +145,7 @@ def cancel_event(
         "source": source,
         "issued_at_us": now_us() if issued_at_us is None else issued_at_us,
         "turn_ids": list(turn_ids),
+        "after_turn_id": None,
     })
 
 

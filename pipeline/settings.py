@@ -232,6 +232,12 @@ class Settings(BaseModel):
     gate_max_session_state_bytes: int = 256 * 1024
     """The most one session's gate state may take (JSON bytes); past it the session's oldest
     live turns are ended early. Below ``max_message_bytes``: the state is one changelog record."""
+    gate_max_sessions: int = Field(100_000, ge=1)
+    """The most sessions one gate worker holds in memory. A new session past it takes the place of
+    the least recently active idle session (nothing buffered, held or waiting: it is forgotten, as
+    on idle expiry); with none idle, the new session's events are refused (each dead-lettered as
+    ``gate-full`` and counted in ``voicebus_gate_sessions_refused_total``): nothing of it is spoken,
+    and every session the gate holds goes on."""
     gate_session_idle_s: float = 3600.0
     """A session with no event for this long is expired by the gate: its open turns are ended
     and its state is deleted (a tombstone on the changelog)."""

@@ -52,6 +52,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -83,6 +84,12 @@ POSITIONS_KEY = b"\x00gate.positions"  # changelog key of a partition's text pos
 
 class GateStartError(RuntimeError):
     """The gate cannot run against these topics (e.g. a partition count it cannot co-partition)."""
+
+
+class GateFull(ValueError):
+    """A new session past ``gate_max_sessions`` with no idle session to forget in its place."""
+
+    reason = "gate-full"  # the dead-letter header's reason
 
 
 class WrongPartition(ValueError):
@@ -120,6 +127,7 @@ class _Batch:
     applied: dict = field(default_factory=dict)  # session id -> [(event, now_us)] applied in order
     requests: list = field(default_factory=list)
     controls: list = field(default_factory=list)  # (message type, value): cancels and floor events to publish
+    evicted: list = field(default_factory=list)  # (session id, partition) forgotten for a new one: tombstones
     positions: dict = field(default_factory=dict)  # (topic, p) -> next offset
 
 
@@ -146,6 +154,7 @@ class GateWorker:
         discovery_interval_s: float | None = None,
         announce: bool = False,
         clock_us: Callable[[], int] = now_us,
+        monotonic: Callable[[], float] = time.monotonic,
         registry: Any = None,
         out: Any = None,
         tracer: StageTracer | None = None,
@@ -162,6 +171,12 @@ class GateWorker:
         self.discovery_interval_s = (settings.topic_discovery_interval_s if discovery_interval_s is None
                                      else discovery_interval_s)
         self.clock_us = clock_us
+        self.monotonic = monotonic
+        # Zombie fencing: the loop's last sign of life (the timer's wake-ups) and whether it was
+        # seen stalled for longer than half the session timeout (a paused process, a frozen VM).
+        self._alive_at = monotonic()
+        self._stalled = False
+        self.fenced = 0  # outputs refused because the group had moved on (what a test can wait on)
         self._announce = announce
         self._out = out
         self.metrics_port = metrics_port  # /healthz and /metrics on it (voicebus.shell.serve_health)
@@ -176,6 +191,10 @@ class GateWorker:
         self._floor_wait = Histogram("voicebus_gate_floor_wait_seconds", "How long a turn waited for the "
                                      "floor before it was granted (0: at once)", registry=self.registry,
                                      buckets=(0.0, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+        self._sessions_evicted = Counter("voicebus_gate_sessions_evicted", "Idle sessions forgotten to make room "
+                                         "for a new one (VOICEBUS_GATE_MAX_SESSIONS)", registry=self.registry)
+        self._sessions_refused = Counter("voicebus_gate_sessions_refused", "Events of new sessions refused: the "
+                                         "gate was full and no session idle", registry=self.registry)
         self._unencodable = Counter("voicebus_gate_requests_unencodable", "Requests sent with empty text because "
                                     "the contract refused them", registry=self.registry)
         self._pattern = re.compile(text_topic_pattern(settings))
@@ -504,6 +523,8 @@ class GateWorker:
         if self._partition_of(sid) != partition:
             raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
                                  f"its record is on {record.topic}[{partition}]")
+        if sid not in self._sessions and len(self._sessions) >= self.settings.gate_max_sessions:
+            self._make_room(sid, batch)
         entry = self._entry(sid, partition)
         if self.tracer.enabled:
             self._remember_trace(sid, event["turn_id"], record.headers)
@@ -537,7 +558,8 @@ class GateWorker:
             more, states[sid] = entry.session.shed(now)
             batch.requests.extend(more)
             batch.controls.extend(self._session_controls(entry.session))
-        partitions = {p for _, p in batch.positions} | {e.partition for e in batch.entries.values()}
+        partitions = ({p for _, p in batch.positions} | {e.partition for e in batch.entries.values()}
+                      | {p for _, p in batch.evicted})
         # The cancels first: a cut turn is dropped downstream no later than its preempter arrives.
         await self._send_retrying(partitions, [
             *self._control_records(batch.controls),
@@ -548,6 +570,7 @@ class GateWorker:
         topic = self.settings.gate_changelog_topic
         try:
             await self._send_retrying(partitions, [
+                *[(topic, session_key(sid), None, p) for sid, p in batch.evicted],
                 *[(topic, session_key(sid), states[sid].encode("utf-8"), entry.partition)
                   for sid, entry in batch.entries.items()],
                 *[(topic, POSITIONS_KEY, self._positions_record(p), p) for p in sorted(partitions)],
@@ -564,7 +587,41 @@ class GateWorker:
     async def _timer_loop(self) -> None:
         while True:
             await asyncio.sleep(self.timer_interval_s)
+            self._note_alive()
             await self.tick()
+
+    def _note_alive(self) -> None:
+        now = self.monotonic()
+        if now - self._alive_at > self.session_timeout_s / 2:
+            self._stalled = True  # long enough for the group to have given our partitions away
+        self._alive_at = now
+
+    async def _fence(self, partitions: set[int]) -> None:
+        """After a stall: prove this worker still owns `partitions` before any output, by
+        committing their control positions with its group generation (the broker refuses a
+        stale one). A zombie (paused, then resumed after its partitions moved) gets
+        `PartitionRevoked`, so it publishes nothing of what it fetched before it learns of the
+        rebalance: neither requests nor state."""
+        from aiokafka.errors import KafkaError
+        from aiokafka.structs import OffsetAndMetadata, TopicPartition
+
+        if not (self._stalled or self.monotonic() - self._alive_at > self.session_timeout_s / 2):
+            return
+        offsets = {}
+        for p in sorted(partitions & self._owned):
+            tp = TopicPartition(self.settings.control_topic, p)
+            offset = self._control_done.get(p)
+            if offset is None:
+                offset = await self.control.position(tp)
+            offsets[tp] = OffsetAndMetadata(offset, "")
+        try:
+            if offsets:
+                await self.control.commit(offsets)
+        except KafkaError as exc:
+            self.fenced += 1
+            raise PartitionRevoked(f"fenced after a stall: partitions {sorted(partitions)} may have moved ({exc})") from exc
+        self._stalled = False
+        self._alive_at = self.monotonic()
 
     async def tick(self) -> None:
         """Hold timeouts and idle expiry of the owned sessions that are due; pending positions."""
@@ -593,7 +650,10 @@ class GateWorker:
                     log.info("gate: %s", exc)
         async with self._lock:
             for p in sorted(self._dirty_positions & self._owned):
-                await self._write_positions(p)
+                try:
+                    await self._write_positions(p)
+                except PartitionRevoked as exc:
+                    log.info("gate: %s", exc)
         self.ticks_done += 1
 
     # --- one control record ---------------------------------------------------------------------
@@ -636,6 +696,20 @@ class GateWorker:
         except BaseException:
             entry.session = self._restored(sid, entry)
             raise
+
+    def _make_room(self, sid: str, batch: "_Batch") -> None:
+        """(Under the lock.) Room for new session `sid`: forget the least recently active idle
+        session (its tombstone goes out with the batch), or refuse `sid` (`GateFull`)."""
+        idle = [(e.session.last_event_us, other) for other, e in self._sessions.items()
+                if e.session.idle and other not in batch.entries]
+        if not idle:
+            self._sessions_refused.inc()
+            raise GateFull(f"the gate holds {len(self._sessions)} sessions, none idle "
+                           f"(VOICEBUS_GATE_MAX_SESSIONS={self.settings.gate_max_sessions}): session {sid!r} refused")
+        _, oldest = min(idle)
+        batch.evicted.append((oldest, self._sessions.pop(oldest).partition))
+        self._sessions_evicted.inc()
+        log.info("gate: session %s forgotten (idle) to make room for %s", oldest, sid)
 
     def _session_controls(self, session: GateSession) -> list[dict]:
         """What `session`'s last call produced for the bus besides requests: its control events
@@ -752,6 +826,7 @@ class GateWorker:
         from aiokafka.errors import KafkaError
 
         partitions = {partition} if isinstance(partition, int) else partition
+        await self._fence(partitions)
         backoff = 0.1
         while True:
             try:

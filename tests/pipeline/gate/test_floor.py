@@ -206,3 +206,35 @@ def test_no_interleaving_of_three_agents_ever_splices_turns(order, sizes, policy
         assert seqs == list(range(len(seqs)))
     if policy == "queue" and cancel_at is None:
         assert [r for r in out if r["is_last_in_turn"]] and len({r["turn_id"] for r in out if r["is_last_in_turn"]}) == 3
+
+
+def test_a_replayed_two_speaker_conversation_keeps_its_recorded_turn_order():
+    """A recording whose turns overlap (the expert started while the host still spoke, and an
+    alert preempted the expert) replays through the floor as it was heard: host, alert."""
+    from voicebus.agents.conversation_file import event_to_json, parse_lines
+    from voicebus.agents.replay import plan_replay
+    import json as json_
+
+    lines = [{"t_ms": 0, "type": "text", "agent_id": "host", "session_id": "r", "turn_id": "h", "kind": "TOKEN",
+              "text": "Welcome to the show. "},
+             {"t_ms": 10, "type": "text", "agent_id": "expert", "session_id": "r", "turn_id": "e", "kind": "TOKEN",
+              "text": "Thanks for "},
+             {"t_ms": 20, "type": "text", "agent_id": "host", "session_id": "r", "turn_id": "h", "kind": "TOKEN",
+              "text": "Here is our guest. "},
+             {"t_ms": 30, "type": "text", "agent_id": "alert", "session_id": "r", "turn_id": "a", "kind": "TOKEN",
+              "text": "Storm warning. ", "priority": 5},
+             {"t_ms": 40, "type": "text", "agent_id": "alert", "session_id": "r", "turn_id": "a", "kind": "END_OF_TURN",
+              "priority": 5},
+             {"t_ms": 50, "type": "text", "agent_id": "expert", "session_id": "r", "turn_id": "e", "kind": "TOKEN",
+              "text": "having me. "},
+             {"t_ms": 60, "type": "text", "agent_id": "expert", "session_id": "r", "turn_id": "e", "kind": "END_OF_TURN"},
+             {"t_ms": 70, "type": "text", "agent_id": "host", "session_id": "r", "turn_id": "h", "kind": "END_OF_TURN"}]
+    conversation = parse_lines(json_.dumps(line) for line in lines)
+    assert [event_to_json(e).get("priority") for e in conversation.events][3] == 5  # written back as read
+    _, [copy] = plan_replay(conversation.events, keep_session_ids=True)
+    session = GateSession("r", CONFIG)
+    out = []
+    for i, scheduled in enumerate(copy.schedule):
+        out.extend(session.apply(scheduled.value, 5_000 * S + i * 1000))
+    # the alert (priority 5) cut the host at its first sentence; the expert queued behind it
+    assert spoken(out) == [("h", "Welcome to the show."), ("a", "Storm warning."), ("e", "Thanks for having me.")]

@@ -503,3 +503,79 @@ async def test_a_gate_whose_recovery_keeps_failing_still_stops(make_settings):
         await asyncio.wait_for(gate.stop(), 30)
         await asyncio.gather(starting, return_exceptions=True)
     assert not gate.ready.is_set()
+
+
+async def test_past_its_session_bound_the_gate_forgets_an_idle_session_or_refuses_a_new_one(make_settings, workers):
+    """VOICEBUS_GATE_MAX_SESSIONS: a new session takes the place of the least recently active idle
+    one (tombstoned); with none idle it is refused with a reason, and the sessions held go on."""
+    settings = make_settings(partitions=1, gate_max_sessions=2)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    gate = await workers(settings)
+    done, talking, late = Turn(session="done"), Turn(session="talking"), Turn(session="late")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", done.tokens("All said. ") + [done.end()])
+        await requests.until(ended(1), "the first session's turn ended")
+        await send(settings, "llm", talking.tokens("Still talking. And more"))
+        await requests.until(lambda got: any(r["session_id"] == "talking" for r in got), "the second session spoke")
+        # a third session: "done" is idle and goes, "talking" (a turn open) stays
+        await send(settings, "llm", late.tokens("Me too. ") + [late.end()])
+        await requests.until(ended(2), "the third session's turn ended")
+        assert set(gate._sessions) == {"talking", "late"}
+        assert (await changelog_states(settings))["done"] is None
+        # a fourth while both held sessions are busy: refused, dead-lettered with its reason
+        late_two = Turn("t2", session="late")
+        await send(settings, "llm", late_two.tokens("Busy here"))
+        refused = Turn(session="refused")
+        await send(settings, "llm", refused.tokens("Nobody hears me. ") + [refused.end()])
+        await eventually(lambda: gate.registry.get_sample_value("voicebus_gate_sessions_refused_total") or 0,
+                         what="the refused session counted")
+        await send(settings, "llm", talking.tokens(" to say. ", size=9) + [talking.end()])
+        await requests.until(ended(3), "the held session went on")
+    assert "refused" not in {r["session_id"] for r in requests.got}
+    records = await read_to_end(settings, [settings.deadletter_topic])
+    assert {dict(r.headers).get("voicebus.error.reason") for r in records} == {b"gate-full"}
+
+
+async def test_a_zombie_gate_resumed_after_its_partitions_moved_publishes_nothing(make_settings, workers):
+    """A gate process paused (SIGSTOP) past its session timeout loses its partition to another
+    gate; resumed, it fetches the text sent meanwhile, but is fenced before any output: every
+    sentence is released once, by the new owner."""
+    import signal
+    import subprocess
+    import threading
+
+    from voicebus.gate.app import READY_LINE, start_gate_subprocess
+
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    zombie = start_gate_subprocess(settings, session_timeout_s=6.0, stderr=subprocess.STDOUT, log_level="INFO")
+    lines: list[str] = []
+    threading.Thread(target=lambda: [lines.append(line) for line in zombie.stdout], daemon=True).start()
+
+    def announced(n: int):
+        return lambda: sum(line.startswith(READY_LINE) for line in lines) >= n
+
+    try:
+        await eventually(announced(1), timeout_s=90, what="the first gate got its partition",
+                         detail=lambda: "".join(lines[-20:]))
+        t = Turn(session="z")
+        async with Requests(settings) as requests:
+            await send(settings, "llm", t.tokens("First one. Second", size=4))
+            await requests.until(lambda got: len(got) >= 1, "the first sentence released by the first gate")
+            zombie.send_signal(signal.SIGSTOP)
+            owner = await workers(settings, session_timeout_s=6.0)
+            await eventually(lambda: owner._owned == {0}, timeout_s=60, what="the partition moved to the new gate")
+            await send(settings, "llm", t.tokens(" one. Third one. ", size=4) + [t.end()])
+            await requests.until(ended(1), "the turn ended by the new owner")
+            zombie.send_signal(signal.SIGCONT)
+            # the zombie learns of the rebalance (and announces its new, empty, assignment)
+            await eventually(announced(2), timeout_s=60, what="the resumed gate rejoined the group")
+            got = await requests.to_end()
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        zombie.terminate()
+        zombie.wait(30)
+    assert requests.of("z") == [("t1", 0, "First one.", False), ("t1", 1, "Second one.", False),
+                                ("t1", 2, "Third one.", True)], "".join(lines[-30:])
