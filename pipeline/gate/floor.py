@@ -194,6 +194,10 @@ class Floor:
         while self.holder is None and self.waiting:
             nxt = self.waiting.pop(0)
             self._grant(nxt["turn"], nxt["priority"], now_us, opened_us=nxt["opened_us"])
+            if nxt["preempt"] and self.recent is not None:
+                # The turn it meant to cut ended its text first, but its audio still plays: cut
+                # it when this turn has its first sentence, as planned.
+                self.cut_pending_by = nxt["turn"]
             held = self.held.pop(nxt["turn"], [])
             out.extend(held)
             if any(r.get("is_last_in_turn") for r in held):

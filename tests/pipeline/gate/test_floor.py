@@ -107,6 +107,21 @@ def test_preempt_also_cuts_a_turn_whose_text_ended_but_whose_audio_may_still_pla
     assert controls == []
 
 
+def test_a_preempter_still_cuts_a_speaker_whose_text_ended_before_its_first_sentence():
+    """Regression: the speaker's text ended while the preempting turn waited for its first
+    sentence; the preemption was forgotten and the speaker's audio played to its end."""
+    session = GateSession("s1", CONFIG)
+    host, expert = Turn("h", agent="host"), Turn("e", agent="expert", floor="preempt")
+    run(session, host.tokens("One. Two. ", size=5))
+    assert run(session, expert.tokens("Let", size=3)) == []
+    out = run(session, [host.end()])
+    assert spoken(out) == [("h", "Two.")]
+    controls = []
+    out = run(session, expert.tokens(" me. More", size=4), controls=controls)
+    assert spoken(out) == [("e", "Let me.")]
+    assert [(c["turn_id"], c["after_turn_id"]) for c in controls] == [("h", "e")]
+
+
 def test_a_higher_priority_agent_preempts_and_an_equal_one_queues():
     session = GateSession("s1", CONFIG)
     host = Turn("h", agent="host")
