@@ -216,3 +216,44 @@ async def test_a_preempting_turn_cuts_the_speaker_at_its_first_sentence(make_set
     codec = Codec()
     cuts = [e for r in records if (e := codec.decode(r.value).value)["session_id"] == "s-preempt"]
     assert [(c["turn_id"], c["source"], c["after_turn_id"]) for c in cuts] == [("host-1", "floor", "expert-1")]
+
+
+async def test_a_priority_turn_preempts_an_equal_one_queues_and_a_cancelled_waiting_turn_never_plays(
+        make_settings, engine):
+    """Through the pipeline: a peer of the host's priority queues behind it; an alert (priority 5)
+    cuts the host and speaks before the peer; a third agent's turn cancelled while it waits is
+    never heard; the peer is heard whole after the alert."""
+    settings = make_settings(edge_port=free_port(), worker_max_in_flight=2, first_clause_min_words=0)
+    async with PipelineStack(settings, engine) as stack:
+        async with Listener(stack.edge_url, "s-prio", settings.edge_secret) as listener, \
+                Publisher(stack.settings, agent_id="host") as host_agent, \
+                Publisher(stack.settings, agent_id="peer") as peer_agent, \
+                Publisher(stack.settings, agent_id="late") as late_agent, \
+                Publisher(stack.settings, agent_id="alert", priority=5) as alert_agent, \
+                FloorFollower(peer_agent) as floor:
+            async with host_agent.turn("s-prio", "host-1", language="en") as host:
+                for word in "Welcome to the show tonight. We talk".split():
+                    await host.token(word + " ")
+                await eventually(lambda: "host-1" in listener.turns and listener.turns["host-1"].frames,
+                                 timeout_s=240, interval_s=0.01, what="the host's first audio")
+                async with peer_agent.turn("s-prio", "peer-1", language="en") as peer:
+                    await peer.tokens(["Me ", "too. ", "I ", "will ", "wait. "])
+                late = late_agent.turn("s-prio", "late-1", language="en")
+                await late.token("Never heard. ")
+                await floor.wait("s-prio", "late-1", "QUEUED", timeout_s=60)
+                await late.cancel()
+                async with alert_agent.turn("s-prio", "alert-1", language="en") as alert:
+                    await alert.tokens(["Storm ", "warning ", "now. ", "Stay ", "inside. "])
+                await eventually(lambda: listener.turns["host-1"].stopped, timeout_s=120,
+                                 what="the host's turn stopped at the listener")
+                await host.token("about the sea. ")
+            alert_heard = await listener.wait_turn_end("alert-1", timeout=240)
+            peer_heard = await listener.wait_turn_end("peer-1", timeout=240)
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            await listener.ping()
+
+    assert "late-1" not in listener.turns, "a cancelled waiting turn was heard"
+    assert sorted({s for _, s, _, _ in alert_heard.frames}) == [0, 1] and not alert_heard.stopped
+    assert sorted({s for _, s, _, _ in peer_heard.frames}) == [0, 1] and not peer_heard.stopped
+    assert max(f[0] for f in alert_heard.frames) < min(f[0] for f in peer_heard.frames), "alert and peer spliced"
+    assert {s for _, s, _, _ in listener.turns["host-1"].frames} == {0}
