@@ -166,6 +166,7 @@ class Codec:
         self._id_fp: dict[int, bytes] = {}
         self._topic_ids: dict[tuple[str, str], int] = {}
         self._missing_ids: set[int] = set()
+        self._prefetch_errors: dict[int, CodecError] = {}  # a prefetch's failure, for the decode that follows
         # Lookups of ids not known here, each a registry request: a flood of records naming made-up
         # ids is refused past this rate instead of turning into a flood of requests.
         self._lookups = lookup_limit or TokenBucket(LOOKUP_RATE_PER_S, LOOKUP_BURST)
@@ -279,6 +280,28 @@ class Codec:
         self._check(known.name, value)
         return Decoded(known.name, value, fp, not known.current, schema_id)
 
+    def unresolved_schema_id(self, data: Any) -> int | None:
+        """The schema id of a Confluent-framed record whose writer schema this codec would have to
+        fetch from the registry (a network call) to decode it; None when decoding needs none."""
+        if (self.registry is None or not isinstance(data, (bytes, bytearray, memoryview))
+                or len(data) < CONFLUENT_HEADER_LEN or bytes(data[:1]) != CONFLUENT_MAGIC):
+            return None
+        (schema_id,) = struct.unpack(">I", bytes(data[1:CONFLUENT_HEADER_LEN]))
+        if schema_id in self._by_id or schema_id in self._missing_ids or schema_id in self._prefetch_errors:
+            return None
+        return schema_id
+
+    def prefetch(self, schema_id: int) -> None:
+        """Resolve `schema_id` now, so that decoding a record that names it makes no network call:
+        for a stage on an event loop, run it in a thread (`voicebus.shell.RecordPolicy` does).
+        A failure is kept and raised by the next `decode` of that id, without asking again."""
+        try:
+            self._known_by_id(schema_id)
+        except CodecError as exc:
+            if len(self._prefetch_errors) >= _MAX_MISSING_IDS:
+                self._prefetch_errors.pop(next(iter(self._prefetch_errors)))
+            self._prefetch_errors[schema_id] = exc
+
     def _known_by_id(self, schema_id: int) -> _Known:
         """The writer schema registered as `schema_id`: from the cache, else from the registry
         (once). A schema we already know by fingerprint is reused as is; another one must be a
@@ -288,6 +311,9 @@ class Codec:
         known = self._by_id.get(schema_id)
         if known is not None:
             return known
+        failed = self._prefetch_errors.pop(schema_id, None)
+        if failed is not None:
+            raise failed
         if self.registry is None:
             raise UnknownSchemaId(
                 f"Confluent-framed record with schema id {schema_id}, and no schema registry configured "

@@ -10,7 +10,9 @@ touches the network.
 
 Calls are synchronous (the standard library's urllib) because the codec is: a schema id is
 fetched once per process and then cached, so a consumer pays one registry round trip per
-writer schema it meets, not per record.
+writer schema it meets, not per record. Stages never make them on their event loop: they
+register their writer schemas at start, and `voicebus.shell.RecordPolicy` resolves an unknown
+schema id in a thread (`Codec.prefetch`) before it decodes the record.
 """
 
 from __future__ import annotations

@@ -146,7 +146,12 @@ class RecordPolicy:
                              record.timestamp, decoded)
 
     async def accept(self, record: Any, expect: str | None = None) -> DecodedRecord | None:
-        """The record decoded and checked, or None once a failure was handed to `on_error`."""
+        """The record decoded and checked, or None once a failure was handed to `on_error`. A
+        writer schema the codec must fetch from the registry is fetched in a thread first: the
+        event loop (every other session of the stage) never waits on the registry."""
+        schema_id = self.codec.unresolved_schema_id(record.value)
+        if schema_id is not None:
+            await asyncio.to_thread(self.codec.prefetch, schema_id)
         try:
             return self.decode(record, expect)
         except CodecError as exc:

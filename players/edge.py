@@ -202,11 +202,14 @@ class KafkaLink:
 
     async def start(self) -> None:
 
-        from voicebus.bus import await_group_coordinator, ensure_topics, make_producer
+        from voicebus.bus import await_group_coordinator, ensure_topics, make_producer, register_schemas
 
         s = self.settings
         await ensure_topics(s, [s.audio_topic, s.control_topic, s.playback_topic, s.heard_topic,
                                 s.deadletter_topic, s.edges_topic])
+        # Confluent framing: the schemas it writes registered now, off the event loop
+        await register_schemas(self.codec, {s.control_topic: "ControlEvent", s.playback_topic: "PlaybackReport",
+                                            s.heard_topic: "TurnHeard"})
         self.producer = make_producer(s)
         await self.producer.start()
         self.partitions = len(await self.producer.partitions_for(s.audio_topic))

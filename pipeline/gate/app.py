@@ -60,6 +60,7 @@ from typing import Any, Callable
 from aiokafka.abc import ConsumerRebalanceListener
 
 from voicebus.bus import (await_group_coordinator, ensure_topics, make_consumer, make_producer, read_to_end,
+                          register_schemas,
                           seek_to_beginning_quietly)
 from voicebus.clock import now_us
 from voicebus.codecs import CodecError, codec_for
@@ -231,6 +232,9 @@ class GateWorker:
         s = self.settings
         self._stopping.clear()
         await ensure_topics(s, fixed_topics(s))  # start in any order: no "topic not found" loops
+        # Confluent framing: the schemas it writes registered now, off the event loop
+        await register_schemas(self.codec, {s.synthesis_topic: "SynthesisRequest", s.control_topic: "ControlEvent",
+                                            s.floor_topic: "FloorEvent"})
         self.producer = make_producer(s)
         await self.producer.start()
         try:

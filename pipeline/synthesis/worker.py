@@ -51,7 +51,7 @@ from aiokafka.structs import TopicPartition
 
 from voicebus import tracing
 from voicebus.audio_codec import audio_format
-from voicebus.bus import await_group_coordinator, ensure_topics, make_consumer, make_producer, publish
+from voicebus.bus import await_group_coordinator, ensure_topics, make_consumer, make_producer, publish, register_schemas
 from voicebus.cancel import CancelRegistry
 from voicebus.clock import now_us
 from voicebus.codecs import Codec, CodecError, codec_for
@@ -191,6 +191,7 @@ class SynthesisWorker(Owned):
         try:
             # the worker creates every topic it uses: it may start before any gate or agent
             await ensure_topics(s, [s.synthesis_topic, s.control_topic, s.audio_topic, s.deadletter_topic])
+            await register_schemas(self.codec, {s.audio_topic: "AudioChunk"})  # off the loop (Confluent framing)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"synth-{self.worker_id}")
             self._producer = make_producer(s)
             await self._producer.start()

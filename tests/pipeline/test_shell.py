@@ -249,3 +249,48 @@ def test_a_small_record_is_dead_lettered_whole():
     from voicebus.shell import capped_copy
 
     assert capped_copy(b"k", b"v" * 100, 1024 * 1024) == (b"k", b"v" * 100, [])
+
+
+async def test_a_registry_that_does_not_answer_never_stalls_the_stage_s_event_loop():
+    """Regression: a Confluent-framed record naming a schema id the codec had not seen was looked
+    up with a blocking HTTP call on the event loop: a registry that did not answer froze every
+    session of the stage for the whole timeout. The lookup now runs in a thread."""
+    import struct
+    import time
+
+    from voicebus.settings import Settings
+
+    # A real socket that accepts and never answers: the registry hangs.
+    server = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = Settings(registry_url=f"http://127.0.0.1:{port}", registry_timeout_s=1.0)
+    from voicebus.codecs import codec_for
+
+    failures = []
+
+    async def collect(failure):
+        failures.append(failure)
+
+    policy = RecordPolicy("test", settings, codec_for(settings), None, on_error=collect)
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    started = time.monotonic()
+    try:
+        record = Record(b"\x00" + struct.pack(">I", 4242) + b"\x02")
+        assert await policy.accept(record, "ControlEvent") is None
+        took = time.monotonic() - started
+    finally:
+        ticking.cancel()
+        server.close()
+    assert took >= 0.9, "the registry's timeout was not waited out"
+    assert max(gaps) < 0.5, f"the event loop stalled for {max(gaps):.2f} s"
+    assert [f.reason for f in failures] == ["registry-unavailable"]
