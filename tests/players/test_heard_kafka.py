@@ -83,3 +83,37 @@ async def test_a_player_that_never_reports_holds_the_turn_up_only_for_the_wait(m
         [heard] = await read_topic(settings, settings.heard_topic, "TurnHeard", lambda v: v)
         assert heard["heard_text"] == "Your order shipped. It arrives Monday." and not heard["interrupted"]
         assert heard["reports"] == 1 and heard["published_at_us"] - reported_at >= 300_000
+
+
+async def test_a_turn_cut_by_the_floor_stops_at_its_preempter_s_audio_and_reports_what_was_heard(make_settings):
+    """The gate's cut of a preempted turn (source floor, after_turn_id the preempter): the player
+    keeps the old turn until the preempter's first audio, gets its stop just ahead of that audio,
+    and its STOPPED report becomes a TurnHeard that says what was heard before the cut."""
+    settings = make_settings(edge_secret=SECRET, edge_heard_wait_ms=60_000)
+    async with running_edge(settings) as (app, client):
+        player, _ = await connect(client, "S")
+        producer, codec = make_producer(settings), Codec()
+        await producer.start()
+        try:
+            old = worded_turn("S", "old")
+            for chunk in old[:2]:  # the first sentence of the old turn
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            first = await collect(player, lambda got: len(audio(got)) >= 2)
+            await publish(producer, codec, settings.control_topic, "ControlEvent", {
+                "session_id": "S", "turn_id": "old", "action": "CANCEL", "reason": "preempted by a newer turn",
+                "source": "floor", "issued_at_us": now_us(), "turn_ids": [], "after_turn_id": "new"})
+            # no stop yet: the old turn is still what the listener hears
+            with pytest.raises(TimeoutError):
+                await collect(player, lambda got: of_type(got, "stop"), timeout=1.0)
+            for chunk in tone_turn("S", "new", sentences=1, chunks_per_sentence=1):
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
+            after = await collect(player, lambda got: audio(got))
+        finally:
+            await producer.stop()
+        [stop] = of_type(after, "stop")
+        assert stop["turn_id"] == "old" and after.index(stop) < after.index(audio(after)[0])
+        assert audio(first) and len(audio(first)) == 2
+        await player.send_str(heard_report("old", "STOPPED", 0, 1300))
+        [heard] = await read_topic(settings, settings.heard_topic, "TurnHeard", lambda v: v)
+    assert heard["turn_id"] == "old" and heard["interrupted"]
+    assert heard["heard_text"] == "Your order" and heard["unheard_words"] == ["shipped."]
