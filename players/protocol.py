@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,3 +249,57 @@ def parse_client_message(text: str) -> dict[str, Any]:
 # rendered_*: how far a player rendered a turn (its heard report, voicebus.players.heard).
 _INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1,
                    "rendered_sentence_seq": LIMITS.max_seq + 1, "rendered_samples": LIMITS.max_seq + 1}
+
+
+# --- the same constants for the JavaScript players -------------------------------------------------
+
+JS_MODULE = Path(__file__).parent / "web" / "protocol.js"
+
+
+def javascript_module() -> str:
+    """``players/web/protocol.js``: the protocol's constants for the browser players, generated
+    from this module (``python -m voicebus.players.protocol --write-js``; a test checks that the
+    file in the tree is what this returns), so the two sides cannot drift apart."""
+    def obj(pairs: dict[str, Any]) -> str:
+        return "Object.freeze({\n" + "".join(f"  {k}: {json.dumps(v)},\n" for k, v in pairs.items()) + "})"
+
+    messages = {name: value for name, value in globals().items()
+                if isinstance(value, str) and value in SERVER_MESSAGE_TYPES | CLIENT_MESSAGE_TYPES and name.isupper()}
+    closes = {name.removeprefix("CLOSE_"): value for name, value in globals().items()
+              if name.startswith("CLOSE_") and isinstance(value, int)}
+    lines = [
+        "// Generated from players/protocol.py by `python -m voicebus.players.protocol --write-js`: do not",
+        "// edit. The player protocol's constants (docs/protocol.md), the same on both sides.",
+        "",
+        f"export const PROTOCOL_VERSION = {PROTOCOL_VERSION};",
+        f"export const FRAME_AUDIO = {FRAME_AUDIO};",
+        f"export const HEADER_BYTES = {AUDIO_HEADER_LEN}; // <BBBBIIII: type, version, flags, encoding, turn, sentence, chunk, sample rate",
+        f"export const FLAG_LAST_IN_SENTENCE = {FLAG_LAST_IN_SENTENCE};",
+        f"export const FLAG_LAST_IN_TURN = {FLAG_LAST_IN_TURN};",
+        f"export const FLAG_FIRST_IN_SENTENCE = {FLAG_FIRST_IN_SENTENCE};",
+        f"export const ENCODING_PCM16LE = {ENCODING_PCM16LE};",
+        f"export const ENCODING_OPUS = {ENCODING_OPUS};",
+        f"export const MAX_TEXT_FRAME_BYTES = {MAX_TEXT_FRAME_BYTES};",
+        f"// message types (the JSON text frames' `type`)\nexport const MSG = {obj(dict(sorted(messages.items())))};",
+        f"// close codes\nexport const CLOSE = {obj(dict(sorted(closes.items(), key=lambda kv: kv[1])))};",
+        f"// a report's `kind` (the PlaybackReport schema's enum)\nexport const REPORT_KIND = {obj({k.value: k.value for k in PlaybackKind})};",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m voicebus.players.protocol")
+    parser.add_argument("--write-js", action="store_true", help=f"write {JS_MODULE.name} beside the web player")
+    args = parser.parse_args(argv)
+    if args.write_js:
+        JS_MODULE.write_text(javascript_module(), encoding="utf-8")
+    else:
+        print(javascript_module(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

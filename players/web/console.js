@@ -7,6 +7,7 @@
 import {
   EdgeClock, ENCODING_PCM16LE, FLAG_LAST_IN_TURN, PROTOCOL_VERSION, parseAudioFrame, pcm16Samples,
   startAudio as startWorklet, waveView,
+  MSG, CLOSE,
 } from "./edge-client.js";
 
 const PLAY_TIMEOUT_MS = 180000;
@@ -80,7 +81,7 @@ function contextTimeToServerUs(contextTime) {
 }
 
 function report(kind, turn, sentence, atUs) {
-  send("report", { kind, turn_id: turn.turnId, sentence_seq: sentence, audible_at_us: atUs });
+  send(MSG.REPORT, { kind, turn_id: turn.turnId, sentence_seq: sentence, audible_at_us: atUs });
 }
 
 function onWorklet(msg) {
@@ -180,21 +181,21 @@ function checkPlays() {
 // --- protocol --------------------------------------------------------------------------------------
 function onControl(msg) {
   switch (msg.type) {
-    case "ready":
+    case MSG.READY:
       con.state = "ready";
       con.clock.onReady(msg.server_time_us);
-      for (let i = 0; i < 5; i++) setTimeout(() => send("ping", { t0: performance.now() }), 100 * i);
+      for (let i = 0; i < 5; i++) setTimeout(() => send(MSG.PING, { t0: performance.now() }), 100 * i);
       con.onReady && con.onReady();
       break;
-    case "pong":
+    case MSG.PONG:
       con.clock.onPong(msg);
       break;
-    case "turn_start":
+    case MSG.TURN_START:
       con.turns.set(msg.turn, newTurn(msg.turn, msg.turn_id));
       con.turnIds.set(msg.turn_id, msg.turn);
       render();
       break;
-    case "timeline": {
+    case MSG.TIMELINE: {
       const turn = con.turns.get(msg.turn);
       if (!turn) break;
       const s = sentenceOf(turn, msg.sentence_seq);
@@ -205,7 +206,7 @@ function onControl(msg) {
       render();
       break;
     }
-    case "turn_end": {
+    case MSG.TURN_END: {
       const turn = con.turns.get(msg.turn);
       con.node.port.postMessage({ type: "end", turn: msg.turn });
       if (turn) {
@@ -216,7 +217,7 @@ function onControl(msg) {
       render();
       break;
     }
-    case "stop": {
+    case MSG.STOP: {
       const turn = con.turns.get(msg.turn);
       con.node.port.postMessage({ type: "stop", turn: msg.turn });
       if (turn) {
@@ -225,10 +226,10 @@ function onControl(msg) {
       }
       break;
     }
-    case "skip":
+    case MSG.SKIP:
       setStatus(`skipped sentence ${msg.sentence_seq} of ${msg.turn_id}: this page fell behind`);
       break;
-    case "error":
+    case MSG.ERROR:
       fail(msg.code, msg.message);
       break;
   }
@@ -240,7 +241,7 @@ function connect() {
     ws.binaryType = "arraybuffer";
     con.ws = ws;
     con.onReady = () => { con.onReady = null; resolve(); };
-    ws.onopen = () => send("hello", { session: con.session, token: con.token });
+    ws.onopen = () => send(MSG.HELLO, { session: con.session, token: con.token });
     ws.onmessage = (e) => (typeof e.data === "string" ? onControl(JSON.parse(e.data)) : onAudio(e.data));
     ws.onclose = (e) => {
       con.state = "closed";
@@ -329,9 +330,9 @@ async function bargeIn() {
   con.node.port.postMessage({ type: "stop", turn: turn ? turn.number : null }); // silence now, locally
   if (turn) {
     turn.bargedAtUs = nowUs;
-    send("cancel", { turn_id: turn.turnId, reason: "barge-in" });
+    send(MSG.CANCEL, { turn_id: turn.turnId, reason: "barge-in" });
   } else {
-    send("cancel", { reason: "barge-in" });
+    send(MSG.CANCEL, { reason: "barge-in" });
   }
   if (play) {
     play.barged = true;

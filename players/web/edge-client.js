@@ -3,14 +3,10 @@
 // players/protocol.py), the clock sync with the edge, the AudioWorklet that plays and reports, and
 // the live wave view. An ES module, no build step, no dependencies.
 
-export const PROTOCOL_VERSION = 1;
-export const FRAME_AUDIO = 1;
-export const HEADER_BYTES = 20; // <BBBBIIII: type, version, flags, encoding, turn, sentence, chunk, sample rate
-export const FLAG_LAST_IN_SENTENCE = 0x01;
-export const FLAG_LAST_IN_TURN = 0x02;
-export const FLAG_FIRST_IN_SENTENCE = 0x04;
-export const ENCODING_PCM16LE = 1;
-export const ENCODING_OPUS = 2;
+// The protocol's constants come from players/protocol.py, generated into protocol.js.
+import { FRAME_AUDIO, HEADER_BYTES, PROTOCOL_VERSION } from "./protocol.js";
+
+export * from "./protocol.js";
 export const JITTER_MS = 60;
 
 // An audio frame's header, or null for a frame of another type or protocol version (skipped).

@@ -7,6 +7,7 @@
 import {
   EdgeClock, edgeAllowed, ENCODING_OPUS, FLAG_LAST_IN_TURN, HEADER_BYTES, parseOrigins, PROTOCOL_VERSION,
   parseAudioFrame, pcm16Samples, startAudio as startWorklet, waveView,
+  MSG, CLOSE,
 } from "./edge-client.js";
 
 const $ = (id) => document.getElementById(id);
@@ -70,7 +71,7 @@ function send(type, fields = {}) {
 
 // --- clock sync (edge-client.js: EdgeClock) ---------------------------------------------------
 function ping() {
-  send("ping", { t0: performance.now() });
+  send(MSG.PING, { t0: performance.now() });
 }
 
 // --- audio --------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ function report(kind, turn, sentence, atUs, rendered) {
     r.rendered_samples = rendered.samples;
   }
   player.reports.push(r);
-  send("report", r);
+  send(MSG.REPORT, r);
 }
 
 // Each edge numbers the turns of its connection; the page keeps one number per turn id.
@@ -286,7 +287,7 @@ function postAfterAudio(msg) {
 // --- protocol -----------------------------------------------------------------------------
 function onControl(msg) {
   switch (msg.type) {
-    case "ready":
+    case MSG.READY:
       player.state = "ready";
       player.clientId = msg.client_id;
       player.edge = msg.edge || null;
@@ -302,10 +303,10 @@ function onControl(msg) {
       $("bargein").disabled = false;
       for (let i = 0; i < 5; i++) setTimeout(ping, 100 * i);
       break;
-    case "pong":
+    case MSG.PONG:
       player.clock.onPong(msg);
       break;
-    case "turn_start": {
+    case MSG.TURN_START: {
       let number = player.turnIds.get(msg.turn_id);
       if (number === undefined) {
         number = ++player.turnCount;
@@ -316,13 +317,13 @@ function onControl(msg) {
       renderTimeline();
       break;
     }
-    case "timeline": {
+    case MSG.TIMELINE: {
       const turn = player.turns.get(pageTurn(msg.turn));
       if (turn && !turn.timeline.sent_at_us) turn.timeline = msg; // the turn's first sentence
       renderTimeline();
       break;
     }
-    case "words": {
+    case MSG.WORDS: {
       const turn = player.turns.get(pageTurn(msg.turn));
       if (turn) {
         const known = turn.words.get(msg.sentence_seq) || [];
@@ -331,13 +332,13 @@ function onControl(msg) {
       }
       break;
     }
-    case "turn_end":
+    case MSG.TURN_END:
       postAfterAudio({ type: "end", turn: pageTurn(msg.turn) });
       break;
-    case "stop":
+    case MSG.STOP:
       player.node.port.postMessage({ type: "stop", turn: pageTurn(msg.turn) });
       break;
-    case "redirect": {
+    case MSG.REDIRECT: {
       // This edge does not own the session: the close (4307) that follows sends us to the owner,
       // if the owner's origin is the page's or one the page allows (never the token to another).
       const to = resolveEdgeUrl(msg.url);
@@ -352,13 +353,13 @@ function onControl(msg) {
       }
       break;
     }
-    case "reconnect":
+    case MSG.RECONNECT:
       setStatus(`session moved (${msg.reason}): reconnecting`);
       break;
-    case "skip":
+    case MSG.SKIP:
       setStatus(`skipped sentence ${msg.sentence_seq} of ${msg.turn_id}: this player fell behind`);
       break;
-    case "error":
+    case MSG.ERROR:
       player.errors.push(msg);
       setStatus(`error ${msg.code}: ${msg.message}`);
       break;
@@ -416,7 +417,7 @@ function connect(url) {
     // connection, even one that ended meanwhile, comes after it and is still to be heard
     else if (player.lastFinished) hello.resume = { turn_id: player.lastFinished, sentence_seq: 0, finished: true };
     player.lastHello = hello;
-    send("hello", hello);
+    send(MSG.HELLO, hello);
   };
   ws.onmessage = (e) => (typeof e.data === "string" ? onControl(JSON.parse(e.data)) : onAudio(e.data));
   ws.onclose = (e) => {
@@ -424,21 +425,21 @@ function connect(url) {
     player.state = "closed";
     $("bargein").disabled = true;
     // Every reconnect says hello with resume: the edge replays the turn from the sentence being played.
-    if (e.code === 4307 && player.redirectTo) {
+    if (e.code === CLOSE.REDIRECT && player.redirectTo) {
       const to = player.redirectTo;
       player.edges.redirects.push(to);
       setStatus(`redirected to ${to}`);
       // hops without a ready in between are spaced out (two edges that disagree during a rebalance)
       setTimeout(() => connect(to), player.edges.redirects.length > 3 ? 1000 : 0);
-    } else if (e.code === 4307 && player.redirectRefused !== null) {
+    } else if (e.code === CLOSE.REDIRECT && player.redirectRefused !== null) {
       // the status says which redirect was refused; nothing else is tried (any edge sends us there)
-    } else if (e.code === 1012) {
+    } else if (e.code === CLOSE.SERVICE_RESTART) {
       setStatus("session moved to another edge; reconnecting");
       setTimeout(() => connect(player.edges.entry), 100);
-    } else if (e.code === 1013) {
+    } else if (e.code === CLOSE.TRY_AGAIN_LATER) {
       setStatus(`edge busy (${e.reason}); retrying`);
       setTimeout(() => connect(url), 1000);
-    } else if (e.code === 1006 || e.code === 1001) {
+    } else if (e.code === 1006 || e.code === CLOSE.GOING_AWAY) {
       setStatus(`connection lost (${e.code}); reconnecting`);
       // the edge is gone (or never answered): the next one; any edge redirects to the owner
       setTimeout(() => connect(nextEdge(url)), 500);
@@ -454,7 +455,7 @@ function bargeIn() {
   player.bargeIns.push(Math.round(player.clock.serverNowUs()));
   // Silence now, locally; the edge also sends "stop" and drops what it still has.
   player.node.port.postMessage({ type: "stop", turn: cur ? cur.turn : null });
-  send("cancel", turnId ? { turn_id: turnId, reason: "barge-in" } : { reason: "barge-in" });
+  send(MSG.CANCEL, turnId ? { turn_id: turnId, reason: "barge-in" } : { reason: "barge-in" });
 }
 
 // --- views --------------------------------------------------------------------------------
