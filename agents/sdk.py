@@ -489,24 +489,27 @@ class HeardFollower(Owned):
                 future.cancel()
         self._waiters.clear()
 
-    async def _on_record(self, heard: dict) -> None:
-        import inspect
+    @staticmethod
+    def _key(record: dict) -> tuple:
+        """What a record is kept and waited on by: here (session, turn)."""
+        return (record["session_id"], record["turn_id"])
 
-        key = (heard["session_id"], heard["turn_id"])
-        self._heard[key] = heard
+    async def _on_record(self, record: dict) -> None:
+        key = self._key(record)
+        self._heard[key] = record
         self._heard.move_to_end(key)
         while len(self._heard) > self.keep:
             self._heard.popitem(last=False)
         for future in self._waiters.pop(key, []):
             if not future.done():
-                future.set_result(heard)
+                future.set_result(record)
         for callback in self._callbacks:
             try:
-                result = callback(heard)
+                result = callback(record)
                 if inspect.isawaitable(result):
                     await result
             except Exception:  # noqa: BLE001 - an agent's callback must not stop the follower
-                log.exception("on_heard callback failed for %s/%s", *key)
+                log.exception("%s callback failed for %s/%s", self.name, record["session_id"], record["turn_id"])
 
     def heard(self, session_id: str, turn_id: str) -> dict | None:
         """The TurnHeard of a turn if it was seen already, else None."""
@@ -516,25 +519,29 @@ class HeardFollower(Owned):
         """The TurnHeard of a turn: at once if seen already, else when it comes; `HeardTimeout`
         after `timeout_s` (no player reported the turn: nobody listened, or a player that
         does not send heard reports)."""
-        import asyncio
+        return await self._wait_for((session_id, turn_id), timeout_s, lambda: HeardTimeout(
+            f"no TurnHeard for {session_id}/{turn_id} within {timeout_s:g} s"))
 
+    async def _wait_for(self, key: tuple, timeout_s: float, timeout_error) -> dict:
+        """The record kept under `key`: at once if seen already, else when it comes;
+        ``timeout_error()`` raised after `timeout_s`."""
         if self._follower is None:
-            raise PublisherNotStartedError("use the HeardFollower inside `async with` (or call start() first)")
-        known = self.heard(session_id, turn_id)
+            raise PublisherNotStartedError(f"use the {type(self).__name__} inside `async with` (or call start() first)")
+        known = self._heard.get(key)
         if known is not None:
             return known
         future = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault((session_id, turn_id), []).append(future)
+        self._waiters.setdefault(key, []).append(future)
         try:
             return await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:
-            raise HeardTimeout(f"no TurnHeard for {session_id}/{turn_id} within {timeout_s:g} s") from None
+            raise timeout_error() from None
         finally:
-            waiters = self._waiters.get((session_id, turn_id))
+            waiters = self._waiters.get(key)
             if waiters and future in waiters:
                 waiters.remove(future)
                 if not waiters:
-                    del self._waiters[(session_id, turn_id)]
+                    del self._waiters[key]
 
 
 class FloorTimeout(AgentError, TimeoutError):
@@ -562,23 +569,10 @@ class FloorFollower(HeardFollower):
                  keep: int = 4096) -> None:
         super().__init__(publisher, on_heard=on_event, lookback_s=lookback_s, keep=keep)
 
-    async def _on_record(self, event: dict) -> None:
+    @staticmethod
+    def _key(record: dict) -> tuple:
         # Kept and waited on per (session, turn, event kind): a turn is queued, then granted.
-        key = (event["session_id"], event["turn_id"], str(event["event"]))
-        self._heard[key] = event
-        self._heard.move_to_end(key)
-        while len(self._heard) > self.keep:
-            self._heard.popitem(last=False)
-        for future in self._waiters.pop(key, []):
-            if not future.done():
-                future.set_result(event)
-        for callback in self._callbacks:
-            try:
-                result = callback(event)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:  # noqa: BLE001 - an agent's callback must not stop the follower
-                log.exception("on_event callback failed for %s/%s", event["session_id"], event["turn_id"])
+        return (record["session_id"], record["turn_id"], str(record["event"]))
 
     def events(self, session_id: str, turn_id: str) -> dict[str, dict]:
         """The floor events seen for a turn, by kind (``GRANTED``, ``QUEUED``, ...)."""
@@ -588,20 +582,6 @@ class FloorFollower(HeardFollower):
                    timeout_s: float = 10.0) -> dict:
         """The turn's floor event of kind `event`: at once if seen already, else when it comes;
         `FloorTimeout` after `timeout_s`."""
-        if self._follower is None:
-            raise PublisherNotStartedError("use the FloorFollower inside `async with` (or call start() first)")
-        key = (session_id, turn_id, str(event))
-        if key in self._heard:
-            return self._heard[key]
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append(future)
-        try:
-            return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise FloorTimeout(f"no {event} floor event for {session_id}/{turn_id} within {timeout_s:g} s") from None
-        finally:
-            waiters = self._waiters.get(key)
-            if waiters and future in waiters:
-                waiters.remove(future)
-                if not waiters:
-                    del self._waiters[key]
+        return await self._wait_for((session_id, turn_id, str(event)), timeout_s, lambda: FloorTimeout(
+            f"no {event} floor event for {session_id}/{turn_id} within {timeout_s:g} s"))
+

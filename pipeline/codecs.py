@@ -251,9 +251,8 @@ class Codec:
             known = self._by_fp.get(fp)
             if known is None:
                 raise UnknownFingerprint(f"unknown writer schema fingerprint {fp.hex()}")
-        elif len(data) >= CONFLUENT_HEADER_LEN and data[:1] == CONFLUENT_MAGIC:
+        elif (schema_id := _confluent_schema_id(data)) is not None:
             header_len = CONFLUENT_HEADER_LEN
-            (schema_id,) = struct.unpack(">I", data[1:CONFLUENT_HEADER_LEN])
             known = self._known_by_id(schema_id)
             fp = self._id_fp[schema_id]
         else:
@@ -283,11 +282,11 @@ class Codec:
     def unresolved_schema_id(self, data: Any) -> int | None:
         """The schema id of a Confluent-framed record whose writer schema this codec would have to
         fetch from the registry (a network call) to decode it; None when decoding needs none."""
-        if (self.registry is None or not isinstance(data, (bytes, bytearray, memoryview))
-                or len(data) < CONFLUENT_HEADER_LEN or bytes(data[:1]) != CONFLUENT_MAGIC):
+        if self.registry is None or not isinstance(data, (bytes, bytearray, memoryview)):
             return None
-        (schema_id,) = struct.unpack(">I", bytes(data[1:CONFLUENT_HEADER_LEN]))
-        if schema_id in self._by_id or schema_id in self._missing_ids or schema_id in self._prefetch_errors:
+        schema_id = _confluent_schema_id(bytes(data))
+        if schema_id is None or schema_id in self._by_id or schema_id in self._missing_ids \
+                or schema_id in self._prefetch_errors:
             return None
         return schema_id
 
@@ -359,6 +358,13 @@ class Codec:
             raise OversizedText(
                 f"text field is {len(text.encode('utf-8', 'surrogatepass'))} bytes, limit {self._max_text_bytes}"
             )
+
+
+def _confluent_schema_id(data: bytes) -> int | None:
+    """The schema id of a Confluent-framed record (magic byte 0, a big-endian u32), else None."""
+    if len(data) >= CONFLUENT_HEADER_LEN and data[:1] == CONFLUENT_MAGIC:
+        return struct.unpack(">I", data[1:CONFLUENT_HEADER_LEN])[0]
+    return None
 
 
 def codec_for(settings: "Settings") -> Codec:

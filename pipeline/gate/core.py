@@ -269,12 +269,6 @@ class GateSession:
             return self._settle(self._apply_control(event, now_us), now_us)
         return self._settle(self._apply_text(event, now_us), now_us)
 
-    def apply_text(self, event: dict, now_us: int) -> list[dict]:
-        return self.apply(event, now_us)
-
-    def apply_control(self, event: dict, now_us: int) -> list[dict]:
-        return self.apply(event, now_us)
-
     def _begin(self) -> None:
         self.controls = []
         self.floor_events = []

@@ -119,7 +119,7 @@ class Floor:
             self.recent = None
         if self.holder == turn_id:
             self.holder = None  # cancelled: not `recent`, there is nothing of it left to cut
-            return self._pass(now_us)[0]
+            return self._pass(now_us)
         return []
 
     def waits(self, turn_id: str) -> bool:
@@ -156,9 +156,7 @@ class Floor:
             if turn_id == self.holder:
                 out.append(request)
                 if request.get("is_last_in_turn"):
-                    more, more_cut = self._pass(now_us)
-                    out.extend(more)
-                    cut.extend(more_cut)
+                    out.extend(self._pass(now_us))
             elif self.waits(turn_id):
                 self.held.setdefault(turn_id, []).append(request)
             else:
@@ -184,7 +182,7 @@ class Floor:
         self.holder_priority = priority
         self._event(turn_id, GRANTED, now_us, opened_us)
 
-    def _pass(self, now_us: int) -> tuple[list[dict], list[tuple[str, str]]]:
+    def _pass(self, now_us: int) -> list[dict]:
         """The holder is done: the next waiting turn gets the floor and its held requests go out
         (and the one after it, when the whole next turn was held already)."""
         if self.holder is not None:
@@ -203,7 +201,7 @@ class Floor:
             if any(r.get("is_last_in_turn") for r in held):
                 self.recent = {"turn": nxt["turn"], "priority": nxt["priority"]}
                 self.holder = None
-        return out, []
+        return out
 
     def _event(self, turn_id: str, kind: str, now_us: int, opened_us: int, reason: str = "") -> None:
         self.events.append({"turn_id": turn_id, "event": kind, "at_us": now_us,

