@@ -611,8 +611,14 @@ class GateWorker:
 
         if not (self._stalled or self.monotonic() - self._alive_at > self.session_timeout_s / 2):
             return
+        if not partitions <= self._owned:
+            # The group's expulsion reached the revoke callback first (it drops the partitions at
+            # once, then waits for this batch): with nothing left to commit, the check below
+            # would pass vacuously.
+            self.fenced += 1
+            raise PartitionRevoked(f"fenced after a stall: partitions {sorted(partitions - self._owned)} revoked")
         offsets = {}
-        for p in sorted(partitions & self._owned):
+        for p in sorted(partitions):
             tp = TopicPartition(self.settings.control_topic, p)
             offset = self._control_done.get(p)
             if offset is None:
