@@ -103,7 +103,9 @@ class WrongMessageType(CodecError):
 
 class InvalidMessage(CodecError):
     """Avro accepts the record but it breaks the contract (`voicebus.schemas.contract`): a negative
-    sequence number, a language the pipeline cannot speak, an id too long, ..."""
+    sequence number, a language the pipeline cannot speak, an id too long, ... Its `reason` is
+    ``contract-violation``, or the reason of the contract's `Violation` when every problem of the
+    record has that one (``invalid-voice``: a voice that is not a voice spec)."""
 
     reason = "contract-violation"
 
@@ -352,7 +354,13 @@ class Codec:
     def _check(self, message_type: str, value: Mapping[str, Any]) -> None:
         problems = contract.violations(message_type, value)
         if problems:
-            raise InvalidMessage(f"{message_type}: " + "; ".join(problems))
+            error = InvalidMessage(f"{message_type}: " + "; ".join(problems))
+            # a record whose only kind of problem has a reason of its own (a voice that is no
+            # spec: invalid-voice) is dead-lettered with it; any other is a contract-violation
+            reasons = {getattr(p, "reason", InvalidMessage.reason) for p in problems}
+            if len(reasons) == 1:
+                error.reason = reasons.pop()
+            raise error
         text = value.get("text")
         if isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) > self._max_text_bytes:
             raise OversizedText(

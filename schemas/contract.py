@@ -16,8 +16,15 @@ What is here:
   speaks, and `SEGMENTER_LANGUAGE`: the sentence rules used for each Kokoro code. Only languages
   that both the gate can segment and the engine can phonemize are listed: a language one stage
   accepts and the next cannot speak is how a turn used to wedge;
+- `KOKORO_VOICES`: the 54 voices of Kokoro-82M v1.0 (`VoiceInfo`: language and gender, read
+  from the name), and voice specs (`parse_voice`): a voice is a name or a weighted mix of up to
+  `Limits.max_voice_parts` voices, ``af_heart:0.7+af_bella:0.3``, normalized to a `VoiceMix`
+  with one canonical spelling. The contract checks a spec's syntax only; which voices a worker
+  has (Kokoro's, or packs of its own in its voices directory) is the worker's business;
 - limits (`Limits`): text bytes, id lengths, sequence ranges, sample rates, audio bytes per chunk;
-- `violations(message_type, value)`: the checks (the codec raises `InvalidMessage` with them);
+- `violations(message_type, value)`: the checks (the codec raises `InvalidMessage` with them;
+  a `Violation` with a ``reason`` of its own, such as ``invalid-voice``, gives the dead letter
+  that reason when it is the record's only kind of problem);
 - the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`): an OPUS AudioChunk's
   ``pcm`` holds whole packets, each a 2-byte little-endian length then the packet, the same bytes
   on the bus and in the edge's audio frames (docs/protocol.md).
@@ -26,9 +33,11 @@ What is here:
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
 
 from voicebus import schemas
 
@@ -110,7 +119,11 @@ class Limits:
     max_agent_id_chars: int = 200
     """agent_id: Kafka's legal topic characters, as the agent's text topic is named after it."""
     max_label_chars: int = 1000
-    """Free text meant for people (reason, source, detail, voice name)."""
+    """Free text meant for people (reason, source, detail); a voice spec too is at most this long."""
+    max_voice_parts: int = 4
+    """A voice mix (`parse_voice`) blends at most this many voices."""
+    max_voice_name_chars: int = 64
+    """One voice name of a spec: at most this many characters (`VOICE_NAME`)."""
     max_seq: int = 2**31 - 1
     """sentence_seq and chunk_seq are 0 .. max_seq (Avro int is signed; negatives are refused)."""
     sample_rates: frozenset[int] = frozenset({8000, 16000, 22050, 24000, 32000, 44100, 48000})
@@ -131,7 +144,216 @@ LIMITS = Limits()
 # The values a metric label may take from a ControlEvent's free-text ``source``: what voicebus's
 # own producers write. Any other value is counted as "other", so a writer of the control topic
 # cannot add a metric series per value (20,000 distinct sources once made 20,000 series).
-CANCEL_SOURCES = frozenset({"agent", "edge", "gate", "floor", "console", "openai-adapter", "user", "cli", "bus"})
+CANCEL_SOURCES = frozenset({"agent", "edge", "gate", "floor", "console", "openai-adapter", "openai-speech", "user", "cli",
+                             "bus"})
+
+# --- voices --------------------------------------------------------------------------------------
+
+# Kokoro's language codes (a voice name's first letter), as hexgrad/Kokoro-82M's VOICES.md names
+# them. Only those in `KOKORO_CODES` are spoken by the pipeline; the others are listed so that
+# `voicebus voices` can say what a voice pack is.
+KOKORO_LANGUAGE_NAMES: Mapping[str, str] = MappingProxyType({
+    "a": "American English", "b": "British English", "e": "Spanish", "f": "French", "h": "Hindi",
+    "i": "Italian", "j": "Japanese", "p": "Brazilian Portuguese", "z": "Mandarin Chinese",
+})
+KOKORO_GENDERS: Mapping[str, str] = MappingProxyType({"f": "female", "m": "male"})
+
+# The 54 voices of Kokoro-82M v1.0 (the offline pack's, `voicebus weights prepare`), by language.
+KOKORO_VOICE_NAMES: tuple[str, ...] = (
+    "af_alloy", "af_aoede", "af_bella", "af_heart", "af_jessica", "af_kore", "af_nicole", "af_nova",
+    "af_river", "af_sarah", "af_sky", "am_adam", "am_echo", "am_eric", "am_fenrir", "am_liam",
+    "am_michael", "am_onyx", "am_puck", "am_santa",
+    "bf_alice", "bf_emma", "bf_isabella", "bf_lily", "bm_daniel", "bm_fable", "bm_george", "bm_lewis",
+    "ef_dora", "em_alex", "em_santa",
+    "ff_siwis",
+    "hf_alpha", "hf_beta", "hm_omega", "hm_psi",
+    "if_sara", "im_nicola",
+    "jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo",
+    "pf_dora", "pm_alex", "pm_santa",
+    "zf_xiaobei", "zf_xiaoni", "zf_xiaoxiao", "zf_xiaoyi", "zm_yunjian", "zm_yunxi", "zm_yunxia", "zm_yunyang",
+)
+
+
+@dataclass(frozen=True)
+class VoiceInfo:
+    """What a voice's name says about it (Kokoro names start with the language code and the
+    gender: ``af_heart`` is American English, female)."""
+
+    name: str
+    language: str
+    """The Kokoro code, the name's first letter."""
+    language_name: str
+    """``unknown`` for a code Kokoro does not have (a voice pack of one's own)."""
+    gender: str
+    """``female``, ``male``, or ``?`` when the name's second letter says neither."""
+    spoken: bool
+    """Whether the pipeline speaks the language (`KOKORO_CODES`)."""
+
+
+def describe_voice(name: str) -> VoiceInfo:
+    """`VoiceInfo` read from ``name`` (any name: a pack of one's own gets ``unknown``/``?``)."""
+    code = name[:1]
+    return VoiceInfo(name, code, KOKORO_LANGUAGE_NAMES.get(code, "unknown"), KOKORO_GENDERS.get(name[1:2], "?"),
+                     code in KOKORO_CODES)
+
+
+KOKORO_VOICES: Mapping[str, VoiceInfo] = MappingProxyType({n: describe_voice(n) for n in KOKORO_VOICE_NAMES})
+assert len(KOKORO_VOICES) == 54 and all(
+    v.language in KOKORO_LANGUAGE_NAMES and v.gender != "?" for v in KOKORO_VOICES.values()), "Kokoro-82M v1.0"
+assert set(DEFAULT_VOICES.values()) <= set(KOKORO_VOICES), "each language's default is a Kokoro voice"
+
+# A voice name in a spec: what a voice pack's file name may be (``voices/<name>.pt``): ASCII
+# letters and digits, then also ``_``, ``-`` and ``.``; never ``+``, ``:``, parentheses or spaces.
+VOICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_VOICE_WEIGHT = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+VOICE_WEIGHT_UNITS = 10_000
+"""Normalized weights are kept in steps of 1/10000 (4 decimals), summing to exactly 1: a mix has
+one spelling (`VoiceMix.canonical`), so equal mixes share one cache entry."""
+VOICE_MIX_EXAMPLE = "af_heart:0.7+af_bella:0.3"
+
+
+class InvalidVoice(ValueError):
+    """A voice spec that `parse_voice` cannot read."""
+
+    reason = "invalid-voice"
+
+
+@dataclass(frozen=True)
+class VoiceMix:
+    """A voice: one name, or a blend of several voices' style vectors by weight.
+
+    ``parts`` are (name, weight), the weights normalized to sum to 1 in steps of
+    1/`VOICE_WEIGHT_UNITS`, the heaviest first (ties by name): equal mixes are equal objects
+    with equal `canonical` strings however they were written. Build one with `parse_voice` or
+    `VoiceMix.of`."""
+
+    parts: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, parts: "Iterable[tuple[str, float]]", limits: "Limits | None" = None) -> "VoiceMix":
+        """The mix of ``parts`` (name, weight > 0): names checked, weights normalized;
+        `InvalidVoice` for what a spec could not say either."""
+        limits = limits or LIMITS
+        parts = list(parts)
+        if not parts:
+            raise InvalidVoice("a voice mix needs at least one voice")
+        if len(parts) > limits.max_voice_parts:
+            raise InvalidVoice(f"a voice mix blends at most {limits.max_voice_parts} voices, not {len(parts)}")
+        seen: set[str] = set()
+        for name, weight in parts:
+            if not isinstance(name, str) or not 0 < len(name) <= limits.max_voice_name_chars \
+                    or not VOICE_NAME.fullmatch(name):
+                raise InvalidVoice(f"{_shown(name)} is not a voice name (ASCII letters, digits, '_', '-' and '.', "
+                                   f"at most {limits.max_voice_name_chars} characters)")
+            if name in seen:
+                raise InvalidVoice(f"{name} appears twice in the mix")
+            seen.add(name)
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+                    or not math.isfinite(weight) or weight <= 0:
+                raise InvalidVoice(f"the weight of {name} must be a positive finite number, not {weight!r}")
+        total = math.fsum(w for _, w in parts)
+        if not math.isfinite(total):
+            raise InvalidVoice("the weights of the mix are too large")
+        exact = [w / total * VOICE_WEIGHT_UNITS for _, w in parts]
+        units = [math.floor(x) for x in exact]
+        # largest remainder: the units left over go to the parts that lost the most to the floor
+        order = sorted(range(len(parts)), key=lambda i: (-(exact[i] - units[i]), parts[i][0]))
+        for i in order[:VOICE_WEIGHT_UNITS - sum(units)]:
+            units[i] += 1
+        for (name, _), u in zip(parts, units):
+            if u == 0:
+                raise InvalidVoice(f"the weight of {name} is under 1/{VOICE_WEIGHT_UNITS} of the mix")
+        ranked = sorted(zip(units, (n for n, _ in parts)), key=lambda p: (-p[0], p[1]))
+        return cls(tuple((name, u / VOICE_WEIGHT_UNITS) for u, name in ranked))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.parts)
+
+    @property
+    def single(self) -> str | None:
+        """The voice's name when it is one voice, else None."""
+        return self.parts[0][0] if len(self.parts) == 1 else None
+
+    @property
+    def canonical(self) -> str:
+        """The one spelling of this voice: the name alone for one voice, else
+        ``name:weight+...`` with the weights in at most 4 decimals, heaviest first
+        (``af_heart:0.7+af_bella:0.3``). `parse_voice` reads it back to an equal mix."""
+        if len(self.parts) == 1:
+            return self.parts[0][0]
+        return "+".join(f"{name}:{_weight_text(w)}" for name, w in self.parts)
+
+    def __str__(self) -> str:
+        return self.canonical
+
+
+def _weight_text(weight: float) -> str:
+    units = round(weight * VOICE_WEIGHT_UNITS)
+    return "1" if units >= VOICE_WEIGHT_UNITS else f"0.{units:04d}".rstrip("0")
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + "...'"
+
+
+def parse_voice(spec: str, limits: "Limits | None" = None) -> VoiceMix:
+    """The voice a spec names: ``af_heart``, or a mix of voices with optional weights,
+    ``af_heart:0.7+af_bella:0.3`` (also written ``af_heart(0.7)+af_bella(0.3)``, Kokoro-FastAPI's
+    form; ``af_heart+af_bella`` blends them equally). Weights are positive finite numbers,
+    normalized to sum to 1; at most `Limits.max_voice_parts` voices, each once; spaces around
+    ``+``, ``:`` and the parentheses are allowed. Only the syntax is checked, not whether a
+    worker has the voices (see `KOKORO_VOICES`). `InvalidVoice` says what is wrong."""
+    limits = limits or LIMITS
+    if not isinstance(spec, str):
+        raise InvalidVoice(f"a voice is a string, not {type(spec).__name__}")
+    if len(spec) > limits.max_label_chars:
+        raise InvalidVoice(f"voice spec is longer than {limits.max_label_chars} characters")
+    if not spec.strip():
+        raise InvalidVoice("voice is empty")
+    try:
+        pieces = spec.split("+")
+        if len(pieces) > limits.max_voice_parts:
+            raise InvalidVoice(f"a voice mix blends at most {limits.max_voice_parts} voices, not {len(pieces)}")
+        parts = []
+        for piece in pieces:
+            piece = piece.strip()
+            if not piece:
+                raise InvalidVoice("a '+' with no voice on one side")
+            if piece.endswith(")") and "(" in piece:  # Kokoro-FastAPI's name(weight)
+                name, _, weight_text = piece[:-1].partition("(")
+                name, weight_text = name.strip(), weight_text.strip()
+            elif ":" in piece:
+                name, _, weight_text = piece.partition(":")
+                name, weight_text = name.strip(), weight_text.strip()
+            else:
+                name, weight_text = piece, None
+            if weight_text is None:
+                weight = 1.0
+            elif _VOICE_WEIGHT.fullmatch(weight_text):
+                weight = float(weight_text)
+            else:
+                shown = name if VOICE_NAME.fullmatch(name) else _shown(name)
+                raise InvalidVoice(f"the weight of {shown} must be a positive number, not {_shown(weight_text)}")
+            parts.append((name, weight))
+        return VoiceMix.of(parts, limits)
+    except InvalidVoice as exc:
+        raise InvalidVoice(f"voice {_shown(spec)}: {exc}; a voice is a name or a mix such as "
+                           f"{VOICE_MIX_EXAMPLE}") from None
+
+
+class Violation(str):
+    """A problem `violations` found, with the dead-letter ``reason`` it calls for when it has one
+    of its own (a plain ``str`` problem is a ``contract-violation``)."""
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> "Violation":
+        violation = super().__new__(cls, text)
+        violation.reason = reason
+        return violation
+
 
 # --- the floor (docs/protocol.md, "The floor") ---------------------------------------------------
 
@@ -201,7 +423,9 @@ _AGENT_ID = re.compile(r"[A-Za-z0-9._-]+")
 
 def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIMITS) -> list[str]:
     """Every rule `value` breaks (empty when it is fine). Pure; fields Avro checks are not redone,
-    and the text size is the codec's own check (`OversizedText`, with its setting)."""
+    and the text size is the codec's own check (`OversizedText`, with its setting). A problem
+    with a dead-letter reason of its own is a `Violation` (a voice that is no spec:
+    ``invalid-voice``); the others are plain strings (``contract-violation``)."""
     problems: list[str] = []
 
     def ident(name: str, *, optional: bool = False) -> None:
@@ -228,6 +452,21 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         if not isinstance(v, str) or v.strip().lower() not in LANGUAGES:
             problems.append(f"{name} {v!r} cannot be spoken (known: {', '.join(sorted(LANGUAGES))})")
 
+    def speed() -> None:
+        v = value.get("speed")
+        # not finite (NaN) fails the range check too: NaN compares false with everything
+        if isinstance(v, (int, float)) and not limits.min_speed <= v <= limits.max_speed:
+            problems.append(f"speed {v} is outside {limits.min_speed}..{limits.max_speed}")
+
+    def voice(name: str = "voice") -> None:
+        v = value.get(name)
+        if v is None or v == "" or (isinstance(v, str) and len(v) > limits.max_label_chars):
+            return  # none named (the gate's or worker's default), or too long: `label` says so
+        try:
+            parse_voice(v, limits)
+        except InvalidVoice as exc:
+            problems.append(Violation(str(exc), InvalidVoice.reason))
+
     def agent() -> None:
         v = value.get("agent_id")
         if not isinstance(v, str) or len(v) > limits.max_agent_id_chars or not _AGENT_ID.fullmatch(v):
@@ -243,12 +482,14 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         ident("claim_id", optional=True)
         language(optional=True)
         label("voice")
+        voice()
         floor = value.get("floor")
         if floor is not None and floor not in FLOOR_POLICIES:
             problems.append(f"floor {floor!r} is not one of {', '.join(FLOOR_POLICIES)} (or null)")
         priority = value.get("priority")
         if isinstance(priority, int) and not -limits.max_priority <= priority <= limits.max_priority:
             problems.append(f"priority {priority} is outside -{limits.max_priority}..{limits.max_priority}")
+        speed()
     elif message_type == "ControlEvent":
         ident("turn_id", optional=True)
         ident("after_turn_id", optional=True)
@@ -266,9 +507,8 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         non_negative("sentence_seq", limits.max_seq)
         language()
         label("voice")
-        speed = value.get("speed")
-        if isinstance(speed, (int, float)) and not limits.min_speed <= speed <= limits.max_speed:
-            problems.append(f"speed {speed} is outside {limits.min_speed}..{limits.max_speed}")
+        voice()
+        speed()
     elif message_type == "AudioChunk":
         ident("turn_id")
         non_negative("sentence_seq", limits.max_seq)

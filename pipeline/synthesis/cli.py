@@ -34,7 +34,8 @@ def register(subparsers) -> None:
     synth.add_argument("--text", required=True)
     synth.add_argument("--language", "--lang", dest="language", default=None,
                        help="en (default: settings), es, pt or a Kokoro code a/b/e/p")
-    synth.add_argument("--voice", default=None, help="voice pack name (default: settings.default_voice)")
+    synth.add_argument("--voice", default=None, help="a voice pack's name, or a mix such as af_heart:0.7+af_bella:0.3 "
+                                                     "(default: settings.default_voice)")
     synth.add_argument("--speed", type=float, default=None)
     synth.add_argument("--chunk-ms", type=int, default=None)
     synth.add_argument("--tiny", action="store_true", help="use the tiny random-weight engine (no weights needed)")
@@ -59,9 +60,15 @@ def register(subparsers) -> None:
 
 
 def run_synth(args, settings) -> int:
+    from voicebus.schemas.contract import InvalidVoice, parse_voice
     from voicebus.synthesis.engine import EngineError, SynthesisEngine
     from voicebus.synthesis.weights import WeightsError
 
+    try:
+        parse_voice(args.voice or settings.default_voice)
+    except InvalidVoice as exc:
+        print(f"voicebus synth: {exc}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     try:
         engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings)
@@ -144,7 +151,7 @@ def run_voices(args, settings) -> int:
     from rich.table import Table
 
     from voicebus.synthesis.weights import KOKORO_LANGUAGE_NAMES, voice_catalog
-    from voicebus.schemas.contract import LANGUAGES
+    from voicebus.schemas.contract import LANGUAGES, LIMITS, VOICE_MIX_EXAMPLE
 
     catalog = voice_catalog(settings)
     console = Console()
@@ -164,6 +171,8 @@ def run_voices(args, settings) -> int:
                       f"(VOICEBUS_DEFAULT_VOICE={settings.default_voice}"
                       f"{'' if catalog.fallback == settings.default_voice else ', not available: the first voice by name'})"
                       "; the worker logs it once per voice")
+    console.print("a voice may also be a mix of up to "
+                  f"{LIMITS.max_voice_parts} voices by weight, e.g. {VOICE_MIX_EXAMPLE} (docs/protocol.md, \"Voices\")")
     return 0 if catalog.voices else 1
 
 

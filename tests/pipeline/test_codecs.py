@@ -70,6 +70,11 @@ def values_of(schema) -> st.SearchStrategy:
 
 
 _ID_TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=40)
+# A voice spec (contract.parse_voice): empty (none named), a name, or a mix of up to 4 with weights.
+_VOICE = st.just("") | st.lists(
+    st.tuples(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,15}", fullmatch=True),
+              st.sampled_from(["", ":1", ":0.25", "(2)"])),
+    min_size=1, max_size=4, unique_by=lambda p: p[0]).map(lambda parts: "+".join(n + w for n, w in parts))
 # Fields whose Avro type is wider than the contract (voicebus.schemas.contract) allows, drawn within it.
 CONTRACT_FIELDS = {
     "session_id": _ID_TEXT, "turn_id": _ID_TEXT, "claim_id": st.none() | _ID_TEXT, "client_id": _ID_TEXT,
@@ -94,8 +99,10 @@ def valid_values(name: str) -> st.SearchStrategy:
     fields = {f["name"]: CONTRACT_FIELDS.get(f["name"], values_of(f["type"])) for f in schemas.load(name)["fields"]}
     if name == "TextEvent":
         fields["language"] = st.none() | st.sampled_from(sorted(contract.LANGUAGES))
+        fields["voice"] = st.none() | _VOICE
     if name == "SynthesisRequest":
         fields["language"] = st.sampled_from(sorted(contract.LANGUAGES))
+        fields["voice"] = _VOICE
     if name == "AudioChunk":  # the audio is what its encoding says: samples, or length-prefixed Opus packets
         opus = {**fields, "encoding": st.just("OPUS"), "sample_rate": st.sampled_from(sorted(contract.OPUS_SAMPLE_RATES)),
                 "pcm": st.lists(st.binary(min_size=1, max_size=12), max_size=3).map(contract.pack_opus_packets)}
@@ -164,7 +171,7 @@ def v0_text_event() -> dict:
 
 def test_history_holds_an_older_text_event_with_a_different_fingerprint():
     assert {f["name"] for f in schemas.load("TextEvent")["fields"]} - {f["name"] for f in TEXT_EVENT_V0["fields"]} == {
-        "language", "voice", "floor", "priority"}
+        "language", "voice", "floor", "priority", "speed"}
     assert TEXT_EVENT_V0 in schemas.load_history()
 
 
@@ -179,7 +186,8 @@ def test_new_reader_decodes_an_old_record_by_fingerprint():
     assert decoded.older_writer
     assert decoded.fingerprint != CODEC.fingerprint_of("TextEvent")
     # defaults filled in
-    assert decoded.value == {**v0_text_event(), "language": None, "voice": None, "floor": None, "priority": 0}
+    assert decoded.value == {**v0_text_event(), "language": None, "voice": None, "floor": None, "priority": 0,
+                             "speed": None}
 
 
 def test_old_reader_reads_a_new_record():

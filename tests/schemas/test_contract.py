@@ -96,3 +96,121 @@ def test_a_cancel_cannot_list_unbounded_turns(turn_ids, problem):
         Codec().encode("ControlEvent", event)
     assert caught.value.reason == "contract-violation"
     Codec().encode("ControlEvent", {**event, "turn_ids": [f"t{i}" for i in range(64)]})
+
+
+# --- voices ----------------------------------------------------------------------------------------
+
+
+def test_the_catalog_is_kokoros_54_voices_with_language_and_gender_from_the_name():
+    voices = contract.KOKORO_VOICES
+    assert len(voices) == 54
+    assert voices["af_heart"] == contract.VoiceInfo("af_heart", "a", "American English", "female", True)
+    assert voices["jm_kumo"] == contract.VoiceInfo("jm_kumo", "j", "Japanese", "male", False)
+    assert {v.language for v in voices.values()} == set(contract.KOKORO_LANGUAGE_NAMES) == set("abefhijpz")
+    assert set(contract.DEFAULT_VOICES.values()) <= set(voices)
+    assert all(contract.VOICE_NAME.fullmatch(name) for name in voices)
+    from voicebus.synthesis import weights  # the worker's catalog is the contract's, not a copy
+    assert weights.KOKORO_VOICES is voices and weights.describe_voice is contract.describe_voice
+
+
+@pytest.mark.parametrize("spec, parts, canonical", [
+    ("af_heart", [("af_heart", 1.0)], "af_heart"),
+    ("af_heart:0.7+af_bella:0.3", [("af_heart", 0.7), ("af_bella", 0.3)], "af_heart:0.7+af_bella:0.3"),
+    (" af_bella : 3 +\taf_heart:7 ", [("af_heart", 0.7), ("af_bella", 0.3)], "af_heart:0.7+af_bella:0.3"),
+    ("af_heart(7)+af_bella(3)", [("af_heart", 0.7), ("af_bella", 0.3)], "af_heart:0.7+af_bella:0.3"),
+    ("af_sky+af_bella", [("af_bella", 0.5), ("af_sky", 0.5)], "af_bella:0.5+af_sky:0.5"),
+    ("af_heart:2+af_sky", [("af_heart", 0.6667), ("af_sky", 0.3333)], "af_heart:0.6667+af_sky:0.3333"),
+    ("c+b+a", [("a", 0.3334), ("b", 0.3333), ("c", 0.3333)], "a:0.3334+b:0.3333+c:0.3333"),
+    ("af_heart:0.25", [("af_heart", 1.0)], "af_heart"),  # one voice: its weight says nothing
+    ("my-pack.v2:1e-3+af_heart:.004", [("af_heart", 0.8), ("my-pack.v2", 0.2)], "af_heart:0.8+my-pack.v2:0.2"),
+])
+def test_a_voice_spec_is_normalized_to_one_canonical_mix(spec, parts, canonical):
+    mix = contract.parse_voice(spec)
+    assert mix.parts == tuple(parts) and mix.canonical == str(mix) == canonical
+    assert contract.parse_voice(canonical) == mix
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("", "empty"), ("  ", "empty"),
+    ("af_heart+", "no voice on one side"), ("+af_heart", "no voice on one side"),
+    ("af_heart:0+af_bella", "positive finite"), ("af_heart:-1+af_bella", "positive number"),
+    ("af_heart:nan", "positive number"), ("af_heart:inf", "positive number"), ("af_heart:1e999", "positive finite"),
+    ("af_heart:", "positive number"), ("af_heart:x", "positive number"), ("af_heart:1:2", "positive number"),
+    ("af_heart+af_heart:2", "af_heart appears twice"),
+    ("a+b+c+d+e", "at most 4 voices, not 5"),
+    ("af heart", "not a voice name"), (":0.5", "not a voice name"), ("../x", "not a voice name"),
+    ("x" * 65, "not a voice name"), ("a:1+b:0.00001", "under 1/10000"),
+])
+def test_what_is_not_a_voice_spec_is_refused_with_the_reason(spec, problem):
+    with pytest.raises(contract.InvalidVoice, match=problem) as caught:
+        contract.parse_voice(spec)
+    assert caught.value.reason == "invalid-voice" and isinstance(caught.value, ValueError)
+
+
+def test_any_mix_reads_back_to_itself_whatever_its_order_and_spelling():
+    from hypothesis import given, settings, strategies as st
+
+    names = st.lists(st.sampled_from(sorted(contract.KOKORO_VOICES)), min_size=1, max_size=4, unique=True)
+
+    @settings(max_examples=150, deadline=None)
+    @given(names.flatmap(lambda ns: st.tuples(
+        st.just(ns), st.lists(st.floats(0.1, 10), min_size=len(ns), max_size=len(ns)),
+        st.lists(st.sampled_from(["{n}:{w!r}", "{n} : {w!r}", "{n}({w!r})", " {n}( {w!r} ) "]),
+                 min_size=len(ns), max_size=len(ns)),
+        st.permutations(range(len(ns))))))
+    def check(case):
+        ns, ws, forms, order = case
+        spec = "+".join(forms[i].format(n=ns[i], w=ws[i]) for i in order)
+        mix = contract.parse_voice(spec)
+        total = sum(ws)
+        assert sorted(mix.names) == sorted(ns)
+        assert abs(sum(w for _, w in mix.parts) - 1) < 1e-9
+        for name, weight in mix.parts:
+            assert abs(weight - ws[ns.index(name)] / total) <= 1e-4 or len(ns) == 1
+        assert contract.parse_voice(mix.canonical) == mix  # the canonical spelling is a fixed point
+        same = "+".join(f"{ns[i]}:{ws[i]!r}" for i in range(len(ns)))
+        assert contract.parse_voice(same).canonical == mix.canonical  # order and spelling do not matter
+
+    check()
+
+
+def test_the_wire_refuses_a_voice_that_is_no_spec_with_its_own_reason():
+    codec = Codec()
+    good = dict(session_id="s", turn_id="t", agent_id="agent-1", seq=0, kind="TOKEN", text="Hi.",
+                claim_id=None, language="en", voice="af_heart:0.7+af_bella:0.3", produced_at_us=1)
+    assert codec.decode(codec.encode("TextEvent", good)).value["voice"] == "af_heart:0.7+af_bella:0.3"
+    for voice in (None, "", "nobody", "my_pack+af_heart"):  # none named, or voices a worker may have
+        codec.encode("TextEvent", {**good, "voice": voice})
+    request = dict(session_id="s", turn_id="t", agent_id="a", sentence_seq=0, text="Hi.", language="en",
+                   voice="af_heart+af_bella", speed=1.0, is_last_in_turn=True, first_token_at_us=1,
+                   text_complete_at_us=1, released_at_us=1)
+    codec.encode("SynthesisRequest", request)
+    for message_type, value in (("TextEvent", {**good, "voice": "af_heart:0.7+"}),
+                                ("SynthesisRequest", {**request, "voice": "af_heart:-1"})):
+        with pytest.raises(InvalidMessage, match="voice 'af_heart") as caught:
+            codec.encode(message_type, value)
+        assert caught.value.reason == "invalid-voice"
+    # with another kind of problem too, the record is a plain contract violation
+    with pytest.raises(InvalidMessage, match="seq -1.*voice") as caught:
+        codec.encode("TextEvent", {**good, "voice": "a+a", "seq": -1})
+    assert caught.value.reason == "contract-violation"
+
+
+def test_the_sdk_refuses_a_voice_that_is_no_spec_at_the_source():
+    from voicebus.agents.sdk import InvalidEventError, text_event
+
+    event = dict(session_id="s", turn_id="t", agent_id="a", seq=0, kind="TOKEN", text="Hi.")
+    assert text_event(**event, voice="af_heart(2)+af_sky(1)")["voice"] == "af_heart(2)+af_sky(1)"
+    with pytest.raises(InvalidEventError, match="at most 4 voices"):
+        text_event(**event, voice="a+b+c+d+e")
+
+
+def test_reading_a_hostile_voice_spec_costs_no_time():
+    """Every record is checked on decode: a 1000-character voice must not make a stage backtrack."""
+    import time
+
+    for spec in ("a(" + " " * 990 + "x", " " * 500 + "(" + " " * 490 + ")x", "a:" + "1." * 490, "+" * 999):
+        started = time.perf_counter()
+        with pytest.raises(contract.InvalidVoice):
+            contract.parse_voice(spec)
+        assert time.perf_counter() - started < 0.1, spec[:20]

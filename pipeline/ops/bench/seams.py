@@ -154,7 +154,7 @@ def kokoro_s_own(engine, text: str, language: str, voice: str) -> np.ndarray:
     import torch
 
     (phonemes,) = engine.phonemize(text, language)
-    pack = engine.voice_packs[engine.resolve_voice(voice)]
+    pack = engine.voice_pack(voice)
     with torch.inference_mode():
         return engine.model(phonemes, pack[len(phonemes) - 1].to(engine.device), 1.0).cpu().numpy()
 
@@ -264,7 +264,7 @@ def decode_pair(engine, text: str, language: str, voice: str, other_seed: bool =
     from voicebus.synthesis import kokoro_frames as kf
 
     model = engine.model
-    pack = engine.voice_packs[engine.resolve_voice(voice)]
+    pack = engine.voice_pack(voice)
     phonemes = engine.phonemize(text, language)[0]
     with torch.inference_mode():
         torch.manual_seed(seed)  # the excitation's noise: the same figures run after run

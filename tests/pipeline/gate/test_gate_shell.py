@@ -26,6 +26,7 @@ from voicebus.bus import committed_offsets, ensure_topics, make_consumer, make_p
 from voicebus.codecs import Codec
 from voicebus.gate.app import POSITIONS_KEY, GateStartError, GateWorker
 from voicebus.topics import session_key, text_topic
+from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
 from tests.waiting import eventually
 
@@ -333,6 +334,34 @@ async def test_a_text_record_on_the_wrong_partition_for_its_session_is_dead_lett
     finally:
         await dead.stop()
     assert {dict(r.headers)["voicebus.error.reason"] for r in got} == {b"wrong-partition"}
+
+
+async def test_a_text_event_whose_voice_is_no_voice_spec_is_dead_lettered_and_never_reaches_a_worker(
+        make_settings, workers):
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    gate = await workers(settings)
+    bad = Turn(turn="bad", session="blends", voice="af_heart:0.7+")  # as a producer without our codec writes it
+    good = Turn(turn="good", session="blends", voice="af_heart:0.7+af_bella:0.3")
+    bad_events = bad.tokens("No. ", size=4) + [bad.end()]
+    async with make_producer(settings) as producer:
+        for e in bad_events:
+            await producer.send_and_wait(text_topic(settings, "llm"), foreign_encode("TextEvent", e), key=b"blends")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", good.tokens("Heard in a blend. ") + [good.end()])
+        await requests.until(ended(1), "the good turn")
+    assert [(r["turn_id"], r["voice"]) for r in requests.got] == [("good", "af_heart:0.7+af_bella:0.3")]
+    dead = []
+
+    async def dead_lettered():
+        dead[:] = await read_to_end(settings, [settings.deadletter_topic])
+        return len(dead) >= len(bad_events)
+    await eventually(dead_lettered, what="the bad turn's events dead-lettered")
+    assert [dict(r.headers)["voicebus.error.reason"] for r in dead] == [b"invalid-voice"] * len(bad_events)
+    assert b"af_heart:0.7+" in dict(dead[0].headers)["voicebus.error.message"]
+    assert gate.registry.get_sample_value("voicebus_records_dead_lettered_total",
+                                          {"stage": "gate", "reason": "invalid-voice"}) == len(bad_events)
 
 
 async def test_a_whole_session_cancel_is_resolved_and_published_once(make_settings, workers):

@@ -303,3 +303,62 @@ def test_the_engine_decodes_with_its_folded_generator():
         kokoro = np.frombuffer(b"".join(engine.stream("Good morning, my friend.", "en", "af_heart")), "<i2").astype(int)
         assert len(ours) == len(kokoro) and np.abs(ours - kokoro).max() <= 2
         engine.frame_rate_half = half
+
+
+def test_a_voice_mix_is_the_weighted_sum_of_its_voices_packs_blended_once(tiny_engine: SynthesisEngine):
+    import torch
+
+    packs = tiny_engine.voice_packs
+    mix = tiny_engine.voice_pack("af_heart:0.7 + am_tiny:0.3")
+    assert mix.shape == (510, 1, 256)
+    assert torch.allclose(mix, 0.7 * packs["af_heart"] + 0.3 * packs["am_tiny"])
+    assert tiny_engine.resolve_voice("am_tiny(3)+af_heart(7)") == "af_heart:0.7+am_tiny:0.3"
+    assert tiny_engine.voice_pack("am_tiny(3)+af_heart(7)") is mix  # one canonical spec, blended once
+    assert tiny_engine.voice_pack("af_heart:1") is packs["af_heart"]  # one voice: its own pack, as is
+    four = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
+    assert torch.allclose(tiny_engine.voice_pack("+".join(four)), sum(packs[n] for n in four) / 4, atol=1e-6)
+
+
+def test_the_blended_voices_kept_are_bounded(tiny_engine: SynthesisEngine):
+    from voicebus.synthesis.engine import VOICE_MIX_CACHE
+
+    for i in range(1, VOICE_MIX_CACHE + 5):
+        tiny_engine.voice_pack(f"af_heart:{i}+am_tiny")
+    assert len(tiny_engine._mixes) == VOICE_MIX_CACHE
+    assert "af_heart:0.6667+am_tiny:0.3333" not in tiny_engine._mixes  # the oldest (i=2) went first
+
+
+def test_a_mix_speaks_and_sounds_unlike_its_first_voice(tiny_engine: SynthesisEngine):
+    mixed = tiny_engine.synthesize("hˈI", "af_heart:0.5+am_tiny:0.5")
+    assert len(mixed) > 1000 and mixed != tiny_engine.synthesize("hˈI", "af_heart")
+
+
+def test_a_mix_missing_some_voices_is_spoken_with_the_others_and_one_missing_all_with_the_fallback(
+        tiny_engine: SynthesisEngine, caplog):
+    import dataclasses
+
+    from voicebus.schemas.contract import InvalidVoice
+    from voicebus.synthesis.engine import NoVoices
+
+    caplog.set_level("WARNING", logger="voicebus.synthesis.engine")
+    assert tiny_engine.resolve_voice("af_heart:0.6+zz_gone:0.2+am_tiny:0.2") == "af_heart:0.75+am_tiny:0.25"
+    assert tiny_engine.resolve_voice("zz_gone:0.5+af_heart:0.5") == "af_heart"
+    assert tiny_engine.resolve_voice("zz_gone+zz_also") == tiny_engine.fallback_voice
+    assert [r.getMessage().split(" is not")[0] for r in caplog.records] == [
+        "voice 'zz_gone'", "voice 'zz_gone+zz_also'"]  # each missing voice warned about once
+    strict = dataclasses.replace(tiny_engine, fallback_voice=None)
+    with pytest.raises(NoVoices):
+        strict.resolve_voice("af_heart+zz_gone")
+    assert strict.resolve_voice("af_heart+am_tiny") == "af_heart:0.5+am_tiny:0.5"
+    with pytest.raises(InvalidVoice):
+        tiny_engine.resolve_voice("af_heart:")
+    assert tiny_engine.resolve_voice("") == tiny_engine.fallback_voice  # none named: the fallback
+
+
+def test_the_fallback_voice_may_be_a_mix_of_voices_that_are_there():
+    from voicebus.synthesis.weights import fallback_voice, voice_available
+
+    here = ["af_bella", "af_heart", "jm_kumo"]
+    assert fallback_voice("af_bella(1)+af_heart(3)", here) == "af_heart:0.75+af_bella:0.25"
+    assert fallback_voice("af_heart+af_sky", here) == "af_bella"  # af_sky is not there: the first by name
+    assert voice_available("af_heart+jm_kumo", here) and not voice_available("af_heart+", here)

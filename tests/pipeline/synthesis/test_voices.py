@@ -47,3 +47,14 @@ def test_no_weights_is_a_failure_exit(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VOICEBUS_WEIGHTS_PATH", str(tmp_path / "nothing"))
     assert main(["voices"]) == 1
     assert "none (" in capsys.readouterr().out
+
+
+def test_the_command_tells_of_mixes_and_synth_refuses_a_voice_that_is_no_spec(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VOICEBUS_WEIGHTS_PATH", str(weights_dir(tmp_path, ["af_bella", "af_heart"])))
+    monkeypatch.setenv("VOICEBUS_DEFAULT_VOICE", "af_heart:0.7+af_bella:0.3")
+    assert main(["voices"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "American English (a, en, en-us, en_us): af_heart:0.7+af_bella:0.3 (available)" in out
+    assert "synthesized with af_heart:0.7+af_bella:0.3" in out and "e.g. af_heart:0.7+af_bella:0.3" in out
+    assert main(["synth", "--tiny", "--text", "Hi.", "--voice", "af_heart:0.7+", "--out", str(tmp_path / "x.wav")]) == 2
+    assert "no voice on one side" in capsys.readouterr().err and not (tmp_path / "x.wav").exists()
