@@ -100,12 +100,14 @@ def text_event(
     voice: str | None = None,
     floor: str | None = None,
     priority: int = 0,
+    speed: float | None = None,
     produced_at_us: int | None = None,
 ) -> dict[str, Any]:
     """A TextEvent record (schemas/text_event.avsc), checked for what its kind needs.
 
     `floor` (``queue`` or ``preempt``; None: the gate's policy) and `priority` say how the turn
-    takes the session's floor when another turn is speaking (docs/protocol.md, "The floor")."""
+    takes the session's floor when another turn is speaking (docs/protocol.md, "The floor");
+    `speed` is the turn's speaking rate (None: the gate's default)."""
     if kind not in TEXT_EVENT_KINDS:
         raise InvalidEventError(f"unknown TextEvent kind {kind!r}; expected one of {TEXT_EVENT_KINDS}")
     if kind in EVIDENCE_KINDS and not claim_id:
@@ -126,6 +128,7 @@ def text_event(
         "voice": voice,
         "floor": floor,
         "priority": priority,
+        "speed": None if speed is None else float(speed),
         "produced_at_us": now_us() if produced_at_us is None else produced_at_us,
     })
 
@@ -155,7 +158,7 @@ class TurnEvents:
 
     def __init__(self, session_id: str, turn_id: str, agent_id: str,
                  language: str | None = None, voice: str | None = None, *,
-                 floor: str | None = None, priority: int = 0) -> None:
+                 floor: str | None = None, priority: int = 0, speed: float | None = None) -> None:
         text_topic(Settings(), agent_id)  # validates the agent id early, with a clear message
         self.session_id = session_id
         self.turn_id = turn_id
@@ -164,6 +167,7 @@ class TurnEvents:
         self.voice = voice
         self.floor = floor
         self.priority = priority
+        self.speed = speed
         self.next_seq = 0
         self.ended = False
 
@@ -177,7 +181,7 @@ class TurnEvents:
         event = text_event(
             session_id=self.session_id, turn_id=self.turn_id, agent_id=self.agent_id, seq=self.next_seq,
             kind=kind, text=text, claim_id=claim_id, language=self.language, voice=self.voice,
-            floor=self.floor, priority=self.priority, produced_at_us=produced_at_us,
+            floor=self.floor, priority=self.priority, speed=self.speed, produced_at_us=produced_at_us,
         )
         self.next_seq += 1
         if kind == END_OF_TURN:
@@ -190,7 +194,7 @@ class Publisher(Owned):
 
     `agent_id` is the default agent; `turn(..., agent_id=...)` speaks for another one. Each
     agent's text topic is created (idempotently) the first time this publisher uses it.
-    `voice`, `language`, `floor` and `priority` are the defaults of this publisher's turns (an
+    `voice`, `language`, `floor`, `priority` and `speed` are the defaults of this publisher's turns (an
     agent declares its voice once, so two agents in one session are told apart by ear); a turn
     may override each.
     """
@@ -198,14 +202,15 @@ class Publisher(Owned):
     def __init__(self, settings: Settings, agent_id: str = "assistant", *, codec: Codec | None = None,
                  producer_options: dict[str, Any] | None = None, tracer: StageTracer | None = None,
                  voice: str | None = None, language: str | None = None, floor: str | None = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, speed: float | None = None) -> None:
         text_topic(settings, agent_id)  # validate early
         self.settings = settings
         self.agent_id = agent_id
         self.voice, self.language, self.floor, self.priority = voice, language, floor, priority
+        self.speed = speed
         # the defaults checked once, here, with the contract's message (not at the first turn)
         text_event(session_id="check", turn_id="check", agent_id=agent_id, seq=0, kind=TOKEN, voice=voice,
-                   language=language, floor=floor, priority=priority, produced_at_us=0)
+                   language=language, floor=floor, priority=priority, speed=speed, produced_at_us=0)
         self.codec = codec or codec_for(settings)
         self.tracer = tracer if tracer is not None else tracer_for(settings, "agent")
         self._producer_options = producer_options or {}
@@ -305,12 +310,13 @@ class Publisher(Owned):
 
     def turn(self, session_id: str, turn_id: str | None = None, *, agent_id: str | None = None,
              language: str | None = None, voice: str | None = None, floor: str | None = None,
-             priority: int | None = None) -> "Turn":
+             priority: int | None = None, speed: float | None = None) -> "Turn":
         """A turn of `agent_id` (default: this publisher's agent) for `session_id`; language,
-        voice, floor and priority default to the publisher's."""
+        voice, floor, priority and speed default to the publisher's."""
         events = TurnEvents(session_id, turn_id or new_turn_id(), agent_id or self.agent_id,
                             language or self.language, voice or self.voice, floor=floor or self.floor,
-                            priority=self.priority if priority is None else priority)
+                            priority=self.priority if priority is None else priority,
+                            speed=self.speed if speed is None else speed)
         return Turn(self, events)
 
     def evidence_source(self, session_id: str, turn_id: str, *, agent_id: str) -> "EvidenceSource":

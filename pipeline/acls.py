@@ -12,7 +12,8 @@ hurt only what that topic feeds:
   resolution, a preempted turn);
 * a **worker** reads synthesis and control and writes audio;
 * the **edge** reads audio and control, writes cancels (barge-in), playback reports and what was
-  heard, and keeps the edge directory; it cannot write text or audio;
+  heard, and keeps the edge directory; it cannot write audio, and writes text only as the agent of
+  its speech endpoint (``speech_api_agent_id``, its own text topic; none with ``speech_api`` off);
 * every stage writes dead letters and may describe the fixed topics (to find them at start);
 * nobody but the admin (a super user) creates fixed topics, alters, deletes or reconfigures any.
 """
@@ -94,6 +95,8 @@ def stage_acls(settings: Settings, role: str, principal: str | None = None) -> l
         acls += _topic(who, s.audio_topic, R) + _topic(who, s.control_topic, R, W)
         acls += _topic(who, s.playback_topic, W) + _topic(who, s.heard_topic, W)
         acls += _topic(who, s.edges_topic, R, W) + _group(who, edge_group_id(s))
+        if s.speech_api:  # its speech endpoint speaks as an agent: its own text topic, nothing else
+            acls += agent_acls(s, s.speech_api_agent_id, who)
     else:
         raise ValueError(f"unknown stage role {role!r}: one of {', '.join(STAGE_ROLES)}")
     return sorted(set(acls))

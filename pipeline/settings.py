@@ -402,6 +402,33 @@ class Settings(BaseModel):
     console_max_sessions: int = 64
     """Console sessions kept at once (one per opened page); the oldest idle one is forgotten beyond."""
 
+    # --- the OpenAI-compatible speech endpoint (players/openai_speech.py, docs/openai.md) ---------
+    speech_api: bool = True
+    """Serve ``/v1/audio/speech``, ``/v1/models`` and ``/v1/audio/voices`` on the edge. Each request
+    is a one-shot turn of agent ``speech_api_agent_id`` through the gate and the workers."""
+    api_keys: SecretStr = SecretStr("")
+    """Bearer keys of the speech endpoint, comma-separated (or ``VOICEBUS_API_KEYS_FILE``: a file of
+    them, one per line or comma-separated). A request without one of them gets 401. Empty: the
+    endpoint answers loopback clients only (the demo), and 401 to any other."""
+    speech_api_agent_id: str = "openai-speech"
+    """The agent id (and so the text topic) the speech endpoint's turns are published as."""
+    speech_api_max_input_chars: int = Field(4096, ge=1, le=16_384)
+    """The longest ``input`` the speech endpoint accepts (OpenAI's limit is 4096 characters)."""
+    speech_api_timeout_s: float = Field(60.0, gt=0)
+    """A speech request whose first audio has not arrived after this long is cancelled (504)."""
+
+    @field_validator("default_voice")
+    @classmethod
+    def _voice_spec(cls, value: str) -> str:
+        # checked here: a gate whose default is no voice spec would write requests the contract refuses
+        from voicebus.schemas.contract import InvalidVoice, parse_voice
+
+        try:
+            parse_voice(value)
+        except InvalidVoice as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     @field_validator("opus_frame_ms")
     @classmethod
     def _opus_frame(cls, value: int) -> int:

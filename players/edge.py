@@ -10,7 +10,9 @@ reconnect; a resume of a session that moved here is served from its partition, r
 and replay logic live in the pure `voicebus.players.router.SessionRouter`; this module is the thin shell.
 
 Routes: ``/`` (the web player), ``/web/*`` (its files), ``/ws`` (the protocol of
-`docs/protocol.md`), ``/metrics`` (Prometheus), ``/healthz``.
+`docs/protocol.md`), ``/metrics`` (Prometheus), ``/healthz``, and the OpenAI-compatible speech
+endpoint ``/v1/...`` (`voicebus.players.openai_speech`, unless `Settings.speech_api` is off),
+``/telephony/twilio`` (a phone call, `voicebus.players.telephony`).
 
 Closed by default (docs/edge.md): `make_app` refuses settings that would serve the public default
 secret (or an empty one) beyond loopback (`InsecureEdgeConfig`); ``/metrics`` answers loopback
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import time
 from collections import OrderedDict, deque
@@ -37,14 +38,15 @@ from voicebus import tracing
 from voicebus.bus import farewell, make_consumer, seek_to_beginning_quietly
 from voicebus.clock import now_us
 from voicebus.codecs import codec_for
-from pydantic import SecretStr
-
 from voicebus.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings, reveal
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from voicebus.topics import edge_group_id, partition_of, session_key
 from voicebus.tracing import StageTracer, tracer_for
-from voicebus.players import protocol
+from voicebus.players import openai_speech, protocol, telephony
+from voicebus.players.access import host_allowed, is_loopback_host, origin_allowed  # noqa: F401 - re-exported
 from voicebus.players.auth import TokenError, verify_token
+from voicebus.players.keys import (CLIENTS_KEY, HELLO_TIMEOUT_KEY, LINK_KEY, METRICS_KEY, REPORTS_KEY,  # noqa: F401
+                                   ROUTER_KEY, SENT_TRACES_KEY, SETTINGS_KEY, TRACER_KEY)
 from voicebus.players.heard import HEARD_KINDS, Rendered
 from voicebus.players.metrics import EdgeMetrics
 from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
@@ -58,32 +60,11 @@ WEB_DIR = Path(__file__).parent / "web"
 HELLO_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0  # a stuck client may never read our close frame: abort the transport after this
 
-SETTINGS_KEY = web.AppKey("settings", Settings)
-ROUTER_KEY = web.AppKey("router", SessionRouter)
-METRICS_KEY = web.AppKey("metrics", EdgeMetrics)
-LINK_KEY = web.AppKey("kafka_link", object)  # KafkaLink, or None without Kafka
-REPORTS_KEY = web.AppKey("reports", deque)  # the latest playback reports, newest last
-CLIENTS_KEY = web.AppKey("client_sockets", set)
-HELLO_TIMEOUT_KEY = web.AppKey("hello_timeout_s", float)
-TRACER_KEY = web.AppKey("tracer", StageTracer)
-SENT_TRACES_KEY = web.AppKey("sent_traces", OrderedDict)  # (client, turn, sentence) -> (edge.send context, sent_at_us)
 MAX_SENT_TRACES = 10_000  # sentences whose edge.send context waits for the player's report (tracing on)
 
 
 class InsecureEdgeConfig(RuntimeError):
     """The settings would expose the edge with a secret anyone knows (or none): it refuses to start."""
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a listen address or host name only reaches this machine (``localhost``, 127.0.0.0/8,
-    ``::1``). Empty, ``0.0.0.0``, ``::`` and other names are not."""
-    host = host.strip().strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(settings: Settings) -> None:
@@ -102,44 +83,6 @@ def check_exposure(settings: Settings) -> None:
     if settings.edge_metrics_port and settings.edge_metrics_port == settings.edge_port:
         raise InsecureEdgeConfig(f"{ENV_PREFIX}EDGE_METRICS_PORT must differ from {ENV_PREFIX}EDGE_PORT "
                                  f"({settings.edge_port}); 0 keeps /metrics on the player port for loopback clients")
-
-
-def origin_allowed(origin: str | None, host: str | None, allowed: str) -> bool:
-    """The Origin policy of ``/ws`` (pure): no Origin header (not a browser) passes; the edge's own
-    origin (Origin's host:port equals the request's Host) passes; ``*`` in `allowed` passes all;
-    otherwise an origin must be listed in `allowed` (comma-separated), or, when `allowed` is empty,
-    be a loopback origin (``http://localhost:3000``)."""
-    if origin is None:
-        return True
-    from urllib.parse import urlsplit
-
-    wanted = {o.strip().rstrip("/").lower() for o in allowed.split(",") if o.strip()}
-    origin = origin.strip().rstrip("/").lower()
-    if "*" in wanted or origin in wanted:
-        return True
-    try:
-        parts = urlsplit(origin)
-        netloc, hostname = parts.netloc, parts.hostname or ""
-    except ValueError:
-        return False
-    if host and netloc and netloc == host.lower():
-        return True
-    return not wanted and parts.scheme in ("http", "https") and is_loopback_host(hostname)
-
-
-def host_allowed(host: str | None, secret: str | SecretStr) -> bool:
-    """With the public default secret (a loopback-only edge) the request's ``Host`` must be a
-    loopback name too (``localhost``, ``127.0.0.1``, ``[::1]``), which shuts out DNS rebinding;
-    with a real secret any Host passes (a proxy may forward a public name)."""
-    if reveal(secret) != DEFAULT_EDGE_SECRET:
-        return True
-    from urllib.parse import urlsplit
-
-    try:
-        hostname = urlsplit(f"//{host or ''}").hostname or ""
-    except ValueError:
-        return False
-    return is_loopback_host(hostname)
 
 
 class EdgeStartError(RuntimeError):
@@ -638,6 +581,9 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
         app.router.add_get("/metrics", _loopback_metrics)
     app.router.add_get("/healthz", _healthz)
     app.router.add_static("/web/", WEB_DIR)
+    if settings.speech_api:
+        openai_speech.setup(app)  # after _kafka_ctx: its publisher starts once the link is up
+    telephony.setup(app)
     return app
 
 

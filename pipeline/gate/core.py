@@ -169,6 +169,7 @@ class _Turn:
         self.agent_id: str = state["agent_id"]
         self.language: str = state["language"]
         self.voice: str = state["voice"]
+        self.speed: float | None = state.get("speed")  # the turn's own rate (its first event); None: the default
         self.started_at_us: int = state["started_at_us"]
         self.first_token_at_us: int = state.get("first_token_at_us", -1)
         self.next_seq: int = state.get("next_seq", 0)
@@ -213,6 +214,8 @@ class _Turn:
             "next_seq": self.next_seq, "ended": self.ended, "finished": self.finished,
             "cancelled": self.cancelled,
         }
+        if self.speed is not None:
+            state["speed"] = self.speed
         if self.live:
             state["segmenter"] = self.segmenter.to_state()
             state["evidence"] = self.evidence.to_state()
@@ -491,7 +494,7 @@ class GateSession:
         started = int(event["produced_at_us"])
         cancelled = event["turn_id"] in self._cancelled_turns
         turn = _Turn(self.config, event["turn_id"], {
-            "agent_id": event["agent_id"], "language": language, "voice": voice,
+            "agent_id": event["agent_id"], "language": language, "voice": voice, "speed": event.get("speed"),
             "started_at_us": started, "cancelled": cancelled,
         })
         self._turns[turn.turn_id] = turn
@@ -635,7 +638,7 @@ class GateSession:
         return {
             "session_id": self.session_id, "turn_id": turn.turn_id, "agent_id": turn.agent_id,
             "sentence_seq": seq, "text": text, "language": turn.language, "voice": turn.voice,
-            "speed": self.config.default_speed, "is_last_in_turn": last,
+            "speed": turn.speed if turn.speed is not None else self.config.default_speed, "is_last_in_turn": last,
             "first_token_at_us": turn.first_token_at_us if turn.first_token_at_us >= 0 else turn.started_at_us,
             "text_complete_at_us": complete_us, "released_at_us": now_us, "tentative": False,
         }

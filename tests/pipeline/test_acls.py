@@ -19,8 +19,10 @@ def test_each_stage_writes_only_what_it_produces():
     assert writes(stage_acls(S, "gate")) == {(S.synthesis_topic, L), (S.gate_changelog_topic, L), (S.deadletter_topic, L),
                                              (S.control_topic, L), (S.floor_topic, L)}
     assert writes(stage_acls(S, "worker")) == {(S.audio_topic, L), (S.deadletter_topic, L)}
-    assert writes(stage_acls(S, "edge")) == {(S.control_topic, L), (S.playback_topic, L), (S.heard_topic, L),
-                                             (S.edges_topic, L), (S.deadletter_topic, L)}
+    edge = {(S.control_topic, L), (S.playback_topic, L), (S.heard_topic, L), (S.edges_topic, L), (S.deadletter_topic, L)}
+    assert writes(stage_acls(S.replace(speech_api=False), "edge")) == edge
+    # its speech endpoint speaks as one agent: that agent's text topic and registration, nothing more
+    assert writes(stage_acls(S, "edge")) == edge | {("voicebus.text.openai-speech", L), (S.agents_topic, L)}
 
 
 def test_an_agent_writes_its_own_text_topic_only():

@@ -28,6 +28,7 @@ def test_values_are_parsed_from_the_environment():
     ("VOICEBUS_DEFAULT_LANGUAGE", "xx", "'en'"),
     ("VOICEBUS_OPUS_FRAME_MS", "25", "10, 20, 40 or 60"),
     ("VOICEBUS_DEVICE", "tpu", "auto|cpu|cuda"),
+    ("VOICEBUS_DEFAULT_VOICE", "af_heart:0+af_bella", "weight"),  # the gate would write refused requests
 ])
 def test_a_value_its_field_does_not_allow_is_an_error_naming_the_variable(variable, raw, allowed):
     with pytest.raises(SettingsError) as caught:

@@ -11,7 +11,9 @@ Runs alternate the two modes (A/B in one run, on a noisy 2-core machine) and rep
 the ratio buffered/incremental, the per-stage breakdown, concurrency (sessions at once: time to
 first audio and the silence a player would hit between chunks), the overhead the bus, gate and
 edge add, and the cancel benchmark (cancel sent -> last audio received, chunks of the cancelled
-turn delivered after the cancel).
+turn delivered after the cancel), and the one-shot comparison of `voicebus.ops.bench.oneshot`:
+a whole text at once through the OpenAI-compatible endpoint (first byte of ``/v1/audio/speech``)
+vs the native path (SDK publish, WebSocket listener).
 
 With `--browser`, every measured session also has the real web player open in one headless
 chromium (a page per session, closed after its turn): the page is started and connected before
@@ -46,6 +48,7 @@ from voicebus.cli import add_json_argument, write_json
 from voicebus.clock import now_us
 from voicebus.latency import first_audio_stages, model_ttfa_ms, overhead_ms, summary
 from voicebus.logs import configure_logging
+from voicebus.ops.bench import oneshot as oneshot_bench
 from voicebus.ops.bench.cli import add_stage_log_level, bootstrap_given
 from voicebus.settings import Settings
 from voicebus.schemas.contract import PlaybackKind
@@ -123,8 +126,10 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     runs = args.runs or (3 if args.quick else 7)
     conc_runs = 1 if args.quick else 3
     tag = uuid.uuid4().hex[:6]
+    # the edge's speech endpoint publishes as an agent of the incremental lane (its text prefix)
     base = settings.replace(edge_port=free_port(), control_topic=f"bench-{tag}.control",
-                            audio_topic=f"bench-{tag}.audio", playback_topic=f"bench-{tag}.playback")
+                            audio_topic=f"bench-{tag}.audio", playback_topic=f"bench-{tag}.playback",
+                            text_topic_prefix=f"bench-{tag}.incremental.text.", speech_api=True)
     traced = bool(getattr(args, "tracing", False))
     if traced:  # the edge serves every lane: it traces what carries a trace context (the traced lane's)
         base = base.replace(tracing=True, otlp_protocol="none")
@@ -142,7 +147,7 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     started = time.monotonic()
     # a bench takes minutes: one bar over every measured step, the per-turn lines scroll above it
-    steps = runs * len(lengths) * len(single_modes) + conc_runs * len(concurrency) * 2 + max(2, runs)
+    steps = runs * len(lengths) * len(single_modes) + conc_runs * len(concurrency) * 2 + max(2, runs) + 1
     progress = Progress(TextColumn("bench ttfa"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=True)
     bar = progress.add_task("steps", total=steps)
@@ -173,6 +178,10 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
         for _ in range(max(2, runs)):
             cancels.append(await bench.cancel_once(7))
             progress.advance(bar)
+        texts = [(n, " ".join(SENTENCES[i % len(SENTENCES)] for i in range(n))) for n in lengths]
+        oneshot = await oneshot_bench.measure(stack, stack.lanes["incremental"].settings, texts, runs,
+                                              bench._workers_idle)
+        progress.advance(bar)
     meta = {
         "runs": runs, "lengths": lengths, "concurrency": concurrency, "token_ms": args.token_ms,
         "engine": "tiny random weights" if args.tiny else "Kokoro-82M", "device": getattr(engine, "device", "?"),
@@ -181,6 +190,7 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     if browser is not None:
         meta |= {"browser": "chromium (headless, web player)", "page_errors": browser.errors[:20]}
     results = summarise(samples, conc, cancels, meta)
+    results["oneshot"] = oneshot_bench.summarise(oneshot)
     if traced:
         on, off = tracing_path_cost_us(), tracing_path_cost_us(enabled=False)
         results["tracing_path_cost_us"] = summary(on["wall"])
@@ -649,6 +659,8 @@ def markdown_table(results: dict) -> str:
         lines[-1:] = [(f"In the browser (barge-in once the page was audible): cancel sent -> the page's worklet renders "
                        f"silence p50 {sil['p50']:.0f} ms, p95 {sil['p95']:.0f} ms ({c['page_silence_reported']} runs reported); "
                        f"loud render quanta after the stop: {c['page_loud_quanta_after_stop_total']}."), ""]
+    if "oneshot" in results:
+        lines.append(oneshot_bench.markdown(results["oneshot"]))
     return "\n".join(lines)
 
 
@@ -657,7 +669,11 @@ def print_results(results: dict) -> None:
     keys = ("ratio_p50", "overhead_ms") + (("ratio_audible_p50",) if "ratio_audible_p50" in results else ()) + tuple(
         k for k in ("tracing_delta_ms", "tracing_path_cost_us", "tracing_path_cpu_us", "tracing_off_path_cost_us")
         if k in results)
-    print(json.dumps({k: results[k] for k in keys}
+    if "oneshot" in results:
+        keys += ("oneshot",)
+    print(json.dumps({k: results[k] for k in keys if k != "oneshot"}
+                     | ({"oneshot": {k: v for k, v in results["oneshot"].items() if k != "samples"}}
+                        if "oneshot" in results else {})
                      | {m: {k: results[m][k] for k in ("ttfa_ms", "audible_ms") if k in results[m]}
                         for m in ("incremental", "buffered")}))
 

@@ -73,6 +73,20 @@ def test_a_turn_becomes_ordered_requests_with_the_last_flagged():
     assert first["text_complete_at_us"] <= first["released_at_us"]
 
 
+def test_a_turn_speaks_at_its_own_speed_through_a_restart():
+    t = Turn(speed=1.5)
+    session = GateSession("s1", CONFIG)
+    events = t.tokens("Fast words here. Then more words. ") + [t.end()]
+    out = [r for i, e in enumerate(events[:4]) for r in session.apply(e, 5_000 * S + i)]
+    # the speed is in the session's state: a gate that restarts keeps it
+    restored = GateSession.from_state("s1", CONFIG, json.loads(json.dumps(session.to_state())))
+    out += [r for i, e in enumerate(events[4:]) for r in restored.apply(e, 6_000 * S + i)]
+    assert texts(out) == ["Fast words here.", "Then more words."]
+    assert [r["speed"] for r in out] == [1.5, 1.5]
+    other = Turn(turn="t2")
+    assert {r["speed"] for r in run(other.tokens("Normal pace. ") + [other.end()])[0]} == {1.0}
+
+
 def test_a_sentence_is_released_before_the_end_of_turn():
     t = Turn()
     gate = Gate(CONFIG)

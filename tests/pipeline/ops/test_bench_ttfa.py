@@ -119,3 +119,15 @@ def test_a_sentence_released_before_its_confirming_token_did_not_wait_for_it():
     tentative = {"text_complete_at_us": 61_000, "released_at_us": 61_500}
     assert _confirming_token_wait_ms(tentative, tokens) == 0.0
     assert _confirming_token_wait_ms({"text_complete_at_us": 95_000, "released_at_us": 96_000}, tokens) == 0.0
+
+
+def test_the_one_shot_paths_are_summarised_side_by_side():
+    from voicebus.ops.bench import oneshot
+
+    samples = [{"path": p, "sentences": n, "first_audio_ms": ms}
+               for p, base in (("native", 300.0), ("openai", 310.0)) for n in (1, 4) for ms in (base, base + 20)]
+    results = oneshot.summarise(samples)
+    assert results["native"]["first_audio_ms"]["p50"] == 310.0 and results["openai"]["first_audio_ms"]["p50"] == 320.0
+    assert results["openai_minus_native_p50_ms"] == 10.0
+    table = oneshot.markdown(results)
+    assert "/v1/audio/speech" in table and "| 4 sentence(s) |" in table and "+10.0 ms" in table

@@ -3,22 +3,12 @@ timings checked against the sound and against PocketSphinx's forced alignment.""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
+from tests.listening import transcribe, word_error_rate, words
+
 SENTENCES = "The weather is lovely today. Let us take a walk in the park."
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z']+", text.lower())
-
-
-def word_error_rate(reference: list[str], hypothesis: list[str]) -> float:
-    from voicebus.ops.bench.seams import word_errors
-
-    return word_errors(reference, hypothesis) / max(1, len(reference))
 
 
 @pytest.fixture(scope="module")
@@ -35,22 +25,6 @@ def spoken_pieces(real_engine) -> list:
 @pytest.fixture(scope="module")
 def spoken(spoken_pieces) -> bytes:
     return b"".join(p.voiced.pcm for p in spoken_pieces)
-
-
-@pytest.fixture(scope="module")
-def whisper():
-    from voicebus.ops.bench.words import tiny_en_whisper
-
-    return tiny_en_whisper()
-
-
-def transcribe(model, pcm: bytes, sample_rate: int = 24000) -> str:
-    """Whisper's words for 24 kHz PCM16, resampled to the 16 kHz it takes (fed as it is, the
-    speech would be heard 1.5x slower and lower)."""
-    from voicebus.ops.bench.words import GREEDY, at_16khz
-
-    segments, _ = model.transcribe(at_16khz(pcm, sample_rate), language="en", beam_size=1, temperature=GREEDY)
-    return " ".join(s.text for s in segments)
 
 
 @pytest.mark.model
