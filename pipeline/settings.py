@@ -197,12 +197,13 @@ class Settings(BaseModel):
     """Kokoro voice of a turn that names none."""
     default_speed: float = Field(1.0, gt=0)
     """Speech speed of a turn that names none (1.0 = the voice's own pace)."""
-    speculative_release: bool = False
+    speculative_release: bool = True
     """Speculative release (docs/gate.md): a sentence end that is almost certain (``.``, ``?``,
     ``!`` after a word that is no known abbreviation, number or initial) goes to synthesis at
     once, marked tentative, instead of waiting for the next token; the next token confirms or
-    retracts it, and the worker publishes nothing of it until it is confirmed. Off by default:
-    see docs/gate.md for the measured saving and retraction rate."""
+    retracts it, and the worker publishes nothing of it until it is confirmed. On by default
+    (a retracted sentence costs one synthesis and is never heard); docs/gate.md has the measured
+    saving and retraction rate. Off: every sentence waits for the token after its end."""
     first_clause_min_words: int = 8
     """Release a long first sentence early at a clause boundary once it has this many words
     (0 disables it). 8 was chosen by measurement: docs/gate.md."""

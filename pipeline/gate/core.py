@@ -93,7 +93,7 @@ class GateConfig:
     max_buffer_chars: int = 2048
     max_state_bytes: int = 256 * 1024
     idle_expiry_us: int = 3600 * 1_000_000
-    speculative_release: bool = False
+    speculative_release: bool = True
     floor_policy: str = FLOOR_QUEUE
     floor_max_waiting: int = 4
 

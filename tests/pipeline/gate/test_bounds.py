@@ -13,7 +13,7 @@ from voicebus.schemas.contract import LIMITS
 from tests.pipeline.gate.test_core import Turn
 
 S = 1_000_000
-CONFIG = GateConfig.from_settings(Settings())
+CONFIG = GateConfig.from_settings(Settings(speculative_release=False))  # one request per sentence
 
 
 def feed(session, events, t0=5_000 * S):

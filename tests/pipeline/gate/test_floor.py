@@ -10,7 +10,7 @@ from voicebus.gate.core import GateConfig, GateSession
 from voicebus.gate.floor import CUT, GRANTED, PREEMPTING, QUEUED, REFUSED
 from tests.pipeline.gate.test_core import S, Turn, cancel
 
-CONFIG = GateConfig(first_clause_min_words=0)
+CONFIG = GateConfig(first_clause_min_words=0, speculative_release=False)  # one request per sentence
 
 
 def interleave(*turns_events):
@@ -161,7 +161,7 @@ def test_a_cancelled_waiting_turn_never_plays_and_a_cancelled_speaker_passes_the
 
 
 def test_a_turn_beyond_the_waiting_bound_is_refused_with_an_end_and_a_reason():
-    session = GateSession("s1", GateConfig(first_clause_min_words=0, floor_max_waiting=2))
+    session = GateSession("s1", GateConfig(first_clause_min_words=0, floor_max_waiting=2, speculative_release=False))
     speaker = Turn("t0", agent="a0")
     run(session, speaker.tokens("Go on. ", size=7))
     for n in (1, 2):
