@@ -4,17 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.voicebus-installed
 
-.PHONY: setup system-deps venv kafka-jars registry weights demo test bench clean llm test-llm dist
+.PHONY: setup system-deps venv kafka-jars registry weights player-deps player-package demo test bench clean llm test-llm dist
 
-setup: system-deps venv kafka-jars registry weights
+setup: system-deps venv kafka-jars registry weights player-deps
 
 # Java and Maven (the local Kafka broker and its jars), Debian's chromium (the browser tests
-# drive it headless) and docker-compose (validates docker-compose.yml without an engine).
+# drive it headless), docker-compose (validates docker-compose.yml without an engine) and npm
+# (packs the web player's npm package and checks its types).
 # Installed only where missing; needs root or sudo.
 system-deps:
 	@missing=""; \
 	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn >/dev/null 2>&1 || missing="$$missing maven"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	for p in chromium chromium-driver docker-compose; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
@@ -67,10 +69,24 @@ bench: setup
 	$(BIN)/voicebus bench ttfa --quick --json out/ttfa.json
 	$(BIN)/voicebus bench words --json out/words.json
 
+# The web player's npm package (players/web, @voicebus/player): its devDependencies (TypeScript,
+# only to check the package's types: tests/players/test_player_package.py) into the gitignored
+# players/web/node_modules (again only when package.json or package-lock.json changed); its tarball into dist/
+# (`npm install dist/voicebus-player-<version>.tgz` in an app). The test also runs `npm pack`.
+PLAYER_DEPS := players/web/node_modules/.package-lock.json
+player-deps: $(PLAYER_DEPS)
+$(PLAYER_DEPS): players/web/package-lock.json players/web/package.json
+	cd players/web && npm ci --no-audit --no-fund --prefer-offline
+	touch $(PLAYER_DEPS)
+
+player-package:
+	mkdir -p dist
+	cd players/web && npm pack --pack-destination ../../dist
+
 # The sdist and the wheel into dist/ (tests/test_dist.py installs the wheel into fresh environments).
 dist: venv
 	rm -rf dist
 	$(BIN)/uv build -q --out-dir dist .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis out dist
+	rm -rf $(VENV) .pytest_cache .hypothesis out dist players/web/node_modules

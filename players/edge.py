@@ -580,6 +580,9 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
     if not settings.edge_metrics_port:
         app.router.add_get("/metrics", _loopback_metrics)
     app.router.add_get("/healthz", _healthz)
+    # the npm package's devDependencies (players/web/node_modules, a checkout's type checker) are
+    # nobody's business: matched first, so the static route never serves them
+    app.router.add_get("/web/node_modules/{tail:.*}", _not_served)
     app.router.add_static("/web/", WEB_DIR)
     if settings.speech_api:
         openai_speech.setup(app)  # after _kafka_ctx: its publisher starts once the link is up
@@ -597,6 +600,10 @@ async def _kafka_ctx(app: web.Application) -> AsyncIterator[None]:
     app[LINK_KEY] = link
     yield
     await link.stop()
+
+
+async def _not_served(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()
 
 
 async def _close_clients(app: web.Application) -> None:

@@ -254,48 +254,79 @@ _INTEGER_FIELDS = {"audible_at_us": 2**63, "sentence_seq": LIMITS.max_seq + 1,
 # --- the same constants for the JavaScript players -------------------------------------------------
 
 JS_MODULE = Path(__file__).parent / "web" / "protocol.js"
+TS_DECLARATIONS = JS_MODULE.with_suffix(".d.ts")  # its types, for the npm package (players/web/package.json)
+_GENERATED = ("// Generated from players/protocol.py by `python -m voicebus.players.protocol --write-js`: do not\n"
+              "// edit. The player protocol's constants (docs/protocol.md), the same on both sides.\n")
+
+
+def _constants() -> list[tuple[str, Any, str]]:
+    """(name, value, comment) of every constant both files declare, in order; a dict value is a
+    frozen object of its keys."""
+    messages = {name: value for name, value in globals().items()
+                if isinstance(value, str) and value in SERVER_MESSAGE_TYPES | CLIENT_MESSAGE_TYPES and name.isupper()}
+    closes = {name.removeprefix("CLOSE_"): value for name, value in globals().items()
+              if name.startswith("CLOSE_") and isinstance(value, int)}
+    return [
+        ("PROTOCOL_VERSION", PROTOCOL_VERSION, ""),
+        ("FRAME_AUDIO", FRAME_AUDIO, ""),
+        ("HEADER_BYTES", AUDIO_HEADER_LEN, "<BBBBIIII: type, version, flags, encoding, turn, sentence, chunk, sample rate"),
+        ("FLAG_LAST_IN_SENTENCE", FLAG_LAST_IN_SENTENCE, ""),
+        ("FLAG_LAST_IN_TURN", FLAG_LAST_IN_TURN, ""),
+        ("FLAG_FIRST_IN_SENTENCE", FLAG_FIRST_IN_SENTENCE, ""),
+        ("ENCODING_PCM16LE", ENCODING_PCM16LE, ""),
+        ("ENCODING_OPUS", ENCODING_OPUS, ""),
+        ("MAX_TEXT_FRAME_BYTES", MAX_TEXT_FRAME_BYTES, ""),
+        ("MSG", dict(sorted(messages.items())), "message types (the JSON text frames' `type`)"),
+        ("CLOSE", dict(sorted(closes.items(), key=lambda kv: kv[1])), "close codes"),
+        ("REPORT_KIND", {k.value: k.value for k in PlaybackKind}, "a report's `kind` (the PlaybackReport schema's enum)"),
+    ]
 
 
 def javascript_module() -> str:
     """``players/web/protocol.js``: the protocol's constants for the browser players, generated
     from this module (``python -m voicebus.players.protocol --write-js``; a test checks that the
     file in the tree is what this returns), so the two sides cannot drift apart."""
-    def obj(pairs: dict[str, Any]) -> str:
-        return "Object.freeze({\n" + "".join(f"  {k}: {json.dumps(v)},\n" for k, v in pairs.items()) + "})"
+    lines = [_GENERATED]
+    for name, value, comment in _constants():
+        if isinstance(value, dict):
+            body = "".join(f"  {k}: {json.dumps(v)},\n" for k, v in value.items())
+            lines.append(f"// {comment}\nexport const {name} = Object.freeze({{\n{body}}});")
+        else:
+            lines.append(f"export const {name} = {json.dumps(value)};" + (f" // {comment}" if comment else ""))
+    return "\n".join(lines) + "\n"
 
-    messages = {name: value for name, value in globals().items()
-                if isinstance(value, str) and value in SERVER_MESSAGE_TYPES | CLIENT_MESSAGE_TYPES and name.isupper()}
-    closes = {name.removeprefix("CLOSE_"): value for name, value in globals().items()
-              if name.startswith("CLOSE_") and isinstance(value, int)}
-    lines = [
-        "// Generated from players/protocol.py by `python -m voicebus.players.protocol --write-js`: do not",
-        "// edit. The player protocol's constants (docs/protocol.md), the same on both sides.",
-        "",
-        f"export const PROTOCOL_VERSION = {PROTOCOL_VERSION};",
-        f"export const FRAME_AUDIO = {FRAME_AUDIO};",
-        f"export const HEADER_BYTES = {AUDIO_HEADER_LEN}; // <BBBBIIII: type, version, flags, encoding, turn, sentence, chunk, sample rate",
-        f"export const FLAG_LAST_IN_SENTENCE = {FLAG_LAST_IN_SENTENCE};",
-        f"export const FLAG_LAST_IN_TURN = {FLAG_LAST_IN_TURN};",
-        f"export const FLAG_FIRST_IN_SENTENCE = {FLAG_FIRST_IN_SENTENCE};",
-        f"export const ENCODING_PCM16LE = {ENCODING_PCM16LE};",
-        f"export const ENCODING_OPUS = {ENCODING_OPUS};",
-        f"export const MAX_TEXT_FRAME_BYTES = {MAX_TEXT_FRAME_BYTES};",
-        f"// message types (the JSON text frames' `type`)\nexport const MSG = {obj(dict(sorted(messages.items())))};",
-        f"// close codes\nexport const CLOSE = {obj(dict(sorted(closes.items(), key=lambda kv: kv[1])))};",
-        f"// a report's `kind` (the PlaybackReport schema's enum)\nexport const REPORT_KIND = {obj({k.value: k.value for k in PlaybackKind})};",
-        "",
+
+def typescript_declarations() -> str:
+    """``players/web/protocol.d.ts``: the types of ``protocol.js`` (each constant its literal
+    value), for the npm package's TypeScript users; generated and checked with it."""
+    lines = [_GENERATED]
+    for name, value, comment in _constants():
+        if isinstance(value, dict):
+            body = "".join(f"  readonly {k}: {json.dumps(v)};\n" for k, v in value.items())
+            lines.append(f"/** {comment} */\nexport declare const {name}: {{\n{body}}};")
+        else:
+            lines.append((f"/** {comment} */\n" if comment else "") + f"export declare const {name}: {json.dumps(value)};")
+    lines += [
+        "/** a control message's `type` */",
+        "export type MessageType = (typeof MSG)[keyof typeof MSG];",
+        "/** a close code the edge sends */",
+        "export type CloseCode = (typeof CLOSE)[keyof typeof CLOSE];",
+        "/** a playback report's `kind` */",
+        "export type ReportKind = (typeof REPORT_KIND)[keyof typeof REPORT_KIND];",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m voicebus.players.protocol")
-    parser.add_argument("--write-js", action="store_true", help=f"write {JS_MODULE.name} beside the web player")
+    parser.add_argument("--write-js", action="store_true",
+                        help=f"write {JS_MODULE.name} and {TS_DECLARATIONS.name} beside the web player")
     args = parser.parse_args(argv)
     if args.write_js:
         JS_MODULE.write_text(javascript_module(), encoding="utf-8")
+        TS_DECLARATIONS.write_text(typescript_declarations(), encoding="utf-8")
     else:
         print(javascript_module(), end="")
     return 0

@@ -4,11 +4,7 @@
 // build step, no dependencies. The console key comes from the URL fragment (#k=...), which never
 // reaches a server log; it goes to the edge only in a request header.
 
-import {
-  EdgeClock, ENCODING_PCM16LE, FLAG_LAST_IN_TURN, PROTOCOL_VERSION, parseAudioFrame, pcm16Samples,
-  startAudio as startWorklet, waveView,
-  MSG, CLOSE,
-} from "./edge-client.js";
+import { createPlayer, waveView } from "./index.js";
 
 const PLAY_TIMEOUT_MS = 180000;
 const KEY_HEADER = "X-Voicebus-Console-Key";
@@ -31,9 +27,10 @@ const con = (window.voicebusConsole = {
   session: null,
   token: null,
   conversations: [],
-  clock: new EdgeClock(), // the edge's clock
-  turns: new Map(), // edge turn number -> turn (see newTurn)
-  turnIds: new Map(), // turn id -> edge turn number
+  player: null, // the player (index.js) once audio started: the connection, the worklet, the edge's clock
+  clock: null, // the edge's clock (the player's)
+  turns: new Map(), // the player's turn number -> turn (see newTurn)
+  turnIds: new Map(), // turn id -> the player's turn number
   expected: new Map(), // turn id -> {mode, play} for turns this page published
   plays: [], // {mode, play, turnIds, ttfaMs, done}
   results: { buffered: null, incremental: null },
@@ -41,9 +38,6 @@ const con = (window.voicebusConsole = {
   busy: false,
   errors: [],
   stats: {},
-  ctx: null,
-  node: null,
-  ws: null,
 });
 
 function setStatus(text, error = false) {
@@ -67,65 +61,81 @@ async function api(path, body = {}) {
   return data;
 }
 
-function send(type, fields = {}) {
-  if (con.ws && con.ws.readyState === WebSocket.OPEN) con.ws.send(JSON.stringify({ type, v: PROTOCOL_VERSION, ...fields }));
-}
-
-// --- audio (edge-client.js: the worklet, the edge's clock) -----------------------------------------
-async function startAudio() {
-  Object.assign(con, await startWorklet(onWorklet));
-}
-
-function contextTimeToServerUs(contextTime) {
-  return con.clock.contextTimeToServerUs(con.ctx, contextTime);
-}
-
-function report(kind, turn, sentence, atUs) {
-  send(MSG.REPORT, { kind, turn_id: turn.turnId, sentence_seq: sentence, audible_at_us: atUs });
-}
-
-function onWorklet(msg) {
-  const turn = con.turns.get(msg.turn);
-  if (msg.type === "wave") {
-    con.stats = msg.stats;
-    drawWave(msg.wave);
-    return;
-  }
-  if (!turn) return;
-  if (msg.type === "playing") {
-    con.current = { turn: msg.turn, sentence: msg.sentence };
+// --- the player (index.js): the connection to this edge, the worklet, the edge's clock -------------
+// It reports each turn's audible start and, when the turn ends or stops, how far it was rendered.
+function newPlayer() {
+  const player = createPlayer({ session: con.session, token: con.token });
+  Object.assign(con, { player, clock: player.clock });
+  player.on("wave", ({ wave, stats }) => {
+    con.stats = stats;
+    drawWave(wave);
+  });
+  player.on("playing", ({ turn, sentenceSeq }) => {
+    if (!con.turns.has(turn)) return;
+    con.current = { turn, sentence: sentenceSeq };
     render();
-  } else if (msg.type === "sentence_audible") {
-    sentenceOf(turn, msg.sentence).audibleAtUs = contextTimeToServerUs(msg.time);
+  });
+  player.on("sentenceaudible", ({ turn, sentenceSeq, atUs }) => {
+    if (!con.turns.has(turn)) return;
+    sentenceOf(con.turns.get(turn), sentenceSeq).audibleAtUs = atUs;
     render();
-  } else if (msg.type === "audible") {
-    turn.audibleAtUs = contextTimeToServerUs(msg.time);
-    report("AUDIBLE_START", turn, msg.sentence, turn.audibleAtUs);
-    finishTtfa(turn);
+  });
+  player.on("audible", ({ turn, atUs }) => {
+    const t = con.turns.get(turn);
+    if (!t) return;
+    t.audibleAtUs = atUs;
+    finishTtfa(t);
     render();
-  } else if (msg.type === "ended") {
-    report("PLAYBACK_END", turn, 0, contextTimeToServerUs(msg.frame / con.ctx.sampleRate));
-    turnDone(turn);
-  } else if (msg.type === "stopped") {
-    report("STOPPED", turn, 0, contextTimeToServerUs(msg.frame / con.ctx.sampleRate));
-    turnDone(turn);
-  }
-}
-
-function onAudio(buffer) {
-  const frame = parseAudioFrame(buffer);
-  // the console plays PCM16 only; Opus: the web player (docs/protocol.md)
-  if (!frame || frame.encoding !== ENCODING_PCM16LE) return;
-  const { flags, turn: number, sentence } = frame;
-  const samples = pcm16Samples(buffer);
-  const turn = con.turns.get(number);
-  if (turn) {
-    const s = sentenceOf(turn, sentence);
-    s.samples += samples.length;
-    turn.samples += samples.length;
-  }
-  con.node.port.postMessage({ type: "chunk", turn: number, sentence, samples }, [samples.buffer]);
-  if (flags & FLAG_LAST_IN_TURN) con.node.port.postMessage({ type: "end", turn: number });
+  });
+  player.on("turnend", ({ turn, stopped }) => {
+    const t = con.turns.get(turn);
+    if (!t) return;
+    if (stopped) t.stopped = true;
+    turnDone(t);
+  });
+  player.on("audio", ({ turn, sentenceSeq, samples }) => {
+    const t = con.turns.get(turn);
+    if (!t) return;
+    sentenceOf(t, sentenceSeq).samples += samples;
+    t.samples += samples;
+  });
+  player.on("turnstart", ({ turn, turnId }) => {
+    con.turns.set(turn, newTurn(turn, turnId));
+    con.turnIds.set(turnId, turn);
+    render();
+  });
+  player.on("timeline", ({ turn, sentenceSeq, timeline }) => {
+    const t = con.turns.get(turn);
+    if (!t) return;
+    const s = sentenceOf(t, sentenceSeq);
+    s.timeline = timeline;
+    if (!t.firstTokenAtUs && timeline.first_token_at_us) t.firstTokenAtUs = timeline.first_token_at_us;
+    if (t.bargedAtUs && timeline.synthesis_started_at_us > t.bargedAtUs + 20000) t.lateSentences += 1;
+    finishTtfa(t);
+    render();
+  });
+  player.on("turnreceived", ({ turn }) => {
+    const t = con.turns.get(turn);
+    if (t) {
+      t.ended = true;
+      // Normally the worklet says "ended" once the last sample played; never wait forever for it.
+      setTimeout(() => turnDone(t), 2000 + (1000 * t.samples) / 24000);
+    }
+    render();
+  });
+  player.on("skip", ({ turnId, sentenceSeq }) => setStatus(`skipped sentence ${sentenceSeq} of ${turnId}: this page fell behind`));
+  player.on("error", ({ code, message }) => fail(code, message));
+  player.on("ready", () => {
+    con.state = "ready";
+    con.onReady && con.onReady();
+  });
+  player.on("close", ({ code, reason, reconnect }) => {
+    con.state = reconnect ? "connecting" : "closed";
+    if (con.onReady && !reconnect) con.onReady(new Error(`the edge closed the connection: ${code} ${reason}`));
+    else if (!reconnect && code !== 1000) fail("closed", `connection to the edge closed (${code} ${reason}); reload the page`);
+    updateButtons();
+  });
+  return player;
 }
 
 // --- turns and sentences ----------------------------------------------------------------------------
@@ -178,86 +188,24 @@ function checkPlays() {
   }
 }
 
-// --- protocol --------------------------------------------------------------------------------------
-function onControl(msg) {
-  switch (msg.type) {
-    case MSG.READY:
-      con.state = "ready";
-      con.clock.onReady(msg.server_time_us);
-      for (let i = 0; i < 5; i++) setTimeout(() => send(MSG.PING, { t0: performance.now() }), 100 * i);
-      con.onReady && con.onReady();
-      break;
-    case MSG.PONG:
-      con.clock.onPong(msg);
-      break;
-    case MSG.TURN_START:
-      con.turns.set(msg.turn, newTurn(msg.turn, msg.turn_id));
-      con.turnIds.set(msg.turn_id, msg.turn);
-      render();
-      break;
-    case MSG.TIMELINE: {
-      const turn = con.turns.get(msg.turn);
-      if (!turn) break;
-      const s = sentenceOf(turn, msg.sentence_seq);
-      s.timeline = msg;
-      if (!turn.firstTokenAtUs && msg.first_token_at_us) turn.firstTokenAtUs = msg.first_token_at_us;
-      if (turn.bargedAtUs && msg.synthesis_started_at_us > turn.bargedAtUs + 20000) turn.lateSentences += 1;
-      finishTtfa(turn);
-      render();
-      break;
-    }
-    case MSG.TURN_END: {
-      const turn = con.turns.get(msg.turn);
-      con.node.port.postMessage({ type: "end", turn: msg.turn });
-      if (turn) {
-        turn.ended = true;
-        // Normally the worklet says "ended" once the last sample played; never wait forever for it.
-        setTimeout(() => turnDone(turn), 2000 + (1000 * turn.samples) / 24000);
-      }
-      render();
-      break;
-    }
-    case MSG.STOP: {
-      const turn = con.turns.get(msg.turn);
-      con.node.port.postMessage({ type: "stop", turn: msg.turn });
-      if (turn) {
-        turn.stopped = true;
-        turnDone(turn);
-      }
-      break;
-    }
-    case MSG.SKIP:
-      setStatus(`skipped sentence ${msg.sentence_seq} of ${msg.turn_id}: this page fell behind`);
-      break;
-    case MSG.ERROR:
-      fail(msg.code, msg.message);
-      break;
+// Audio starts on the first click (browsers start audio only after a user gesture); resolves on the
+// edge's ready.
+async function ensureConnected() {
+  if (con.state === "ready") return;
+  if (con.state === "closed" && con.player) {
+    con.player.close(); // it gave up (the edge refused it): a new one
+    con.player = null;
   }
-}
-
-function connect() {
-  return new Promise((resolve, reject) => {
-    const ws = new WebSocket(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/ws`);
-    ws.binaryType = "arraybuffer";
-    con.ws = ws;
-    con.onReady = () => { con.onReady = null; resolve(); };
-    ws.onopen = () => send(MSG.HELLO, { session: con.session, token: con.token });
-    ws.onmessage = (e) => (typeof e.data === "string" ? onControl(JSON.parse(e.data)) : onAudio(e.data));
-    ws.onclose = (e) => {
-      con.state = "closed";
-      if (con.onReady) reject(new Error(`the edge closed the connection: ${e.code} ${e.reason}`));
-      else if (e.code !== 1000) fail("closed", `connection to the edge closed (${e.code} ${e.reason}); reload the page`);
-      updateButtons();
+  setStatus("connecting…");
+  const ready = new Promise((resolve, reject) => {
+    con.onReady = (err) => {
+      con.onReady = null;
+      if (err) reject(err);
+      else resolve();
     };
   });
-}
-
-async function ensureConnected() {
-  if (!con.ctx) await startAudio(); // only after a click: browsers start audio on a user gesture
-  if (con.state !== "ready") {
-    setStatus("connecting…");
-    await connect();
-  }
+  if (!con.player) await newPlayer().start();
+  await ready;
 }
 
 // --- actions -----------------------------------------------------------------------------------------
@@ -327,13 +275,9 @@ async function bargeIn() {
   const cur = con.current && con.turns.get(con.current.turn);
   const turn = cur || (play && [...play.turnIds].reverse().map((id) => con.turns.get(con.turnIds.get(id))).find((t) => t && !t.done));
   const nowUs = Math.round(con.clock.serverNowUs());
-  con.node.port.postMessage({ type: "stop", turn: turn ? turn.number : null }); // silence now, locally
-  if (turn) {
-    turn.bargedAtUs = nowUs;
-    send(MSG.CANCEL, { turn_id: turn.turnId, reason: "barge-in" });
-  } else {
-    send(MSG.CANCEL, { reason: "barge-in" });
-  }
+  if (turn) turn.bargedAtUs = nowUs;
+  // silent now, here; the edge stops the turn (or, none known yet, every turn of the session)
+  con.player.cancel(turn ? turn.turnId : undefined);
   if (play) {
     play.barged = true;
     play.bargedAtUs = nowUs;

@@ -1,7 +1,8 @@
-// What every page that listens to an edge shares (the web player, player.js, and the demo console,
-// console.js): the binary audio frame of the player protocol (docs/protocol.md; the Python side is
-// players/protocol.py), the clock sync with the edge, the AudioWorklet that plays and reports, and
-// the live wave view. An ES module, no build step, no dependencies.
+// The building blocks of the player (index.js, which the web player, player.js, and the demo
+// console, console.js, both use): the binary audio frame of the player protocol (docs/protocol.md;
+// the Python side is players/protocol.py), the clock sync with the edge, the AudioWorklet that
+// plays and reports, the live wave view and the edges a player may follow. An ES module, no build
+// step, no dependencies.
 
 // The protocol's constants come from players/protocol.py, generated into protocol.js.
 import { FRAME_AUDIO, HEADER_BYTES, PROTOCOL_VERSION } from "./protocol.js";
@@ -75,14 +76,15 @@ export class EdgeClock {
 }
 
 // The AudioContext and the voicebus-player worklet (worklet.js), started; `onMessage` gets what
-// the worklet reports (playing, audible, position, ended, stopped, underrun, wave).
-export async function startAudio(onMessage) {
+// the worklet reports (playing, audible, position, ended, stopped, underrun, wave). The worklet is
+// loaded from beside this module (`workletUrl` overrides it: a bundler that moves the files).
+export async function startAudio(onMessage, { workletUrl = new URL("./worklet.js", import.meta.url), jitterMs = JITTER_MS } = {}) {
   const ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" });
-  await ctx.audioWorklet.addModule("/web/worklet.js");
+  await ctx.audioWorklet.addModule(String(workletUrl));
   const node = new AudioWorkletNode(ctx, "voicebus-player", {
     numberOfInputs: 0,
     outputChannelCount: [1],
-    processorOptions: { jitterMs: JITTER_MS },
+    processorOptions: { jitterMs },
   });
   node.connect(ctx.destination);
   node.port.onmessage = (e) => onMessage(e.data);

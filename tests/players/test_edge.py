@@ -10,7 +10,7 @@ from aiohttp import WSMsgType
 
 from voicebus.players import protocol
 from voicebus.players.auth import issue_token
-from voicebus.players.edge import CLIENTS_KEY, REPORTS_KEY, ROUTER_KEY
+from voicebus.players.edge import CLIENTS_KEY, REPORTS_KEY, ROUTER_KEY, WEB_DIR
 from voicebus.players.tone import tone_turn
 from tests.players.edge_helpers import (
     SECRET, audio, collect, connect, edge_settings, of_type, running_edge, turn_ended,
@@ -324,3 +324,12 @@ async def test_reports_and_pings_past_their_rate_are_refused_and_counted():
         other, _ = await connect(client, "s1")  # another connection has its own bucket
         await other.send_str(json.dumps({"type": "ping", "v": 1, "t0": 1}))
         assert of_type(await collect(other, lambda m: of_type(m, "pong")), "pong")
+
+
+async def test_the_player_s_files_are_served_and_its_package_s_dev_tools_are_not():
+    async with running_edge(edge_settings(), with_kafka=False) as (_, client):
+        assert (await client.get("/web/index.js")).status == 200
+        # a checkout's players/web/node_modules (the package's type checker, `make player-deps`)
+        assert (WEB_DIR / "node_modules" / ".package-lock.json").exists(), "make player-deps installs it"
+        assert (await client.get("/web/node_modules/.package-lock.json")).status == 404
+        assert (await client.get("/web/node_modules/typescript/package.json")).status == 404
