@@ -12,8 +12,9 @@ hurt only what that topic feeds:
   resolution, a preempted turn);
 * a **worker** reads synthesis and control and writes audio;
 * the **edge** reads audio and control, writes cancels (barge-in), playback reports and what was
-  heard, and keeps the edge directory; it cannot write audio, and writes text only as the agent of
-  its speech endpoint (``speech_api_agent_id``, its own text topic; none with ``speech_api`` off);
+  heard, and keeps the edge directory; it cannot write text or audio. Its OpenAI-compatible speech
+  endpoint publishes as an agent of its own (``speech_api_agent_id``, principal
+  ``User:<speech_api_kafka_username>``), with that agent's rights and no more;
 * every stage writes dead letters and may describe the fixed topics (to find them at start);
 * nobody but the admin (a super user) creates fixed topics, alters, deletes or reconfigures any.
 """
@@ -95,8 +96,6 @@ def stage_acls(settings: Settings, role: str, principal: str | None = None) -> l
         acls += _topic(who, s.audio_topic, R) + _topic(who, s.control_topic, R, W)
         acls += _topic(who, s.playback_topic, W) + _topic(who, s.heard_topic, W)
         acls += _topic(who, s.edges_topic, R, W) + _group(who, edge_group_id(s))
-        if s.speech_api:  # its speech endpoint speaks as an agent: its own text topic, nothing else
-            acls += agent_acls(s, s.speech_api_agent_id, who)
     else:
         raise ValueError(f"unknown stage role {role!r}: one of {', '.join(STAGE_ROLES)}")
     return sorted(set(acls))
@@ -113,9 +112,17 @@ def agent_acls(settings: Settings, agent_id: str, principal: str | None = None) 
     return sorted(set(acls))
 
 
+def speech_api_principal(settings: Settings) -> str:
+    """The principal the edges' speech endpoint publishes as (an agent's: `agent_acls`)."""
+    return f"User:{settings.speech_api_kafka_username or settings.speech_api_agent_id}"
+
+
 def role_acls(settings: Settings, agents: dict[str, str] | None = None) -> list[Acl]:
-    """Every stage's ACLs and those of each agent in `agents` (agent id -> principal)."""
+    """Every stage's ACLs, those of each agent in `agents` (agent id -> principal) and, with the
+    speech endpoint on, those of its agent (`speech_api_principal`)."""
     acls = [a for role in STAGE_ROLES for a in stage_acls(settings, role)]
+    if settings.speech_api:
+        acls += agent_acls(settings, settings.speech_api_agent_id, speech_api_principal(settings))
     for agent_id, principal in (agents or {}).items():
         acls += agent_acls(settings, agent_id, principal)
     return sorted(set(acls))

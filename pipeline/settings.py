@@ -413,6 +413,13 @@ class Settings(BaseModel):
     endpoint answers loopback clients only (the demo), and 401 to any other."""
     speech_api_agent_id: str = "openai-speech"
     """The agent id (and so the text topic) the speech endpoint's turns are published as."""
+    speech_api_kafka_username: str = ""
+    """On a SASL bus: the user the speech endpoint publishes its turns as, an agent principal of
+    its own (`voicebus topics --create` grants ``User:<it>`` that agent's rights), since the edge's
+    own user may not write text. Empty: the edge's user, which a bus with voicebus's ACLs refuses
+    (the endpoint then answers 503 saying so); on a bus without SASL it is not used."""
+    speech_api_kafka_password: SecretStr = SecretStr("")
+    """The password of ``speech_api_kafka_username`` (or ``VOICEBUS_SPEECH_API_KAFKA_PASSWORD_FILE``)."""
     speech_api_max_input_chars: int = Field(4096, ge=1, le=16_384)
     """The longest ``input`` the speech endpoint accepts (OpenAI's limit is 4096 characters)."""
     speech_api_timeout_s: float = Field(60.0, gt=0)

@@ -65,7 +65,7 @@ _KOKORO_NAME = re.compile(r"^[a-z][fm]_[a-z0-9]+$")  # <language><gender>_<name>
 SESSION_HEADER = "X-Voicebus-Session"
 TURN_HEADER = "X-Voicebus-Turn"
 
-PUBLISHER_KEY = web.AppKey("speech_publisher", object)  # voicebus.agents.sdk.Publisher, or None
+DOOR_KEY = web.AppKey("speech_door", object)  # the endpoint's `_Door`
 SPEECH_METRICS_KEY = web.AppKey("speech_metrics", object)
 
 
@@ -226,7 +226,7 @@ class SpeechMetrics:
 
 def setup(app: web.Application) -> None:
     """Add the endpoint's routes and its publisher (started after the edge's Kafka link) to the edge app."""
-    app[PUBLISHER_KEY] = None
+    app[DOOR_KEY] = _Door()
     app[SPEECH_METRICS_KEY] = SpeechMetrics(app[METRICS_KEY].registry)
     app.cleanup_ctx.append(_publisher_ctx)
     app.router.add_post("/v1/audio/speech", _speech)
@@ -234,19 +234,53 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/v1/audio/voices", _voices)
 
 
-async def _publisher_ctx(app: web.Application) -> AsyncIterator[None]:
-    from voicebus.agents.sdk import Publisher
+class _Door:
+    """The endpoint's publisher once started, or why there is none (told to every request)."""
 
+    def __init__(self) -> None:
+        self.publisher: Any = None
+        self.unavailable = "this edge is not connected to the bus"
+
+
+def publisher_settings(settings: Settings) -> Settings:
+    """The settings the endpoint publishes with: on a SASL bus, as its own agent user
+    (`Settings.speech_api_kafka_username`) when one is set; else the edge's."""
+    if settings.kafka_security_protocol.startswith("SASL_") and settings.speech_api_kafka_username:
+        return settings.replace(kafka_sasl_username=settings.speech_api_kafka_username,
+                                kafka_sasl_password=settings.speech_api_kafka_password)
+    return settings
+
+
+async def _publisher_ctx(app: web.Application) -> AsyncIterator[None]:
+    from aiokafka.errors import KafkaError
+
+    from voicebus.agents.sdk import Publisher
+    from voicebus.bus import TopicCreationError
+
+    door = app[DOOR_KEY]
     if app[LINK_KEY] is None:  # an edge without the bus (tests): nothing to publish to
         yield
         return
     settings = app[SETTINGS_KEY]
-    publisher = Publisher(settings, settings.speech_api_agent_id)
-    await publisher.start()  # its text topic exists and the gate knows it before the first request
-    app[PUBLISHER_KEY] = publisher
+    publisher = Publisher(publisher_settings(settings), settings.speech_api_agent_id)
+    try:
+        await publisher.start()  # its text topic exists and the gate knows it before the first request
+    except (KafkaError, TopicCreationError) as exc:
+        # The edge serves its players either way: only this endpoint is off, and says why.
+        await publisher.stop()
+        door.unavailable = (f"the speech endpoint cannot publish as agent {settings.speech_api_agent_id!r} "
+                            f"({type(exc).__name__}: {exc})")
+        if settings.kafka_security_protocol.startswith("SASL_") and not settings.speech_api_kafka_username:
+            door.unavailable += (f"; on a secured bus it publishes as an agent user of its own: set "
+                                 f"{ENV_PREFIX}SPEECH_API_KAFKA_USERNAME and _PASSWORD (docs/openai.md)")
+        log.error("%s", door.unavailable)
+        yield
+        return
+    door.publisher = publisher
     try:
         yield
     finally:
+        door.publisher = None
         await publisher.stop()
 
 
@@ -310,9 +344,10 @@ async def _speech(request: web.Request) -> web.StreamResponse:
     except ApiError:
         metrics.requests.labels("-", "400").inc()
         raise
-    link, publisher = app[LINK_KEY], app[PUBLISHER_KEY]
+    link, door = app[LINK_KEY], app[DOOR_KEY]
+    publisher = door.publisher
     if link is None or publisher is None:
-        raise ApiError(503, "this edge is not connected to the bus", type_="server_error", code="no_bus")
+        raise ApiError(503, door.unavailable, type_="server_error", code="no_bus")
     session_id = owned_session_id(link.owned, link.partitions)
     turn_id = new_turn_id()
     stream = _Stream(request, speech, metrics, received, session_id, turn_id)

@@ -19,10 +19,17 @@ def test_each_stage_writes_only_what_it_produces():
     assert writes(stage_acls(S, "gate")) == {(S.synthesis_topic, L), (S.gate_changelog_topic, L), (S.deadletter_topic, L),
                                              (S.control_topic, L), (S.floor_topic, L)}
     assert writes(stage_acls(S, "worker")) == {(S.audio_topic, L), (S.deadletter_topic, L)}
-    edge = {(S.control_topic, L), (S.playback_topic, L), (S.heard_topic, L), (S.edges_topic, L), (S.deadletter_topic, L)}
-    assert writes(stage_acls(S.replace(speech_api=False), "edge")) == edge
-    # its speech endpoint speaks as one agent: that agent's text topic and registration, nothing more
-    assert writes(stage_acls(S, "edge")) == edge | {("voicebus.text.openai-speech", L), (S.agents_topic, L)}
+    assert writes(stage_acls(S, "edge")) == {(S.control_topic, L), (S.playback_topic, L), (S.heard_topic, L),
+                                             (S.edges_topic, L), (S.deadletter_topic, L)}
+
+
+def test_the_speech_endpoint_publishes_as_an_agent_of_its_own_never_as_the_edge():
+    speech = S.replace(speech_api_kafka_username="tts-door")
+    acls = [a for a in role_acls(speech) if a.principal == "User:tts-door"]
+    assert writes(acls) == {("voicebus.text.openai-speech", Pattern.LITERAL), (S.agents_topic, Pattern.LITERAL),
+                            (S.control_topic, Pattern.LITERAL)}
+    assert not [a for a in role_acls(speech) if a.principal == "User:edge" and a.name.startswith(S.text_topic_prefix)]
+    assert not [a for a in role_acls(S.replace(speech_api=False)) if a.name == "voicebus.text.openai-speech"]
 
 
 def test_an_agent_writes_its_own_text_topic_only():

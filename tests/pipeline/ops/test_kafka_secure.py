@@ -235,3 +235,25 @@ async def test_a_refused_agent_harms_no_one_else(secure_cluster):
                         await turn.token(piece)
             done = await listener.wait_turn_end("t1", timeout=240)
     assert done.duration_s > 0.2 and "forged" not in done.timelines
+
+
+async def test_the_speech_endpoint_speaks_as_an_agent_of_its_own_never_as_the_edge(secure_cluster):
+    """The edge's principal may not write text: its speech endpoint publishes as an agent user
+    of its own. Without one the edge still serves, and the endpoint says what is missing."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from voicebus.players.edge import make_app
+    from voicebus.players.openai_speech import publisher_settings
+
+    edge = role_settings(secure_cluster, "edge", edge_secret="a-real-secret")
+    door = edge.replace(speech_api_kafka_username="agent",
+                        speech_api_kafka_password=secure_cluster.security.password("agent"))
+    await _grant(secure_cluster, door, {})  # grants User:agent the speech agent's rights
+    async with TestClient(TestServer(make_app(edge))) as client:
+        answer = await client.post("/v1/audio/speech", json={"model": "tts-1", "input": "Hi.", "voice": "alloy"})
+        assert answer.status == 503
+        assert "VOICEBUS_SPEECH_API_KAFKA_USERNAME" in (await answer.json())["error"]["message"]
+        assert (await client.get("/healthz")).status == 200  # its players are served all the same
+    async with Publisher(publisher_settings(door), agent_id=door.speech_api_agent_id) as publisher:
+        async with publisher.turn("s-door", "t1", language="en") as turn:
+            await turn.token("Spoken through the door.")
