@@ -3,6 +3,8 @@
 The demo uses it to write each turn's audio to WAV; the benchmarks use it as "the edge client"
 whose first received audio frame ends time to first audio. It records, per turn, when every
 audio frame arrived (local wall clock, epoch µs) and the stage timeline the edge sends with it.
+`Listener.follow` streams one turn as it arrives instead (its audio, word timings and end): the
+framework plugins (`voicebus.agents.pipecat_tts`, `voicebus.agents.livekit_tts`) speak through it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,28 @@ def resolve_edge_url(current: str, target: str) -> str:
     from urllib.parse import urljoin
 
     return urljoin(current, target)
+
+
+# The kinds of `TurnEvent` (`words`, `turn_end` and `stop` are the protocol's message types).
+AUDIO = "audio"
+CLOSED = "closed"  # the connection to the edge ended: nothing more of the turn will come
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    """One thing the edge sent about a followed turn (`Listener.follow`), in the order it came.
+
+    `kind` is `AUDIO` (`pcm`: PCM16LE mono at `sample_rate`, Opus already decoded; `sentence`),
+    ``words`` (`words`: ``{text, start, end}`` in samples from the start of sentence `sentence`'s
+    audio, sent just before the audio that holds them), ``turn_end`` (`reason` when audio is
+    missing), ``stop`` (the turn was cancelled) or `CLOSED`."""
+
+    kind: str
+    pcm: bytes = b""
+    sample_rate: int = 24000
+    sentence: int = 0
+    words: tuple = ()
+    reason: str = ""
 
 
 @dataclass
@@ -116,11 +140,14 @@ class Listener(Owned):
     """Connects to the edge for one session and collects what it hears. Owns its socket and
     reader task: use `async with` or `start()` / `stop()`."""
 
-    def __init__(self, edge_url: str, session_id: str, secret: str, ttl_s: int = 3600) -> None:
+    def __init__(self, edge_url: str, session_id: str, secret: str | None = None, ttl_s: int = 3600, *,
+                 token: str | None = None) -> None:
         self.edge_url = edge_url.rstrip("/")
         self.session_id = session_id
-        self._token = issue_token(secret, session_id, ttl_s)
+        # a token issued elsewhere (`voicebus token`) lets a client listen without the edge secret
+        self._token = token if token is not None else issue_token(secret or "", session_id, ttl_s)
         self.turns: dict[str, HeardTurn] = {}
+        self._followers: dict[str, asyncio.Queue[TurnEvent]] = {}
         self._numbers: dict[int, str] = {}
         self._http: aiohttp.ClientSession | None = None
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -182,6 +209,21 @@ class Listener(Owned):
         finally:
             self._pongs.pop(t0, None)
 
+    def follow(self, turn_id: str) -> "asyncio.Queue[TurnEvent]":
+        """The turn's `TurnEvent`s as they arrive, from now on (call it before the turn's first
+        token is published, so nothing is missed); until `unfollow`."""
+        return self._followers.setdefault(turn_id, asyncio.Queue())
+
+    def unfollow(self, turn_id: str) -> None:
+        """Stop following a turn and forget it (its audio is not kept either)."""
+        self._followers.pop(turn_id, None)
+        self.turns.pop(turn_id, None)
+
+    def _tell(self, turn_id: str | None, event: TurnEvent) -> None:
+        follower = self._followers.get(turn_id) if turn_id is not None else None
+        if follower is not None:
+            follower.put_nowait(event)
+
     async def wait_turn_end(self, turn_id: str, timeout: float) -> HeardTurn:
         async with asyncio.timeout(timeout):
             await self._wait_turn(turn_id)
@@ -207,17 +249,25 @@ class Listener(Owned):
         return self.turns[turn_id]
 
     async def _read(self) -> None:
-        async for msg in self._ws:
-            received = now_us()
-            if msg.type == aiohttp.WSMsgType.BINARY:
-                frame = protocol.decode_audio(msg.data)
-                turn = self._turn(self._numbers.get(frame.turn, str(frame.turn)))
-                if turn.add_frame(received, frame) and turn.timelines:
-                    turn.heard_event.set()
-            elif msg.type == aiohttp.WSMsgType.TEXT:
-                self._on_control(msg.json(), received)
-            else:
-                break
+        try:
+            async for msg in self._ws:
+                received = now_us()
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    frame = protocol.decode_audio(msg.data)
+                    turn = self._turn(self._numbers.get(frame.turn, str(frame.turn)))
+                    if turn.add_frame(received, frame):
+                        if turn.timelines:
+                            turn.heard_event.set()
+                        samples = turn.frames[-1][3]
+                        self._tell(turn.turn_id, TurnEvent(AUDIO, bytes(turn.pcm[len(turn.pcm) - 2 * samples:]),
+                                                           turn.sample_rate, frame.sentence))
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    self._on_control(msg.json(), received)
+                else:
+                    break
+        finally:
+            for follower in self._followers.values():
+                follower.put_nowait(TurnEvent(CLOSED, reason="the connection to the edge ended"))
 
     def _on_control(self, message: dict, received_us: int) -> None:
         mtype = message.get("type")
@@ -229,6 +279,12 @@ class Listener(Owned):
             turn.timelines.setdefault(int(message.get("sentence_seq", message.get("sentence", 0))), message)
             if turn.frames:
                 turn.heard_event.set()
+        elif mtype == protocol.WORDS:
+            turn_id = message.get("turn_id") or self._numbers.get(message.get("turn"))
+            if turn_id in self._followers:
+                self._tell(turn_id, TurnEvent(protocol.WORDS, sample_rate=self._turn(turn_id).sample_rate,
+                                              sentence=int(message.get("sentence_seq", 0)),
+                                              words=tuple(message.get("words") or ())))
         elif mtype == protocol.PONG:
             answered = self._pongs.get(message.get("t0"))
             if answered is not None and not answered.done():
@@ -243,3 +299,4 @@ class Listener(Owned):
                 if mtype == protocol.TURN_END:
                     turn.end_reason = str(message.get("reason") or "")
                 turn.ended_event.set()
+                self._tell(turn.turn_id, TurnEvent(mtype, reason=str(message.get("reason") or "")))
