@@ -12,7 +12,7 @@ and replay logic live in the pure `voicebus.players.router.SessionRouter`; this 
 Routes: ``/`` (the web player), ``/web/*`` (its files), ``/ws`` (the protocol of
 `docs/protocol.md`), ``/metrics`` (Prometheus), ``/healthz``, and the OpenAI-compatible speech
 endpoint ``/v1/...`` (`voicebus.players.openai_speech`, unless `Settings.speech_api` is off),
-``/telephony/twilio`` (a phone call, `voicebus.players.telephony`).
+``/telephony/twilio`` and ``/telephony/telnyx`` (a phone call, `voicebus.players.telephony`).
 
 Closed by default (docs/edge.md): `make_app` refuses settings that would serve the public default
 secret (or an empty one) beyond loopback (`InsecureEdgeConfig`); ``/metrics`` answers loopback

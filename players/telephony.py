@@ -1,6 +1,7 @@
 """The edge's telephony door: a phone call hears a voicebus session over Twilio Media Streams.
 
-`setup(app)` adds ``GET /telephony/twilio`` to an edge app (`voicebus.players.edge.make_app`).
+`setup(app)` adds ``GET /telephony/twilio`` (and ``/telephony/telnyx``, the same protocol in
+Telnyx's framing: `Dialect`) to an edge app (`voicebus.players.edge.make_app`).
 Twilio opens it for a call whose TwiML says ``<Connect><Stream url=".../telephony/twilio">``
 (a bidirectional stream) with ``<Parameter name="session">`` and ``<Parameter name="token">``;
 the session's audio then plays into the call (docs/telephony.md). This module owns, per call:
@@ -33,7 +34,7 @@ import json
 import logging
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Awaitable, Callable, Mapping, Protocol, runtime_checkable
 
 from aiohttp import WSMsgType, web
 
@@ -52,7 +53,7 @@ from voicebus.settings import ENV_PREFIX, Settings
 log = logging.getLogger(__name__)
 
 TWILIO_PATH = "/telephony/twilio"
-PROVIDER = "twilio"
+TELNYX_PATH = "/telephony/telnyx"
 
 MULAW_RATE = 8000  # G.711 on the phone network: 8 kHz, one byte a sample
 FRAME_S = 0.020
@@ -96,7 +97,7 @@ class EdgeLink(Protocol):
 
 
 def setup(app: web.Application) -> None:
-    """Add ``GET /telephony/twilio`` to an edge app from `make_app` (before it starts). Calling
+    """Add ``GET /telephony/twilio`` and ``/telephony/telnyx`` to an edge app from `make_app` (before it starts). Calling
     it again is a no-op."""
     if CALLS_KEY in app:
         return
@@ -105,7 +106,8 @@ def setup(app: web.Application) -> None:
     app[CALLS_KEY] = set()
     app[START_TIMEOUT_KEY] = START_TIMEOUT_S
     app.on_shutdown.append(_close_calls)
-    app.router.add_get(TWILIO_PATH, _twilio)
+    for dialect in DIALECTS:
+        app.router.add_get(dialect.path, _door(dialect))
 
 
 def _link(app: web.Application) -> EdgeLink | None:
@@ -200,7 +202,7 @@ class _Refused(Exception):
 
 
 # --- the door ------------------------------------------------------------------------------------
-def _admit_request(request: web.Request, settings: Settings) -> None:
+def _admit_request(request: web.Request, settings: Settings, path: str) -> None:
     """Browsers are not telephony providers: a request with an ``Origin`` is refused unless
     `edge_allowed_origins` lists it (or ``*``). With the public default secret (a loopback-only
     edge) the ``Host`` must be a loopback name, as on ``/ws`` (DNS rebinding)."""
@@ -209,7 +211,7 @@ def _admit_request(request: web.Request, settings: Settings) -> None:
         allowed = {o.strip().rstrip("/").lower() for o in settings.edge_allowed_origins.split(",") if o.strip()}
         if "*" not in allowed and origin.strip().rstrip("/").lower() not in allowed:
             raise _Refused(protocol.CLOSE_FORBIDDEN_ORIGIN, "origin-not-allowed",
-                           f"origin {origin!r} may not open {TWILIO_PATH} "
+                           f"origin {origin!r} may not open {path} "
                            f"(list it in {ENV_PREFIX}EDGE_ALLOWED_ORIGINS)")
     if not host_allowed(request.host, settings.edge_secret):
         raise _Refused(protocol.CLOSE_FORBIDDEN_ORIGIN, "origin-not-allowed",
@@ -251,8 +253,9 @@ async def _receive_start(ws: web.WebSocketResponse, timeout_s: float) -> dict:
         return message
 
 
-def _stream_of(start: dict) -> tuple[str, str, str, str]:
-    """(streamSid, callSid, session, token) of a ``start`` message, checked."""
+def _twilio_stream(start: dict, query: Mapping[str, str]) -> tuple[str, str, str, str]:
+    """(streamSid, callSid, session, token) of Twilio's ``start``, checked: the session and its
+    token come as the stream's ``<Parameter>``s (Twilio drops a URL's query string)."""
     meta = start.get("start")
     if not isinstance(meta, dict):
         raise _Refused(protocol.CLOSE_PROTOCOL_ERROR, "malformed-frame", "start without its start object")
@@ -273,7 +276,61 @@ def _stream_of(start: dict) -> tuple[str, str, str, str]:
     return stream_sid, str(call_sid)[:64], session, token
 
 
-async def _twilio(request: web.Request) -> web.StreamResponse:
+def _telnyx_stream(start: dict, query: Mapping[str, str]) -> tuple[str, str, str, str]:
+    """(stream_id, call_control_id, session, token) of Telnyx's ``start``, checked: the stream id
+    is beside the start object, the media format is PCMU (G.711 μ-law) at 8 kHz, and the session
+    and its token come in the stream URL's query (``stream_url`` is set per call by the Call
+    Control command that starts the stream) or, where given, as custom parameters."""
+    meta = start.get("start")
+    if not isinstance(meta, dict):
+        raise _Refused(protocol.CLOSE_PROTOCOL_ERROR, "malformed-frame", "start without its start object")
+    stream_id = start.get("stream_id") or meta.get("stream_id")
+    fmt = meta.get("media_format") or {}
+    if not is_valid_id(stream_id) or not isinstance(fmt, dict):
+        raise _Refused(protocol.CLOSE_PROTOCOL_ERROR, "malformed-frame", "start without a valid stream_id")
+    rate = fmt.get("sample_rate", MULAW_RATE)
+    if fmt and (str(fmt.get("encoding")).upper() != "PCMU" or str(rate) != str(MULAW_RATE)
+                or str(fmt.get("channels", 1)) != "1"):
+        raise _Refused(protocol.CLOSE_PROTOCOL_ERROR, "malformed-frame",
+                       f"media format {fmt!r}: this door speaks PCMU, 8000 Hz, mono "
+                       f"(stream_bidirectional_codec PCMU)")
+    params = meta.get("custom_parameters") or {}
+    if isinstance(params, list):  # [{"name": ..., "value": ...}], as the Call Control command takes them
+        params = {p.get("name"): p.get("value") for p in params if isinstance(p, dict)}
+    if not isinstance(params, dict):
+        params = {}
+    session, token = params.get("session") or query.get("session"), params.get("token") or query.get("token")
+    if not is_valid_id(session) or not isinstance(token, str) or not token:
+        raise _Refused(protocol.CLOSE_UNAUTHORIZED, "malformed-token",
+                       "the stream URL's query (or its custom parameters) must carry session and token")
+    return stream_id, str(meta.get("call_control_id") or "")[:64], session, token
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How one provider frames the same protocol: its path on the edge, how its ``start`` names
+    the stream, the session and the token, and the key (if any) under which the messages the edge
+    sends name the stream. Media, marks, clear and stop are the same JSON otherwise."""
+
+    provider: str
+    path: str
+    stream_of: Callable[[dict, Mapping[str, str]], tuple[str, str, str, str]]
+    stream_key: str | None
+
+
+TWILIO = Dialect("twilio", TWILIO_PATH, _twilio_stream, "streamSid")
+TELNYX = Dialect("telnyx", TELNYX_PATH, _telnyx_stream, None)
+DIALECTS = (TWILIO, TELNYX)
+
+
+def _door(dialect: Dialect) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def door(request: web.Request) -> web.StreamResponse:
+        return await _serve_call(request, dialect)
+
+    return door
+
+
+async def _serve_call(request: web.Request, dialect: Dialect) -> web.StreamResponse:
     app = request.app
     settings, router = app[SETTINGS_KEY], app[ROUTER_KEY]
     metrics = router.metrics
@@ -282,7 +339,7 @@ async def _twilio(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     peer = request.remote
     try:
-        _admit_request(request, settings)
+        _admit_request(request, settings, dialect.path)
         if router.n_clients + router.awaiting_hello >= router.max_clients:
             raise _Refused(protocol.CLOSE_TRY_AGAIN_LATER, "edge-full",
                            f"this edge serves {router.max_clients} players (and sockets before their hello) already")
@@ -294,7 +351,7 @@ async def _twilio(request: web.Request) -> web.StreamResponse:
                            f"no start within {app[START_TIMEOUT_KEY]:g} s") from None
         finally:
             router.awaiting_hello -= 1
-        stream_sid, call_sid, session_id, token = _stream_of(start)
+        stream_sid, call_sid, session_id, token = dialect.stream_of(start, request.query)
         try:
             verify_token(settings.edge_secret, token, session_id)
         except TokenError as exc:
@@ -303,8 +360,8 @@ async def _twilio(request: web.Request) -> web.StreamResponse:
         if link is not None:
             await _check_owner(link, session_id)
     except _Refused as refused:
-        metrics.telephony_calls.labels(PROVIDER, refused.reason).inc()
-        log.warning("telephony: refused a %s stream from %s: %s (close %d)", PROVIDER, peer, refused,
+        metrics.telephony_calls.labels(dialect.provider, refused.reason).inc()
+        log.warning("telephony: refused a %s stream from %s: %s (close %d)", dialect.provider, peer, refused,
                     refused.close_code)
         await ws.close(code=refused.close_code, message=refused.reason.encode()[:120])
         return ws
@@ -314,15 +371,15 @@ async def _twilio(request: web.Request) -> web.StreamResponse:
         tap = SessionTap(router, session_id)
         await tap.__aenter__()
     except ConnectionRefused as exc:
-        metrics.telephony_calls.labels(PROVIDER, exc.code).inc()
+        metrics.telephony_calls.labels(dialect.provider, exc.code).inc()
         log.warning("telephony: refused call %s of session %s: %s", call_sid, session_id, exc)
         await ws.close(code=exc.close_code, message=exc.code.encode())
         return ws
-    metrics.telephony_calls.labels(PROVIDER, "served").inc()
+    metrics.telephony_calls.labels(dialect.provider, "served").inc()
     log.info("telephony: call %s (stream %s) hears session %s as client %s", call_sid, stream_sid, session_id,
              tap.client_id)
     app[CALLS_KEY].add(ws)
-    call = TwilioCall(ws, tap, stream_sid, settings, router, lambda: _link(app))
+    call = PhoneCall(ws, tap, stream_sid, settings, router, lambda: _link(app), dialect)
     try:
         code = await call.run()
     finally:
@@ -349,15 +406,15 @@ async def _check_owner(link: EdgeLink, session_id: str) -> None:
                        f"that edge's {TWILIO_PATH}")
 
 
-class TwilioCall:
+class PhoneCall:
     """One call's stream: three tasks share it. `_pull` turns the tap's events into μ-law frames
     and marks (and a cancel into a purge and a `clear`); `_pace` is the only writer to the socket
     and sends one 20 ms frame at a time against the monotonic clock; `_inbound` reads Twilio's
     messages (mark echoes, stop). Heard reports go out in order through a queue of their own."""
 
     def __init__(self, ws: web.WebSocketResponse, tap: SessionTap, stream_sid: str, settings: Settings,
-                 router: SessionRouter, link: Any) -> None:
-        self.ws, self.tap, self.stream_sid = ws, tap, stream_sid
+                 router: SessionRouter, link: Any, dialect: Dialect = TWILIO) -> None:
+        self.ws, self.tap, self.stream_sid, self.dialect = ws, tap, stream_sid, dialect
         self.settings, self.router, self._link = settings, router, link
         self.metrics = router.metrics
         self.turns: OrderedDict[str, _Turn] = OrderedDict()
@@ -505,7 +562,7 @@ class TwilioCall:
                 self.outstanding[item.name] = item
                 while len(self.outstanding) > MAX_OUTSTANDING_MARKS:
                     self.outstanding.popitem(last=False)
-                await self._send({"event": "mark", "streamSid": self.stream_sid, "mark": {"name": item.name}})
+                await self._send({"event": "mark", "mark": {"name": item.name}})
                 continue
             now = loop.time()
             early = self.play_until - LEAD_S - now
@@ -522,9 +579,8 @@ class TwilioCall:
             if turn is not None:
                 turn.sent += 1
             self.last_sent = item.turn_id
-            self.metrics.telephony_frames.labels(PROVIDER, "out").inc()
-            await self._send({"event": "media", "streamSid": self.stream_sid,
-                              "media": {"payload": base64.b64encode(item.payload).decode("ascii")}})
+            self.metrics.telephony_frames.labels(self.dialect.provider, "out").inc()
+            await self._send({"event": "media", "media": {"payload": base64.b64encode(item.payload).decode("ascii")}})
 
     async def _clear(self) -> None:
         """Twilio drops what it buffered and returns the marks still in it: those were not heard.
@@ -534,14 +590,16 @@ class TwilioCall:
         self.clear_for = set()
         self.outstanding.clear()
         self.play_until = 0.0  # the call's buffer is empty: the next frames start a new lead
-        self.metrics.telephony_clears.labels(PROVIDER).inc()
+        self.metrics.telephony_clears.labels(self.dialect.provider).inc()
         for turn_id in cut:
             turn = self.turns.get(turn_id)
             if turn is not None:
                 self._finish(turn, stopped=True)
-        await self._send({"event": "clear", "streamSid": self.stream_sid})
+        await self._send({"event": "clear"})
 
     async def _send(self, message: dict) -> None:
+        if self.dialect.stream_key:  # Twilio: every message names its stream
+            message = {"event": message.pop("event"), self.dialect.stream_key: self.stream_sid, **message}
         await self.ws.send_str(json.dumps(message, separators=(",", ":")))
 
     # --- Twilio's messages --------------------------------------------------------------------------
@@ -562,7 +620,7 @@ class TwilioCall:
                 continue
             event = message["event"]
             if event == "media":
-                self.metrics.telephony_frames.labels(PROVIDER, "in").inc()  # the caller: no speech recognition here
+                self.metrics.telephony_frames.labels(self.dialect.provider, "in").inc()  # the caller: no speech recognition here
             elif event == "mark":
                 name = (message.get("mark") or {}).get("name") if isinstance(message.get("mark"), dict) else None
                 if isinstance(name, str):
@@ -622,7 +680,7 @@ class TwilioCall:
         router, session_id, client_id = self.router, self.tap.session_id, self.tap.client_id
         report = {"session_id": session_id, "turn_id": turn_id, "client_id": client_id, "kind": kind,
                   "sentence_seq": sentence_seq, "audible_at_us": at_us, "reported_at_us": now_us(),
-                  "detail": PROVIDER}
+                  "detail": self.dialect.provider}
         router.metrics.reports.labels(kind).inc()
         if kind == PlaybackKind.AUDIBLE_START:
             started = router.turn_started_at(session_id, turn_id)

@@ -34,6 +34,8 @@ CHUNK = 3600  # samples of a 150 ms tone_turn chunk at 24 kHz
 class FakeTwilio:
     """Twilio's side of one bidirectional Media Stream (``<Connect><Stream>``)."""
 
+    stream_key = "streamSid"  # where the edge's messages name the stream
+
     def __init__(self, ws, stream_sid: str, echo: bool) -> None:
         self.ws, self.stream_sid, self.echo = ws, stream_sid, echo
         self.received: list[tuple[float, dict]] = []  # (arrival, loop clock), message
@@ -74,6 +76,9 @@ class FakeTwilio:
         self._seq += 1
         await self.ws.send_str(json.dumps({**message, "sequenceNumber": str(self._seq), "streamSid": self.stream_sid}))
 
+    def _named(self, message: dict) -> bool:
+        return message["streamSid"] == self.stream_sid
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -93,7 +98,7 @@ class FakeTwilio:
                 return
             now, message = loop.time(), json.loads(msg.data)
             self.received.append((now, message))
-            assert message["streamSid"] == self.stream_sid
+            assert self._named(message), message
             if message["event"] == "media":
                 self.frames += 1
                 self.play_end = max(self.play_end, now) + 0.020
@@ -113,6 +118,32 @@ class FakeTwilio:
         with contextlib.suppress(BaseException):
             await self._task
         await self.ws.close()
+
+
+class FakeTelnyx(FakeTwilio):
+    """Telnyx's side of a bidirectional media stream (``stream_bidirectional_mode: rtp``, codec
+    PCMU): ``stream_id`` beside the start object, snake_case fields; the session and token in the
+    stream URL's query; the edge's messages name no stream."""
+
+    @classmethod
+    async def dial(cls, client, session: str, token: str | None = None, params: dict | None = None,
+                   echo: bool = True) -> "FakeTelnyx":
+        query = {"session": session, "token": token or issue_token(SECRET, session, 60)} if params is None else params
+        ws = await client.ws_connect(telephony.TELNYX_PATH, params=query)
+        stream_id = "32de0dea-53cb-4b21-89a4-9e1819c0" + session[-4:]
+        await ws.send_str(json.dumps({"event": "connected", "version": "1.0.0"}))
+        await ws.send_str(json.dumps({
+            "event": "start", "sequence_number": "1", "stream_id": stream_id,
+            "start": {"user_id": "u1", "call_control_id": "v3:abc", "client_state": None,
+                      "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1}}}))
+        return cls(ws, stream_id, echo)
+
+    async def _send(self, message: dict) -> None:
+        self._seq += 1
+        await self.ws.send_str(json.dumps({**message, "sequence_number": str(self._seq), "stream_id": self.stream_sid}))
+
+    def _named(self, message: dict) -> bool:
+        return "streamSid" not in message and "stream_id" not in message
 
 
 class FakeLink:
@@ -332,3 +363,26 @@ async def test_a_tap_read_at_its_own_pace_is_not_closed_as_too_slow():
             await tap.next()
             router.route(chunk)
         assert tap.channel.closed is None
+
+
+async def test_a_telnyx_call_hears_the_turn_and_its_marks_say_what_was_heard():
+    """Telnyx frames the same protocol its own way (docs/telephony.md): the same frames, marks and
+    reports; a wrong token in the stream URL is refused as on Twilio's path."""
+    link = FakeLink()
+    async with telephony_edge(link) as (app, client):
+        router = app[ROUTER_KEY]
+        call = await FakeTelnyx.dial(client, "tx-01")
+        await served(router, "tx-01")
+        chunks, words = worded_turn("tx-01", "t1", sentences=1, chunks=3)
+        for chunk in chunks:
+            router.route(chunk)
+        await eventually(lambda: [r for r in link.reports("t1") if r["kind"] == "PLAYBACK_END"], timeout_s=10,
+                         what="the Telnyx call's end of playback")
+        assert len(call.payloads()) == 23 and all(len(p) == telephony.FRAME_BYTES for p in call.payloads()[:-1])
+        [heard] = [h for h in link.heard if h["turn_id"] == "t1"]
+        assert heard["heard_text"] == " ".join(text for _, text in words) and not heard["interrupted"]
+        assert [r["detail"] for r in link.reports("t1")] == ["telnyx", "telnyx"]
+        await call.close()
+        refused = await FakeTelnyx.dial(client, "tx-02", token=issue_token("not-the-secret", "tx-02", 86_400))
+        await asyncio.wait_for(refused._task, 5)
+        assert refused.close_code == 4401 and refused.received == []
