@@ -86,7 +86,7 @@ START_TIMEOUT_KEY = web.AppKey("telephony_start_timeout_s", float)
 
 @runtime_checkable
 class EdgeLink(Protocol):
-    """What the door needs of the edge's Kafka link (`voicebus.players.edge.KafkaLink`)."""
+    """What the door needs of the edge's Kafka link (`voicebus.players.link.KafkaLink`)."""
 
     async def owner_url(self, session_id: str) -> str | None: ...
 
