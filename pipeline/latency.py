@@ -74,12 +74,13 @@ def summary(values: Iterable[float]) -> dict[str, float]:
 
 def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], settings=None) -> list[float]:
     """Release latency of each sentence of one turn: from the moment the text
-    event that completed the sentence was produced (``produced_at_us``; the event the gate's pure
+    event that released the sentence was produced (``produced_at_us``; the event the gate's pure
     core releases the sentence on, found by replaying the turn's events offline through
     `GateSession` with the gate's config) to the request's ``released_at_us``. `events` are the
-    turn's TextEvents, `requests` its SynthesisRequests (any order). Requests whose text differs
-    from the replay's (a config that differs from the gate's) and empty end-of-turn requests are
-    left out."""
+    turn's TextEvents, `requests` its SynthesisRequests (any order). With speculative release a
+    sentence is released by its tentative request (its confirmation carries no text; a
+    replacement releases it anew). Requests whose text differs from the replay's (a config that
+    differs from the gate's), withdrawn ones and empty end-of-turn requests are left out."""
     from voicebus.gate.core import GateConfig, GateSession
 
     ordered = sorted(events, key=lambda e: e["seq"])
@@ -87,14 +88,25 @@ def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], setti
         return []
     config = GateConfig() if settings is None else GateConfig.from_settings(settings)
     core = GateSession(ordered[0]["session_id"], config)
-    released_by: list[tuple[int, str]] = []  # (producing time of the releasing event, text) per request
-    for event in ordered:
-        released_by += [(event["produced_at_us"], r["text"]) for r in core.apply(event, 0)]
-    by_seq = {r["sentence_seq"]: r for r in requests}
+    released_by = _releases((event["produced_at_us"], r) for event in ordered for r in core.apply(event, 0))
+    sent = _releases((r["released_at_us"], r) for r in sorted(requests, key=lambda r: r["released_at_us"]))
     out = []
-    for seq, (produced_us, text) in enumerate(released_by):
-        request = by_seq.get(seq)
-        if request is None or not text or request["text"] != text:
-            continue
-        out.append((request["released_at_us"] - produced_us) / 1000)
+    for seq in sorted(released_by):
+        produced_us, text = released_by[seq]
+        if seq in sent and sent[seq][1] == text:
+            out.append((sent[seq][0] - produced_us) / 1000)
+    return out
+
+
+def _releases(stamped) -> dict[int, tuple[int, str]]:
+    """sentence_seq -> (when, text) of the request that released each sentence still standing:
+    a request with text releases it (a tentative one, or a replacement); a confirmation (no text,
+    not tentative) keeps the tentative release; a withdrawal (no text, tentative) removes it."""
+    out: dict[int, tuple[int, str]] = {}
+    for at, request in stamped:
+        seq, text = request["sentence_seq"], request["text"]
+        if text:
+            out[seq] = (at, text)
+        elif request.get("tentative"):
+            out.pop(seq, None)
     return out

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.kafka
 
 
 async def test_a_turn_is_read_back_and_each_sentence_gets_its_release_latency(make_settings):
-    settings = make_settings(partitions=2)
+    settings = make_settings(partitions=2, speculative_release=False)  # one request per sentence
     events = turn_events("s1", "t1", "reader", "One here. Two there. ")
     for i, e in enumerate(events):
         e["produced_at_us"] = 1_000_000 + i * 20_000

@@ -22,6 +22,7 @@ import pytest
 from voicebus.ops.local_llm import MODEL_ALIAS, LocalLlmServer, server_command
 from voicebus.ops.bench.agents import turn_events
 from voicebus.ops.daemon import free_port
+from voicebus.settings import Settings
 from voicebus.latency import percentile, release_latencies_ms
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -48,9 +49,22 @@ def test_release_latency_runs_from_the_token_that_completed_each_sentence():
     requests = [{"sentence_seq": 0, "text": "One here.", "released_at_us": 1_060_000 + 5_000},
                 {"sentence_seq": 1, "text": "Two there.", "released_at_us": 1_000_000 + 6 * 20_000 + 7_000}]
     assert [e["text"] for e in events] == ["One ", "here", ". Tw", "o th", "ere.", " ", ""]
-    assert release_latencies_ms(events, requests) == [25.0, 7.0]
+    plain = Settings(speculative_release=False)
+    assert release_latencies_ms(events, requests, plain) == [25.0, 7.0]
     requests[0]["text"] = "something else"  # the gate released other text: not comparable, left out
-    assert release_latencies_ms(events, requests) == [7.0]
+    assert release_latencies_ms(events, requests, plain) == [7.0]
+
+
+def test_with_speculation_a_sentence_is_released_by_its_tentative_request():
+    events = turn_events("s", "t", "a", "One here. Two there. ")
+    for i, e in enumerate(events):
+        e["produced_at_us"] = 1_000_000 + i * 20_000
+    # "ere." (event 4) ends the turn's text with a stop: the gate releases "Two there." tentative
+    # there; END_OF_TURN confirms it with an empty request that releases nothing new.
+    requests = [{"sentence_seq": 0, "text": "One here.", "released_at_us": 1_045_000},
+                {"sentence_seq": 1, "text": "Two there.", "tentative": True, "released_at_us": 1_083_000},
+                {"sentence_seq": 1, "text": "", "tentative": False, "released_at_us": 1_121_000}]
+    assert release_latencies_ms(events, requests, Settings(speculative_release=True)) == [5.0, 3.0]
 
 
 # --- the real LLM ---------------------------------------------------------------------------------
