@@ -30,7 +30,7 @@ import inspect
 import logging
 import uuid
 from collections import OrderedDict
-from typing import Any, AsyncIterable, Iterable
+from typing import Any, AsyncIterable, Iterable, Mapping, Sequence
 
 from voicebus.clock import now_us
 from voicebus.codecs import Codec, codec_for
@@ -79,6 +79,31 @@ class PublisherNotStartedError(AgentError):
     """The publisher was used outside its `async with` block (or after `stop()`)."""
 
 
+def lexicon_entries(lexicon: "Sequence[Mapping[str, Any]] | None") -> list[dict[str, Any]] | None:
+    """A turn's lexicon as TextEvent records: each entry a mapping with ``match`` and one of
+    ``phonemes`` or ``say`` (and ``regex``: True for a regular expression), completed with the
+    schema's defaults; None or empty: no lexicon. `InvalidEventError` when the contract refuses
+    it (docs/protocol.md, "Pronunciation")."""
+    if lexicon is None:
+        return None
+    if isinstance(lexicon, (str, bytes, Mapping)) or not isinstance(lexicon, Sequence):
+        raise InvalidEventError(f"lexicon must be a list of entries (dicts), not {type(lexicon).__name__}")
+    out = []
+    for n, entry in enumerate(lexicon):
+        if not isinstance(entry, Mapping):
+            raise InvalidEventError(f"lexicon entry {n} must be a dict, not {type(entry).__name__}")
+        unknown = set(entry) - {"match", "regex", "phonemes", "say"}
+        if unknown:
+            raise InvalidEventError(f"lexicon entry {n} has unknown keys {sorted(unknown)} "
+                                    "(match, regex, phonemes, say)")
+        out.append({"match": entry.get("match"), "regex": bool(entry.get("regex", False)),
+                    "phonemes": entry.get("phonemes"), "say": entry.get("say")})
+    problems = contract.lexicon_problems(out)
+    if problems:
+        raise InvalidEventError("lexicon: " + "; ".join(problems))
+    return out or None
+
+
 def new_turn_id() -> str:
     return "t-" + uuid.uuid4().hex[:12]
 
@@ -101,13 +126,15 @@ def text_event(
     floor: str | None = None,
     priority: int = 0,
     speed: float | None = None,
+    lexicon: "Sequence[Mapping[str, Any]] | None" = None,
     produced_at_us: int | None = None,
 ) -> dict[str, Any]:
     """A TextEvent record (schemas/text_event.avsc), checked for what its kind needs.
 
     `floor` (``queue`` or ``preempt``; None: the gate's policy) and `priority` say how the turn
     takes the session's floor when another turn is speaking (docs/protocol.md, "The floor");
-    `speed` is the turn's speaking rate (None: the gate's default)."""
+    `speed` is the turn's speaking rate (None: the gate's default); `lexicon` how it says some
+    words (`lexicon_entries`; docs/protocol.md, "Pronunciation"), read from its first event."""
     if kind not in TEXT_EVENT_KINDS:
         raise InvalidEventError(f"unknown TextEvent kind {kind!r}; expected one of {TEXT_EVENT_KINDS}")
     if kind in EVIDENCE_KINDS and not claim_id:
@@ -129,6 +156,7 @@ def text_event(
         "floor": floor,
         "priority": priority,
         "speed": None if speed is None else float(speed),
+        "lexicon": lexicon_entries(lexicon),
         "produced_at_us": now_us() if produced_at_us is None else produced_at_us,
     })
 
@@ -154,11 +182,13 @@ def cancel_event(
 
 class TurnEvents:
     """Pure core of one agent's part of a turn: numbers events from 0, stamps them, and refuses
-    anything after END_OF_TURN. `ended` tells whether the end was produced."""
+    anything after END_OF_TURN. `ended` tells whether the end was produced. The turn's `lexicon`
+    goes with its first event only (the gate reads it from there; the others stay small)."""
 
     def __init__(self, session_id: str, turn_id: str, agent_id: str,
                  language: str | None = None, voice: str | None = None, *,
-                 floor: str | None = None, priority: int = 0, speed: float | None = None) -> None:
+                 floor: str | None = None, priority: int = 0, speed: float | None = None,
+                 lexicon: "Sequence[Mapping[str, Any]] | None" = None) -> None:
         text_topic(Settings(), agent_id)  # validates the agent id early, with a clear message
         self.session_id = session_id
         self.turn_id = turn_id
@@ -168,6 +198,7 @@ class TurnEvents:
         self.floor = floor
         self.priority = priority
         self.speed = speed
+        self.lexicon = lexicon_entries(lexicon)
         self.next_seq = 0
         self.ended = False
 
@@ -181,7 +212,8 @@ class TurnEvents:
         event = text_event(
             session_id=self.session_id, turn_id=self.turn_id, agent_id=self.agent_id, seq=self.next_seq,
             kind=kind, text=text, claim_id=claim_id, language=self.language, voice=self.voice,
-            floor=self.floor, priority=self.priority, speed=self.speed, produced_at_us=produced_at_us,
+            floor=self.floor, priority=self.priority, speed=self.speed,
+            lexicon=self.lexicon if self.next_seq == 0 else None, produced_at_us=produced_at_us,
         )
         self.next_seq += 1
         if kind == END_OF_TURN:
@@ -194,23 +226,26 @@ class Publisher(Owned):
 
     `agent_id` is the default agent; `turn(..., agent_id=...)` speaks for another one. Each
     agent's text topic is created (idempotently) the first time this publisher uses it.
-    `voice`, `language`, `floor`, `priority` and `speed` are the defaults of this publisher's turns (an
-    agent declares its voice once, so two agents in one session are told apart by ear); a turn
-    may override each.
+    `voice`, `language`, `floor`, `priority`, `speed` and `lexicon` are the defaults of this
+    publisher's turns (an agent declares its voice once, so two agents in one session are told
+    apart by ear); a turn may override each.
     """
 
     def __init__(self, settings: Settings, agent_id: str = "assistant", *, codec: Codec | None = None,
                  producer_options: dict[str, Any] | None = None, tracer: StageTracer | None = None,
                  voice: str | None = None, language: str | None = None, floor: str | None = None,
-                 priority: int = 0, speed: float | None = None) -> None:
+                 priority: int = 0, speed: float | None = None,
+                 lexicon: "Sequence[Mapping[str, Any]] | None" = None) -> None:
         text_topic(settings, agent_id)  # validate early
         self.settings = settings
         self.agent_id = agent_id
         self.voice, self.language, self.floor, self.priority = voice, language, floor, priority
         self.speed = speed
+        self.lexicon = lexicon_entries(lexicon)
         # the defaults checked once, here, with the contract's message (not at the first turn)
         text_event(session_id="check", turn_id="check", agent_id=agent_id, seq=0, kind=TOKEN, voice=voice,
-                   language=language, floor=floor, priority=priority, speed=speed, produced_at_us=0)
+                   language=language, floor=floor, priority=priority, speed=speed, lexicon=self.lexicon,
+                   produced_at_us=0)
         self.codec = codec or codec_for(settings)
         self.tracer = tracer if tracer is not None else tracer_for(settings, "agent")
         self._producer_options = producer_options or {}
@@ -310,13 +345,16 @@ class Publisher(Owned):
 
     def turn(self, session_id: str, turn_id: str | None = None, *, agent_id: str | None = None,
              language: str | None = None, voice: str | None = None, floor: str | None = None,
-             priority: int | None = None, speed: float | None = None) -> "Turn":
+             priority: int | None = None, speed: float | None = None,
+             lexicon: "Sequence[Mapping[str, Any]] | None" = None) -> "Turn":
         """A turn of `agent_id` (default: this publisher's agent) for `session_id`; language,
-        voice, floor, priority and speed default to the publisher's."""
+        voice, floor, priority, speed and lexicon default to the publisher's (``lexicon=[]``:
+        none for this turn)."""
         events = TurnEvents(session_id, turn_id or new_turn_id(), agent_id or self.agent_id,
                             language or self.language, voice or self.voice, floor=floor or self.floor,
                             priority=self.priority if priority is None else priority,
-                            speed=self.speed if speed is None else speed)
+                            speed=self.speed if speed is None else speed,
+                            lexicon=self.lexicon if lexicon is None else lexicon)
         return Turn(self, events)
 
     def evidence_source(self, session_id: str, turn_id: str, *, agent_id: str) -> "EvidenceSource":

@@ -137,6 +137,16 @@ class Limits:
     """A ControlEvent cancels at most this many listed turns (``turn_ids``), each a valid id: a
     cancel cannot grow a stage's state (two cancels of 600 KB of ids once made the gate's state
     record too large to write)."""
+    max_lexicon_entries: int = 32
+    """A TextEvent's ``lexicon`` holds at most this many entries."""
+    max_lexicon_match_chars: int = 100
+    """A lexicon entry's ``match`` (a word, or a regular expression): 1 .. this many characters."""
+    max_lexicon_say_chars: int = 200
+    """A lexicon entry's ``say`` (the spoken form): at most this many characters."""
+    max_phoneme_chars: int = 200
+    """Phonemes (a lexicon entry's, an inline span's): 1 .. this many Kokoro symbols."""
+    max_span_label_chars: int = 200
+    """The written text of an inline phoneme span ``[text](/phonemes/)``: 1 .. this many characters."""
 
 
 LIMITS = Limits()
@@ -343,6 +353,142 @@ def parse_voice(spec: str, limits: "Limits | None" = None) -> VoiceMix:
                            f"{VOICE_MIX_EXAMPLE}") from None
 
 
+# --- pronunciation (docs/protocol.md, "Pronunciation") ---------------------------------------------
+
+# The phoneme symbols of Kokoro-82M v1.0: the keys of the ``vocab`` of its config.json (the offline
+# pack's and the hub's; 114 symbols, the space and punctuation included). The model drops any
+# other symbol, so phonemes an agent gives (a lexicon entry's) must be made of these.
+KOKORO_VOCAB_SYMBOLS = (
+    ';:,.!?—…"()“” \u0303ʣʥʦʨᵝ\uab67AIOQSTWYᵊabcdefhijklmnopqrstuvwxyzɑɐɒæβɔɕçɖðʤəɚɛɜɟɡɥɨɪʝɯɰŋɳɲɴøɸθœ'
+    'ɹɾɻʁɽʂʃʈʧʊʋʌɣɤχʎʒʔˈˌːʰʲ↓→↗↘ᵻ'
+)
+# What phonemes written in a span may hold: the vocabulary less the parentheses, which would end
+# the span ``[text](/phonemes/)`` early.
+PHONEME_SYMBOLS = frozenset(KOKORO_VOCAB_SYMBOLS) - frozenset("()")
+assert len(frozenset(KOKORO_VOCAB_SYMBOLS)) == len(KOKORO_VOCAB_SYMBOLS) == 114, "Kokoro-82M's vocab"
+
+# An inline phoneme span: ``[Kokoro](/kˈOkəɹO/)``, the written text then its phonemes, the syntax
+# misaki (Kokoro's English G2P) reads. The text has no brackets or line break; the phonemes no
+# slash, parentheses, brackets or line break; their lengths are bounded (`Limits`), so a reader
+# of streamed text knows within a bounded lookahead whether a ``[`` opens one.
+PHONEME_SPAN = re.compile(
+    r"\[([^\[\]\n]{1,%d})\]\(/([^/()\[\]\n]{1,%d})/\)" % (LIMITS.max_span_label_chars, LIMITS.max_phoneme_chars))
+SPAN_LABEL_EXCLUDED = "[]\n"  # characters the written text of a span cannot hold
+SPAN_PHONEMES_EXCLUDED = "/()[]\n"  # characters its phonemes cannot hold
+
+
+def phoneme_span(text: str, phonemes: str) -> str:
+    """The inline span that says `text` as `phonemes`: ``[text](/phonemes/)``."""
+    return f"[{text}](/{phonemes}/)"
+
+
+class InvalidLexicon(ValueError):
+    """A TextEvent's ``lexicon`` that breaks the rules of docs/protocol.md, "Pronunciation"."""
+
+    reason = "invalid-lexicon"
+
+
+def phoneme_problem(phonemes: object, limits: "Limits | None" = None) -> str | None:
+    """What is wrong with a phoneme string (None: nothing): 1 .. ``max_phoneme_chars`` symbols of
+    `PHONEME_SYMBOLS`, not only spaces."""
+    limits = limits or LIMITS
+    if not isinstance(phonemes, str) or not phonemes.strip():
+        return "phonemes must be a non-empty string"
+    if len(phonemes) > limits.max_phoneme_chars:
+        return f"phonemes are longer than {limits.max_phoneme_chars} characters"
+    unknown = sorted(set(phonemes) - PHONEME_SYMBOLS)
+    if unknown:
+        return (f"phonemes {_shown(phonemes)} hold {''.join(unknown)!r}: not symbols of Kokoro-82M's phoneme "
+                f"vocabulary (parentheses excluded; voicebus.schemas.contract.PHONEME_SYMBOLS)")
+    return None
+
+
+def _unbounded_repeats(pattern: str) -> bool:
+    """Whether a regular expression repeats, without bound, a part that itself repeats without
+    bound (``(a+)+``, ``(\\w+\\s?)*``): the shape of catastrophic backtracking."""
+    try:
+        from re import _parser as sre_parse  # type: ignore[attr-defined]
+        from re._constants import MAXREPEAT  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import sre_parse  # type: ignore[no-redef]
+        from sre_constants import MAXREPEAT  # type: ignore[no-redef]
+    repeats = {"MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"}
+
+    def walk(items, inside: bool) -> bool:
+        for op, arg in items:
+            name = str(op)
+            if name in repeats:
+                _lo, hi, sub = arg
+                unbounded = hi == MAXREPEAT
+                if unbounded and inside:
+                    return True
+                if walk(sub, inside or unbounded):
+                    return True
+            elif name == "SUBPATTERN":
+                if walk(arg[-1], inside):
+                    return True
+            elif name == "BRANCH":
+                if any(walk(b, inside) for b in arg[1]):
+                    return True
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                if walk(arg[1], inside):
+                    return True
+            elif name == "ATOMIC_GROUP":
+                if walk(arg, inside):
+                    return True
+        return False
+
+    return walk(sre_parse.parse(pattern), False)
+
+
+def lexicon_problems(lexicon: object, limits: "Limits | None" = None) -> list[str]:
+    """Every rule a TextEvent's ``lexicon`` breaks (empty: none; ``None`` is no lexicon): at most
+    ``max_lexicon_entries`` entries; each a ``match`` of 1 .. ``max_lexicon_match_chars``
+    characters and exactly one of ``phonemes`` (`phoneme_problem`) and ``say`` (at most
+    ``max_lexicon_say_chars`` characters); a ``regex`` match compiles and repeats nothing
+    unbounded inside an unbounded repeat."""
+    limits = limits or LIMITS
+    if lexicon is None:
+        return []
+    if not isinstance(lexicon, (list, tuple)):
+        return [f"lexicon must be a list of entries, not {type(lexicon).__name__}"]
+    if len(lexicon) > limits.max_lexicon_entries:
+        return [f"lexicon has {len(lexicon)} entries, at most {limits.max_lexicon_entries}"]
+    problems: list[str] = []
+    for n, entry in enumerate(lexicon):
+        where = f"lexicon entry {n}"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where} must be a record, not {type(entry).__name__}")
+            continue
+        match, regex = entry.get("match"), bool(entry.get("regex"))
+        phonemes, say = entry.get("phonemes"), entry.get("say")
+        if not isinstance(match, str) or not 0 < len(match) <= limits.max_lexicon_match_chars:
+            problems.append(f"{where}: match must be 1-{limits.max_lexicon_match_chars} characters")
+            continue
+        where = f"lexicon entry {n} ({_shown(match, 40)})"
+        if (phonemes is None) == (say is None):
+            problems.append(f"{where} must give exactly one of phonemes and say")
+        elif say is not None:
+            if not isinstance(say, str) or len(say) > limits.max_lexicon_say_chars:
+                problems.append(f"{where}: say must be at most {limits.max_lexicon_say_chars} characters")
+        else:
+            problem = phoneme_problem(phonemes, limits)
+            if problem:
+                problems.append(f"{where}: {problem}")
+        if regex:
+            try:
+                compiled = re.compile(match)
+            except (re.error, RecursionError, OverflowError) as exc:
+                problems.append(f"{where}: not a regular expression ({exc})")
+                continue
+            if _unbounded_repeats(match):
+                problems.append(f"{where}: a repeat inside a repeat (such as (a+)+) may take exponential "
+                                f"time; write the regular expression without one")
+            elif compiled.search("") is not None:
+                problems.append(f"{where}: the regular expression matches the empty text")
+    return problems
+
+
 class Violation(str):
     """A problem `violations` found, with the dead-letter ``reason`` it calls for when it has one
     of its own (a plain ``str`` problem is a ``contract-violation``)."""
@@ -490,6 +636,8 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         if isinstance(priority, int) and not -limits.max_priority <= priority <= limits.max_priority:
             problems.append(f"priority {priority} is outside -{limits.max_priority}..{limits.max_priority}")
         speed()
+        for problem in lexicon_problems(value.get("lexicon"), limits):
+            problems.append(Violation(problem, InvalidLexicon.reason))
     elif message_type == "ControlEvent":
         ident("turn_id", optional=True)
         ident("after_turn_id", optional=True)

@@ -27,6 +27,8 @@ Decisions (docs/gate.md says more):
   ``idle_expiry_us`` has its live turns ended and can be deleted (`expire`).
 - Every turn ends: a turn the gate fails on (`end_failed_turn`), sheds or expires still gets its
   ``is_last_in_turn`` request.
+- Pronunciation: a turn's lexicon (its first event's ``lexicon``) rewrites each sentence as it
+  is released (`apply_lexicon`): the segmenter sees the agent's text, the worker the spoken form.
 - The floor (`voicebus.gate.floor`): one turn of a session speaks at a time. Every request the
   session produces passes through its `Floor`, which holds a waiting turn's requests until it gets
   the floor; a preempted turn is cancelled and `controls` carries the cancel the shell publishes.
@@ -47,10 +49,12 @@ from voicebus.gate.evidence import (
     EvidenceGate,
 )
 import json
+import re
 
 from voicebus.settings import Settings
 from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LANGUAGES, LIMITS,
-                                       SEGMENTER_LANGUAGE, ControlAction, TextEventKind)
+                                       PHONEME_SPAN, SEGMENTER_LANGUAGE, SPAN_LABEL_EXCLUDED, ControlAction,
+                                       TextEventKind, lexicon_problems, phoneme_span)
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -125,9 +129,73 @@ def kokoro_language(language: str | None, default: str) -> str:
     return LANGUAGES[code]
 
 
+def compact_lexicon(lexicon: list[dict] | None) -> list[dict] | None:
+    """A TextEvent's lexicon as the gate keeps it in its state: each entry's ``match`` and its
+    ``phonemes`` or ``say``, ``regex`` only when true; None when there is none."""
+    if not lexicon:
+        return None
+    out = []
+    for entry in lexicon:
+        kept = {"match": entry["match"]}
+        if entry.get("regex"):
+            kept["regex"] = True
+        if entry.get("say") is not None:
+            kept["say"] = entry["say"]
+        else:
+            kept["phonemes"] = entry["phonemes"]
+        out.append(kept)
+    return out
+
+
+def _lexicon_pattern(entry: dict) -> "re.Pattern[str]":
+    # re caches compiled patterns (512 of them): a turn's at most 32 entries are compiled once
+    if entry.get("regex"):
+        return re.compile(entry["match"])
+    return re.compile(r"(?<!\w)" + re.escape(entry["match"]) + r"(?!\w)")
+
+
+def apply_lexicon(text: str, lexicon: list[dict] | None) -> str:
+    """`text` as the lexicon says it: each match of an entry replaced by its ``say``, or wrapped as
+    an inline phoneme span ``[match](/phonemes/)``. A plain entry matches the whole word,
+    case-sensitively; a ``regex`` entry is a Python regular expression searched in the text. One
+    pass over the original text: entries are tried in order, and a match that overlaps an earlier
+    entry's match or a phoneme span already in the text is left alone, so no replacement is
+    rewritten again. A phonemes entry's match that a span cannot hold (a bracket, a line break, or
+    too long) is left as it is."""
+    if not lexicon or not text:
+        return text
+    taken = [(m.start(), m.end()) for m in PHONEME_SPAN.finditer(text)]
+    chosen: list[tuple[int, int, str]] = []
+    for entry in lexicon:
+        for m in _lexicon_pattern(entry).finditer(text):
+            start, end = m.span()
+            if start == end or any(start < e and s < end for s, e in taken):
+                continue
+            word = m.group(0)
+            if entry.get("say") is not None:
+                spoken = entry["say"]
+            elif len(word) > LIMITS.max_span_label_chars or any(c in SPAN_LABEL_EXCLUDED for c in word):
+                continue
+            else:
+                spoken = phoneme_span(word, entry["phonemes"])
+            taken.append((start, end))
+            chosen.append((start, end, spoken))
+    if not chosen:
+        return text
+    chosen.sort()
+    out, at = [], 0
+    for start, end, spoken in chosen:
+        out.append(text[at:start])
+        out.append(spoken)
+        at = end
+    out.append(text[at:])
+    return "".join(out)
+
+
 def split_text(text: str, max_bytes: int) -> list[str]:
     """`text` in pieces of at most `max_bytes` UTF-8 bytes, cut at the last space before the
-    limit (inside a word longer than the limit: at the limit, never inside a character).
+    limit (inside a word longer than the limit: at the limit, never inside a character), and
+    never inside an inline phoneme span (before it instead, when something comes before it).
     Text within the limit comes back as one piece (also the empty text)."""
     if len(text.encode("utf-8")) <= max_bytes:
         return [text]
@@ -145,6 +213,10 @@ def split_text(text: str, max_bytes: int) -> list[str]:
         cut = rest.rfind(" ", 0, lo + 1) if lo < len(rest) else lo
         if cut <= 0:
             cut = max(1, lo)
+        for span in PHONEME_SPAN.finditer(rest, 0, lo + 1 + LIMITS.max_span_label_chars + LIMITS.max_phoneme_chars):
+            if span.start() < cut < span.end() and span.start() > 0:
+                cut = span.start()
+                break
         piece = rest[:cut].rstrip()
         if piece:
             pieces.append(piece)
@@ -170,6 +242,7 @@ class _Turn:
         self.language: str = state["language"]
         self.voice: str = state["voice"]
         self.speed: float | None = state.get("speed")  # the turn's own rate (its first event); None: the default
+        self.lexicon: list[dict] | None = state.get("lexicon")  # `compact_lexicon` of its first event's
         self.started_at_us: int = state["started_at_us"]
         self.first_token_at_us: int = state.get("first_token_at_us", -1)
         self.next_seq: int = state.get("next_seq", 0)
@@ -216,6 +289,8 @@ class _Turn:
         }
         if self.speed is not None:
             state["speed"] = self.speed
+        if self.lexicon:
+            state["lexicon"] = self.lexicon
         if self.live:
             state["segmenter"] = self.segmenter.to_state()
             state["evidence"] = self.evidence.to_state()
@@ -487,6 +562,9 @@ class GateSession:
 
     def _open_turn(self, event: dict, now_us: int) -> _Turn:
         language = kokoro_language(event.get("language"), self.config.default_language)
+        problems = lexicon_problems(event.get("lexicon"))  # the codec checked it; a replay may not have
+        if problems:
+            raise TurnRejected(f"turn {event.get('turn_id')!r}: {problems[0]}")
         voice = event.get("voice") or (
             self.config.default_voice if self.config.default_voice[:1] == language
             else DEFAULT_VOICES.get(language, self.config.default_voice)
@@ -495,7 +573,7 @@ class GateSession:
         cancelled = event["turn_id"] in self._cancelled_turns
         turn = _Turn(self.config, event["turn_id"], {
             "agent_id": event["agent_id"], "language": language, "voice": voice, "speed": event.get("speed"),
-            "started_at_us": started, "cancelled": cancelled,
+            "lexicon": compact_lexicon(event.get("lexicon")), "started_at_us": started, "cancelled": cancelled,
         })
         self._turns[turn.turn_id] = turn
         if not cancelled:
@@ -546,7 +624,8 @@ class GateSession:
         sentence = turn.segmenter.speculation()
         if sentence is None:
             return []
-        text = sentence.text.strip()
+        # rewritten as its release will be, so that the settlement compares like with like
+        text = apply_lexicon(sentence.text.strip(), turn.lexicon)
         if not text or len(text.encode("utf-8")) > config.max_text_bytes:
             return []
         request = self._request(turn, text, now_us, now_us)
@@ -593,9 +672,9 @@ class GateSession:
                          item.payload["text"], item.claim_id, item.reason)
                 if item.first:
                     notice = FAILURE_NOTICES[SEGMENTER_LANGUAGE.get(turn.language, "en")]
-                    released.append((notice, item.payload["complete_us"]))
+                    released.append((apply_lexicon(notice, turn.lexicon), item.payload["complete_us"]))
             else:
-                released.append((item.payload["text"], item.payload["complete_us"]))
+                released.append((apply_lexicon(item.payload["text"], turn.lexicon), item.payload["complete_us"]))
         finished = turn.ended and turn.evidence.held == 0
         limit = self.config.max_text_bytes
         if self.config.gate_mode == GATE_MODE_BUFFERED:

@@ -17,6 +17,12 @@ the fence's placeholder is said once and the fenced text is dropped as it comes 
 open, so what follows it is still read as code), so a never-closed fence cannot grow the state.
 The cut depends only on the text, not on how it was split into pieces.
 
+An inline phoneme span, ``[Kokoro](/kˈOkəɹO/)`` (`voicebus.schemas.contract.PHONEME_SPAN`), is one
+word: nothing inside it ends an utterance (a stop in its text or its phonemes), and it is kept in
+the utterance's text for the worker to speak. Whether a ``[`` opens one is decided, like every
+other decision, once the characters that settle it have arrived (at most the span's bounded
+length: a ``[`` that no ``](/`` follows soon enough opens none).
+
 Offsets count characters of everything fed since the segmenter was created:
 
 - ``start``: the utterance's first raw character (its block marker included, e.g. ``- `` or ``1. ``);
@@ -37,6 +43,7 @@ from typing import Any
 
 from voicebus.gate.abbreviations import LanguageRules, rules_for
 from voicebus.gate.markdown import speakable_text
+from voicebus.schemas.contract import LIMITS, SPAN_LABEL_EXCLUDED, SPAN_PHONEMES_EXCLUDED
 
 STOPS = ".!?…"
 CLOSERS = "\"'”’»)]}*_"
@@ -81,6 +88,26 @@ class _NeedMore(Exception):
 
 
 _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")
+
+
+def _inside_span(text: str) -> bool:
+    """Whether `text`, which starts with ``[``, is the start of an inline phoneme span and not yet
+    all of it: a cut at its end would be inside the span."""
+    close = text.find("]")
+    label = text[1:] if close < 0 else text[1:close]
+    if len(label) > LIMITS.max_span_label_chars or any(c in SPAN_LABEL_EXCLUDED for c in label):
+        return False
+    if close < 0:
+        return True
+    rest = text[close + 1:]
+    if not label or not "(/".startswith(rest[:2]):
+        return False
+    if len(rest) < 2:
+        return True
+    phonemes, slash, tail = rest[2:].partition("/")
+    if len(phonemes) > LIMITS.max_phoneme_chars or any(c in SPAN_PHONEMES_EXCLUDED for c in phonemes):
+        return False
+    return not slash or (bool(phonemes) and tail == "")
 
 
 class StreamingSegmenter:
@@ -306,6 +333,12 @@ class StreamingSegmenter:
                 cut = self._last_non_space_before(k) if k > self._content else hi
                 if cut <= self._content:
                     cut = hi  # one word longer than the limit: cut inside it
+                # a phoneme span is one word: never cut inside what may be one (judged from the
+                # text before the cut only, so the cut does not depend on how the text was split)
+                opening = buf.rfind("[", self._content, cut)
+                if opening >= 0 and _inside_span(buf[opening:cut]):
+                    before = self._last_non_space_before(opening)
+                    cut = before if before > self._content else cut
                 out.extend(self._emit(cut))
                 self._line_start = False  # the rest goes on mid-line
                 out.extend(self._drain())
@@ -359,6 +392,14 @@ class StreamingSegmenter:
         if self._code_span:
             self._advance(i, c)
             return None
+        if c == "[":
+            end = self._phoneme_span_end(i)
+            if end is not None:  # one word, whatever it holds
+                if not self._in_word:
+                    self._words += 1
+                self._in_word = False
+                self._pos = end
+                return None
         if c in STOPS and self._kind != "heading":
             return self._at_stop(i)
         if (
@@ -374,6 +415,26 @@ class StreamingSegmenter:
             return self._emit(self._last_non_space_before(i))
         self._advance(i, c)
         return None
+
+    def _phoneme_span_end(self, i: int) -> int | None:
+        """The buffer index just past the inline phoneme span ``[text](/phonemes/)`` that starts
+        at i, or None when none does (waits while the characters that decide it are missing)."""
+        at = self._at
+        j = i + 1
+        while (ch := at(j)) != "]":
+            if ch == END or ch in SPAN_LABEL_EXCLUDED or j - i > LIMITS.max_span_label_chars:
+                return None
+            j += 1
+        if j == i + 1 or at(j + 1) != "(" or at(j + 2) != "/":
+            return None
+        k = j + 3
+        while (ch := at(k)) != "/":
+            if ch == END or ch in SPAN_PHONEMES_EXCLUDED or k - (j + 3) >= LIMITS.max_phoneme_chars:
+                return None
+            k += 1
+        if k == j + 3 or at(k + 1) != ")":
+            return None
+        return k + 2
 
     def _advance(self, i: int, c: str) -> None:
         if c.isalnum():

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 from voicebus.synthesis.words import TimedWord, WordTiming, english_words, phoneme_words, place
-from voicebus.schemas.contract import LANGUAGES, VoiceMix, parse_voice
+from voicebus.schemas.contract import LANGUAGES, PHONEME_SPAN, VoiceMix, parse_voice
 
 if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
     import torch
@@ -122,7 +122,27 @@ def split_for_early_audio(
     once it has that many words ("Thanks for waiting," of "Thanks for waiting, I found your
     order."): the worker asks for it on a turn's first sentence, whose first audio is the turn's.
     Joining the pieces with single spaces gives back the text with its whitespace normalized.
+    An inline phoneme span (``[New York](/nˈu jˈɔɹk/)``) is one word, never cut.
     """
+    spans: list[str] = []
+
+    def hide(m: "re.Match[str]") -> str:  # a span as one word without space or punctuation
+        spans.append(" ".join(m.group(0).split()))
+        return f"{_SPAN_MARK}{len(spans) - 1}{_SPAN_MARK}"
+
+    if "[" in text:
+        text = PHONEME_SPAN.sub(hide, text)
+    pieces = _split_words(text, first_max_words, max_words, first_clause_min_words)
+    if spans:
+        pieces = [_SPAN_HIDDEN.sub(lambda m: spans[int(m.group(1))], p) for p in pieces]
+    return pieces
+
+
+_SPAN_MARK = "\ue000"  # a private-use character: no text of a sentence holds it
+_SPAN_HIDDEN = re.compile(_SPAN_MARK + r"(\d+)" + _SPAN_MARK)
+
+
+def _split_words(text: str, first_max_words: int, max_words: int, first_clause_min_words: int) -> list[str]:
     clauses = [c.split() for c in _CLAUSE_END.split(text.strip()) if c.strip()]
     pieces: list[list[str]] = []
     current: list[str] = []
@@ -624,6 +644,8 @@ class SynthesisEngine:
         tokens, the espeak languages from the phoneme groups (`voicebus.synthesis.words`)."""
         code = resolve_language(language)
         pipeline = self._pipeline(code)
+        if code not in "ab" and "[" in text and PHONEME_SPAN.search(text):
+            return self._spliced_pieces(text, pipeline)
         out = []
         for result in pipeline(text, voice=None, split_pattern=None):
             phonemes = result.phonemes[:MAX_PHONEMES]
@@ -637,6 +659,58 @@ class SynthesisEngine:
                     result.graphemes, phonemes)
             out.append(Piece(phonemes, timer, result.tokens))
         return out
+
+    def _spliced_pieces(self, text: str, pipeline) -> list[Piece]:
+        """`pieces` of a Spanish or Portuguese text with inline phoneme spans: espeak, the G2P of
+        those languages in kokoro, reads ``[text](/phonemes/)`` as written (misaki's English G2P
+        applies it itself). The text between spans is phonemized as usual, each span's phonemes
+        are put in its place, and the span is one word of the timing, its written text."""
+        from misaki.token import MToken
+
+        from voicebus.synthesis.words import _group, _pair, time_tokens
+
+        phonemize = lambda w: pipeline.g2p(w)[0]  # noqa: E731
+        parts: list[tuple[str, str, bool]] = []  # (written words, phonemes, space before)
+        tokens: list = []
+        at = 0
+
+        def plain(chunk: str) -> None:
+            if not chunk.strip():
+                return
+            phonemes = (phonemize(chunk.strip()) or "").strip()
+            words = chunk.split()
+            paired = _pair(words, [g for g in phonemes.split(" ") if g], phonemize)
+            for word, groups in zip(words, paired):
+                for k, group in enumerate(groups or [""]):
+                    tokens.append(MToken(text=word if k == 0 else "", tag="X", whitespace="", phonemes=group))
+                tokens[-1].whitespace = " "
+            parts.append((chunk, phonemes, chunk[:1].isspace()))
+            if not chunk[-1:].isspace() and tokens:
+                tokens[-1].whitespace = ""  # glued to the span after it: one written word
+
+        for m in PHONEME_SPAN.finditer(text):
+            plain(text[at:m.start()])
+            label, phonemes = " ".join(m.group(1).split()), " ".join(m.group(2).split())
+            before = m.start() == 0 or text[m.start() - 1].isspace()
+            parts.append((label, phonemes, before))
+            glued = m.end() < len(text) and not text[m.end()].isspace()  # "[SQL](/.../)s": one word
+            tokens.append(MToken(text=label, tag="X", whitespace="" if glued else " ", phonemes=phonemes))
+            at = m.end()
+        plain(text[at:])
+        spoken = ""
+        for _, phonemes, space_before in parts:
+            if phonemes:
+                spoken += (" " if spoken and space_before else "") + phonemes
+        spoken = spoken[:MAX_PHONEMES]
+        if not spoken:
+            return []
+        kept = self.model.vocab.__contains__
+
+        def timer(durations, tokens=tokens, spoken=spoken):
+            time_tokens(tokens, spoken, durations, kept)
+            return _group(tokens)
+
+        return [Piece(spoken, timer, None)]
 
     # --- synthesis ------------------------------------------------------------------------------
 

@@ -37,3 +37,35 @@ def test_invalid_events_are_refused_with_a_clear_error():
         text_event(**base, kind="WORD")
     with pytest.raises(ValueError, match="agent id"):
         TurnEvents("s", "t", "no spaces allowed")
+
+
+def test_a_turns_lexicon_goes_with_its_first_event_only():
+    lexicon = [{"match": "SQL", "say": "sequel"}, {"match": r"K8s?", "regex": True, "phonemes": "kˈAts"}]
+    turn = TurnEvents("s1", "t1", "assistant", lexicon=lexicon)
+    first, second = turn.make(TOKEN, text="SQL"), turn.make(TOKEN, text=" rocks.")
+    assert first["lexicon"] == [{"match": "SQL", "regex": False, "phonemes": None, "say": "sequel"},
+                                {"match": "K8s?", "regex": True, "phonemes": "kˈAts", "say": None}]
+    assert second["lexicon"] is None
+    codec = Codec()
+    assert codec.decode(codec.encode("TextEvent", first), expect="TextEvent").value == first
+    assert TurnEvents("s1", "t2", "assistant", lexicon=[]).make(TOKEN, text="x")["lexicon"] is None
+
+
+def test_a_lexicon_the_contract_refuses_is_refused_at_the_source():
+    from voicebus.agents.sdk import Publisher
+    from voicebus.settings import Settings
+
+    base = dict(session_id="s", turn_id="t", agent_id="a", seq=0, kind=TOKEN)
+    with pytest.raises(InvalidEventError, match="not symbols of Kokoro-82M"):
+        text_event(**base, lexicon=[{"match": "x", "phonemes": "k#"}])
+    with pytest.raises(InvalidEventError, match="unknown keys"):
+        text_event(**base, lexicon=[{"match": "x", "spoken": "y"}])
+    with pytest.raises(InvalidEventError, match="list of entries"):
+        text_event(**base, lexicon={"SQL": "sequel"})
+    with pytest.raises(InvalidEventError, match="exactly one of phonemes and say"):
+        Publisher(Settings(), lexicon=[{"match": "x"}])
+    publisher = Publisher(Settings(), lexicon=[{"match": "SQL", "say": "sequel"}])
+    assert publisher.turn("s1").events.lexicon == [{"match": "SQL", "regex": False, "phonemes": None, "say": "sequel"}]
+    assert publisher.turn("s1", lexicon=[]).events.lexicon is None
+    with pytest.raises(InvalidEventError, match="not a regular expression"):
+        publisher.turn("s1", lexicon=[{"match": "(", "regex": True, "say": "x"}])

@@ -41,7 +41,7 @@ async def test_two_agents_stream_turns_at_once_each_to_its_topic_keyed_by_sessio
     [ready] = [r for r in got if r.topic == retrieval]
     assert ready.value | {"produced_at_us": 0} == {
         "session_id": "s-a", "turn_id": "t1", "agent_id": "retrieval", "seq": 0, "kind": "EVIDENCE_READY",
-        "text": "", "claim_id": "c1", "language": None, "voice": None, "floor": None, "priority": 0, "speed": None,
+        "text": "", "claim_id": "c1", "language": None, "voice": None, "floor": None, "priority": 0, "speed": None, "lexicon": None,
         "produced_at_us": 0}
     [cancel] = [r for r in got if r.topic == settings.control_topic]
     assert (cancel.type, cancel.key, cancel.value["turn_id"], cancel.value["action"]) == (

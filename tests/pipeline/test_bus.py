@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 def text_event(session: str, seq: int, text: str = "hi", turn: str = "t1") -> dict:
     return {
         "session_id": session, "turn_id": turn, "agent_id": "a1", "seq": seq, "kind": "TOKEN",
-        "text": text, "claim_id": None, "language": None, "voice": None, "floor": None, "priority": 0, "speed": None,
+        "text": text, "claim_id": None, "language": None, "voice": None, "floor": None, "priority": 0, "speed": None, "lexicon": None,
         "produced_at_us": 1_700_000_000_000_000 + seq,
     }
 

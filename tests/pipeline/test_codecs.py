@@ -75,6 +75,13 @@ _VOICE = st.just("") | st.lists(
     st.tuples(st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,15}", fullmatch=True),
               st.sampled_from(["", ":1", ":0.25", "(2)"])),
     min_size=1, max_size=4, unique_by=lambda p: p[0]).map(lambda parts: "+".join(n + w for n, w in parts))
+# A lexicon entry the contract accepts: a word, and either its phonemes or what to say.
+_LEXICON_ENTRY = st.builds(
+    lambda match, phonemes, say: {"match": match, "regex": False, "phonemes": phonemes, "say": say},
+    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20),
+    st.none() | st.text(sorted(contract.PHONEME_SYMBOLS - {" "}), min_size=1, max_size=20),
+    st.text(max_size=20),
+).map(lambda e: {**e, "say": None} if e["phonemes"] is not None else e)
 # Fields whose Avro type is wider than the contract (voicebus.schemas.contract) allows, drawn within it.
 CONTRACT_FIELDS = {
     "session_id": _ID_TEXT, "turn_id": _ID_TEXT, "claim_id": st.none() | _ID_TEXT, "client_id": _ID_TEXT,
@@ -89,6 +96,7 @@ CONTRACT_FIELDS = {
     "rendered_samples": st.integers(0, 2**31 - 1), "waited_us": st.integers(0, 2**63 - 1),
     "floor": st.none() | st.sampled_from(contract.FLOOR_POLICIES),
     "priority": st.integers(-contract.LIMITS.max_priority, contract.LIMITS.max_priority),
+    "lexicon": st.none() | st.lists(_LEXICON_ENTRY, max_size=3),
     "words": st.lists(st.tuples(st.text(max_size=20), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)).map(
         lambda w: {"text": w[0], "start": min(w[1], w[2]), "end": max(w[1], w[2])}), max_size=4),
 }
@@ -171,7 +179,7 @@ def v0_text_event() -> dict:
 
 def test_history_holds_an_older_text_event_with_a_different_fingerprint():
     assert {f["name"] for f in schemas.load("TextEvent")["fields"]} - {f["name"] for f in TEXT_EVENT_V0["fields"]} == {
-        "language", "voice", "floor", "priority", "speed"}
+        "language", "voice", "floor", "priority", "speed", "lexicon"}
     assert TEXT_EVENT_V0 in schemas.load_history()
 
 
@@ -187,7 +195,7 @@ def test_new_reader_decodes_an_old_record_by_fingerprint():
     assert decoded.fingerprint != CODEC.fingerprint_of("TextEvent")
     # defaults filled in
     assert decoded.value == {**v0_text_event(), "language": None, "voice": None, "floor": None, "priority": 0,
-                             "speed": None}
+                             "speed": None, "lexicon": None}
 
 
 def test_old_reader_reads_a_new_record():

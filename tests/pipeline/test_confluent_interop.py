@@ -108,7 +108,7 @@ async def test_the_pipeline_reads_what_confluent_kafkas_avro_serializer_writes(m
     control_ser = AvroSerializer(client, (schemas.SCHEMA_DIR / schemas.CURRENT["ControlEvent"]).read_text())
     events = [
         {"session_id": "s-9", "turn_id": "t-9", "agent_id": "foreign", "seq": i, "kind": kind, "text": text,
-         "claim_id": None, "language": "en", "voice": None, "floor": None, "priority": 0, "speed": None, "produced_at_us": 100 + i}
+         "claim_id": None, "language": "en", "voice": None, "floor": None, "priority": 0, "speed": None, "lexicon": None, "produced_at_us": 100 + i}
         for i, (kind, text) in enumerate([("TOKEN", "Bonjour"), ("TOKEN", "."), ("END_OF_TURN", "")])
     ]
     cancel = cancel_event("s-9", "t-9", reason="barge-in", source="kafka-connect")

@@ -25,7 +25,7 @@ from voicebus.settings import Settings, SettingsError
 def text_event(**changes) -> dict:
     value = {
         "session_id": "s1", "turn_id": "t1", "agent_id": "assistant", "seq": 0, "kind": "TOKEN",
-        "text": "Hello", "claim_id": None, "language": "en", "voice": None, "floor": None, "priority": 0, "speed": None,
+        "text": "Hello", "claim_id": None, "language": "en", "voice": None, "floor": None, "priority": 0, "speed": None, "lexicon": None,
         "produced_at_us": 1,
     }
     value.update(changes)

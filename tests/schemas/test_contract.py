@@ -214,3 +214,75 @@ def test_reading_a_hostile_voice_spec_costs_no_time():
         with pytest.raises(contract.InvalidVoice):
             contract.parse_voice(spec)
         assert time.perf_counter() - started < 0.1, spec[:20]
+
+
+# --- pronunciation ---------------------------------------------------------------------------------
+
+_LEXICON_EVENT = dict(session_id="s", turn_id="t", agent_id="agent-1", seq=0, kind="TOKEN", text="Hi.",
+                      claim_id=None, language="en", voice=None, produced_at_us=1)
+
+
+def _entry(match="SQL", regex=False, phonemes=None, say=None):
+    return {"match": match, "regex": regex, "phonemes": phonemes, "say": say}
+
+
+def test_a_lexicon_within_the_rules_goes_on_the_wire_and_back():
+    codec = Codec()
+    lexicon = [_entry(say="sequel"), _entry("Kokoro", phonemes="kˈOkəɹO"),
+               _entry(r"K8s?", regex=True, say="kubernetes"), _entry(r"v\d{1,3}(?:\.\d{1,3})*", regex=True, say="v"),
+               *[_entry(f"w{i}", say="x") for i in range(28)]]
+    assert len(lexicon) == contract.LIMITS.max_lexicon_entries
+    event = {**_LEXICON_EVENT, "lexicon": lexicon}
+    assert codec.decode(codec.encode("TextEvent", event)).value["lexicon"] == lexicon
+    assert codec.decode(codec.encode("TextEvent", _LEXICON_EVENT)).value["lexicon"] is None
+
+
+@pytest.mark.parametrize("lexicon, problem", [
+    ([_entry(say="x")] * 33, "33 entries, at most 32"),
+    ([_entry("", say="x")], "match must be 1-100"),
+    ([_entry("x" * 101, say="x")], "match must be 1-100"),
+    ([_entry(say="x" * 201)], "say must be at most 200"),
+    ([_entry()], "exactly one of phonemes and say"),
+    ([_entry(say="sequel", phonemes="sˈikwəl")], "exactly one of phonemes and say"),
+    ([_entry(phonemes="kˈO" * 70)], "longer than 200"),
+    ([_entry(phonemes="   ")], "non-empty"),
+    ([_entry(phonemes="k#O")], "'#': not symbols of Kokoro-82M"),
+    ([_entry(phonemes="kO)/")], "not symbols of Kokoro-82M"),  # would close the span early
+    ([_entry("(unclosed", regex=True, say="x")], "not a regular expression"),
+    ([_entry("(a+)+$", regex=True, say="x")], "a repeat inside a repeat"),
+    ([_entry(r"(\w+\s?)*", regex=True, say="x")], "a repeat inside a repeat"),
+    ([_entry("a?", regex=True, say="x")], "matches the empty text"),
+    ([_entry("x" * 101, regex=True, say="x")], "match must be 1-100"),
+])
+def test_a_lexicon_that_breaks_a_rule_is_refused_with_its_own_reason(lexicon, problem):
+    from voicebus.agents.sdk import InvalidEventError, text_event
+
+    with pytest.raises(InvalidMessage, match=problem) as caught:
+        Codec().encode("TextEvent", {**_LEXICON_EVENT, "lexicon": lexicon})
+    assert caught.value.reason == "invalid-lexicon" == contract.InvalidLexicon.reason
+    with pytest.raises(InvalidEventError, match=problem):  # the SDK refuses it at the source
+        text_event(session_id="s", turn_id="t", agent_id="a", seq=0, kind="TOKEN", lexicon=lexicon)
+
+
+def test_the_phoneme_symbols_are_kokoros_vocabulary():
+    """Kokoro-82M's config.json (the offline pack's, where it was built) has these 114 symbols."""
+    import json
+
+    from voicebus.synthesis.engine import _TINY_SYMBOLS
+    from voicebus.synthesis.weights import PACK_DIRNAME
+    from voicebus.settings import Settings
+
+    assert set(_TINY_SYMBOLS) <= set(contract.KOKORO_VOCAB_SYMBOLS)  # the tiny test model speaks a subset
+    assert contract.PHONEME_SYMBOLS == set(contract.KOKORO_VOCAB_SYMBOLS) - {"(", ")"}
+    config = Settings().weights_cache_dir / PACK_DIRNAME / "config.json"
+    if config.is_file():
+        assert set(json.loads(config.read_text())["vocab"]) == set(contract.KOKORO_VOCAB_SYMBOLS)
+
+
+def test_a_hostile_lexicon_costs_no_time():
+    import time
+
+    started = time.perf_counter()
+    lexicon = [_entry("(" * 50 + ")" * 50, regex=True, say="x")] * 32
+    assert contract.lexicon_problems(lexicon)
+    assert time.perf_counter() - started < 0.5

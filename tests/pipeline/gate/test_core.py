@@ -473,3 +473,78 @@ def test_a_turn_the_gate_fails_on_withdraws_its_tentative_sentence_before_ending
     # the worker must not wait for a settlement that will never come
     assert brief(closing) == [(0, "", True), (0, "", False)] and closing[-1]["is_last_in_turn"]
     assert settle(out + closing) == [(0, "", True)]
+
+
+# --- pronunciation (docs/protocol.md, "Pronunciation") ----------------------------------------------
+
+LEXICON = [{"match": "SQL", "regex": False, "phonemes": None, "say": "sequel"},
+           {"match": "Kokoro", "regex": False, "phonemes": "kˈOkəɹO", "say": None},
+           {"match": r"v(\d)\.(\d)", "regex": True, "phonemes": None, "say": "version"}]
+
+
+def test_apply_lexicon_says_and_wraps_whole_words_once():
+    from voicebus.gate.core import apply_lexicon
+
+    text = "SQL and MySQL, sql, SQL's Kokoro in [Kokoro](/kˈOkoɹO/) v2.1."
+    assert apply_lexicon(text, LEXICON) == (
+        "sequel and MySQL, sql, sequel's [Kokoro](/kˈOkəɹO/) in [Kokoro](/kˈOkoɹO/) version.")
+    # a replacement is not rewritten by a later entry
+    assert apply_lexicon("SQL", [{"match": "SQL", "say": "S Q L"}, {"match": "S", "say": "ess"}]) == "S Q L"
+    assert apply_lexicon("Hi.", None) == "Hi." and apply_lexicon("", LEXICON) == ""
+
+
+def test_a_turns_lexicon_rewrites_what_it_releases_through_a_restart():
+    t = Turn()
+    first = t._event("TOKEN", "I use SQL", lexicon=LEXICON)  # only the first event carries it
+    events = [first] + t.tokens(" daily. Kokoro speaks. ", size=2) + [t.end()]
+    session = GateSession("s1", CONFIG)
+    out = [r for i, e in enumerate(events[:3]) for r in session.apply(e, 5_000 * S + i)]
+    state = json.loads(json.dumps(session.to_state()))
+    assert state["turns"]["t1"]["lexicon"] == [{"match": "SQL", "say": "sequel"},
+                                                {"match": "Kokoro", "phonemes": "kˈOkəɹO"},
+                                                {"match": r"v(\d)\.(\d)", "regex": True, "say": "version"}]
+    restored = GateSession.from_state("s1", CONFIG, state)
+    out += [r for i, e in enumerate(events[3:]) for r in restored.apply(e, 6_000 * S + i)]
+    assert texts(out) == ["I use sequel daily.", "[Kokoro](/kˈOkəɹO/) speaks."]
+    # a turn without one keeps no lexicon in the state
+    plain = Turn(turn="t2")
+    session.apply(plain.tokens("Hi")[0], 7_000 * S)
+    assert "lexicon" not in session.to_state()["turns"]["t2"]
+
+
+def test_the_lexicon_rewrites_both_sides_of_a_speculative_settlement():
+    t = Turn()
+    events = [t._event("TOKEN", "Ask SQL.", lexicon=LEXICON), t._event("TOKEN", " Then"), t.end()]
+    got = [brief(rs) for rs in steps(events)]
+    assert got[0] == [(0, "Ask sequel.", True)]
+    assert got[1] == [(0, "", False)]  # confirmed: the same rewritten text
+    assert settle([r for rs in steps(events) for r in rs]) == [(0, "Ask sequel.", False), (1, "Then", True)]
+
+
+def test_a_turn_with_a_lexicon_the_contract_refuses_is_rejected():
+    from voicebus.gate.core import TurnRejected
+
+    t = Turn()
+    with pytest.raises(TurnRejected, match="exactly one of phonemes and say"):
+        GateSession("s1", CONFIG).apply(t._event("TOKEN", "Hi.", lexicon=[{"match": "x"}]), 0)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 100])
+def test_an_inline_phoneme_span_is_one_word_whatever_the_split(size):
+    t = Turn()
+    text = "I like [Dr. U.S.](/dˈɑk.təɹ ju ˈɛs?/) a lot. [Kokoro](/kˈOkəɹO/). See [1]. Done."
+    out, _ = run(t.tokens(text, size) + [t.end()])
+    assert texts(out) == ["I like [Dr. U.S.](/dˈɑk.təɹ ju ˈɛs?/) a lot.", "[Kokoro](/kˈOkəɹO/).", "See [1].",
+                          "Done."]
+    speculated = [r for rs in steps(Turn(turn=f"t{size}").tokens(text, size) + [t.end()]) for r in rs]
+    assert not any(r["tentative"] and "Dr." in r["text"] and "lot" not in r["text"] for r in speculated)
+
+
+def test_split_text_never_cuts_inside_a_phoneme_span():
+    from voicebus.gate.core import split_text
+
+    span = "[New York](/nˈu jˈɔɹk/)"
+    text = "Say " + "word " * 4 + span + " now"
+    for limit in range(len(span.encode()), len(text.encode())):  # a span longer than the limit is cut
+        for piece in split_text(text, limit):
+            assert piece.count("[") == piece.count("](/") == piece.count("/)")

@@ -301,3 +301,25 @@ def test_cli_segment_prints_one_json_object_per_sentence():
         lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
         assert [o["text"] for o in lines] == ["Title", "¿Cómo está, Sra. López?", "Bien.", "Hay 1.234,5 kg."]
         assert lines[0]["kind"] == "heading" and all({"start", "end", "lag"} <= o.keys() for o in lines)
+
+
+def test_an_inline_phoneme_span_is_kept_and_never_ends_an_utterance():
+    from voicebus.gate.markdown import speakable_text
+
+    assert speakable_text("Read **[Kokoro](/kˈOkəɹO/)** and [the docs](https://x.io/a.b) or [x](/a/b/).") == (
+        "Read [Kokoro](/kˈOkəɹO/) and the docs or x.")
+    text = "Try [e.g. this](/ˈi ʤˈi. ðɪs!/) now. [A](/ˈA/)? Yes. [Unclosed and. More [X](/y Z./). Ok."
+    want = ["Try [e.g. this](/ˈi ʤˈi. ðɪs!/) now.", "[A](/ˈA/)?", "Yes.", "[Unclosed and.", "More [X](/y Z./).", "Ok."]
+    for size in (1, 2, 7):
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        assert [s.text for s in feed_all(text, pieces)] == want, size
+
+
+@pytest.mark.parametrize("limit", [40, 47, 53, 61])
+def test_the_buffer_bound_never_cuts_inside_a_phoneme_span(limit):
+    text = "word " * 8 + "[New York City](/nˈu jˈɔɹk sˈɪti/) and more words here and [a b](/x y/) more words"
+    for size in (1, 3):
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        got = [s.text for s in feed_all(text, pieces, max_buffer_chars=limit)]
+        assert all(t.count("[") == t.count("](/") == t.count("/)") for t in got), got
+        assert " ".join(got) == text.strip()

@@ -362,3 +362,46 @@ def test_the_fallback_voice_may_be_a_mix_of_voices_that_are_there():
     assert fallback_voice("af_bella(1)+af_heart(3)", here) == "af_heart:0.75+af_bella:0.25"
     assert fallback_voice("af_heart+af_sky", here) == "af_bella"  # af_sky is not there: the first by name
     assert voice_available("af_heart+jm_kumo", here) and not voice_available("af_heart+", here)
+
+
+# --- pronunciation: inline phoneme spans (docs/protocol.md, "Pronunciation") ---------------------------
+
+
+def test_a_phoneme_span_is_one_word_the_pieces_never_cut():
+    text = "One, two, three four five six seven [New York. City](/nˈu jˈɔɹk, sˈɪti/) eight nine."
+    pieces = split_for_early_audio(text, 3, 4)
+    assert "[New York. City](/nˈu jˈɔɹk, sˈɪti/)" in " ".join(pieces)
+    assert all(p.count("[") == p.count("/)") for p in pieces)
+
+
+@pytest.mark.parametrize("language, plain, spanned, phonemes, words", [
+    ("en", "I like Kokoro.", "I like [Kokoro](/kˈOkəɹO/).", "kˈOkəɹO", ["I", "like", "Kokoro."]),
+    ("es", "Me gusta Kokoro, mucho.", "Me gusta [Kokoro](/kˈokoɾo/), mucho.", "kˈokoɾo,",
+     ["Me", "gusta", "Kokoro,", "mucho."]),
+    ("pt", "Eu vi Nova York.", "Eu vi [Nova York](/nˈɔva jˈɔɾk/).", "nˈɔva jˈɔɾk.", ["Eu", "vi", "Nova York."]),
+])
+def test_the_engine_speaks_the_phonemes_of_a_span(tiny_engine: SynthesisEngine, language, plain, spanned, phonemes,
+                                                  words):
+    """misaki (English) reads spans itself; for espeak's languages the engine splices them in."""
+    before = tiny_engine.phonemize(plain, language)
+    after = tiny_engine.phonemize(spanned, language)
+    assert len(after) == 1 and phonemes in after[0] and phonemes not in before[0]
+    assert "[" not in after[0] and "/" not in after[0]
+    # the rest is phonemized as without the span
+    assert after[0].split()[0] == before[0].split()[0]
+    spoken = list(tiny_engine.spoken_pieces(spanned, language, "af_heart"))
+    timed = [w for piece in spoken for w in piece.words]
+    assert [w.text for w in timed] == words
+    assert all(a.end <= b.start for a, b in zip(timed, timed[1:])) and all(w.start <= w.end for w in timed)
+
+
+@pytest.mark.parametrize("language, text", [("en", "We store it in SQL tables."), ("es", "Lo guardo en SQL hoy.")])
+def test_what_the_gate_makes_of_a_lexicon_changes_the_phonemes(tiny_engine: SynthesisEngine, language, text):
+    from voicebus.gate.core import apply_lexicon
+
+    said = apply_lexicon(text, [{"match": "SQL", "say": "Postgres"}])
+    spanned = apply_lexicon(text, [{"match": "SQL", "phonemes": "ˈɛs kjˈu ˈɛl"}])
+    assert spanned == text.replace("SQL", "[SQL](/ˈɛs kjˈu ˈɛl/)")
+    plain = tiny_engine.phonemize(text, language)[0]
+    assert tiny_engine.phonemize(said, language)[0] != plain
+    assert "ˈɛs kjˈu ˈɛl" in tiny_engine.phonemize(spanned, language)[0] and "ˈɛs kjˈu ˈɛl" not in plain
