@@ -670,10 +670,15 @@ class GateWorker:
     async def _process_control(self, record: Any, partition: int) -> None:
         """(Under the lock.) One control record through the record policy, then its effects."""
         effects: list[tuple[_Entry, str, list[dict], list[tuple[str, dict]]]] = []
+        room = _Batch()  # a session this cancel makes room for: the evicted one's tombstone
 
         def handle(decoded: Any) -> None:
             event = decoded.message.value
             sid = event["session_id"]
+            if sid not in self._sessions and len(self._sessions) >= self.settings.gate_max_sessions:
+                # A cancel of a session the gate does not hold is remembered (its turns may come
+                # later), so it is a new session too, under the same bound as text's.
+                self._make_room(sid, room)
             entry = self._entry(sid, partition)
             try:
                 requests = entry.session.apply(event, self.clock_us())
@@ -684,6 +689,8 @@ class GateWorker:
 
         if await self.policy.process(record, "ControlEvent", handle):
             self._control_applied.inc()
+        for evicted, at in room.evicted:
+            await self._write(at, evicted, None)
         for entry, sid, requests, controls in effects:
             await self._commit_effects(entry, sid, requests, self.clock_us(), controls)
 

@@ -593,6 +593,31 @@ async def test_past_its_session_bound_the_gate_forgets_an_idle_session_or_refuse
     assert {dict(r.headers).get("voicebus.error.reason") for r in records} == {b"gate-full"}
 
 
+async def test_cancels_of_sessions_the_gate_does_not_hold_stay_under_its_session_bound(make_settings, workers):
+    """A cancel of an unknown session is remembered (its turns may come later): a new session, so
+    VOICEBUS_GATE_MAX_SESSIONS bounds it as it bounds text. A flood of cancels naming new sessions
+    once grew the gate past its bound."""
+    settings = make_settings(partitions=1, gate_max_sessions=3)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "llm")])
+    gate = await workers(settings)
+    flood = [{"session_id": f"ghost-{i}", "turn_id": None, "action": "CANCEL", "reason": "flood", "source": "agent",
+              "issued_at_us": 0, "turn_ids": [f"t{i}"], "after_turn_id": None} for i in range(12)]
+    await send(settings, "llm", flood)
+    await eventually(lambda: (gate.registry.get_sample_value("voicebus_gate_control_events_total") or 0) >= 12,
+                     what="the gate applied every cancel", detail=lambda: f"sessions {sorted(gate._sessions)}")
+    assert len(gate._sessions) <= 3
+    assert (gate.registry.get_sample_value("voicebus_gate_sessions_evicted_total") or 0) >= 9
+    # what it holds is the latest: a listed turn that comes now is still cancelled
+    late = Turn("t11", session="ghost-11")
+    async with Requests(settings) as requests:
+        await send(settings, "llm", late.tokens("Never spoken. ") + [late.end()])
+        other = Turn(session="alive")
+        await send(settings, "llm", other.tokens("Spoken. ") + [other.end()])
+        await requests.until(lambda got: any(r["session_id"] == "alive" for r in got), "the live session spoke")
+    assert not [r for r in requests.got if r["session_id"] == "ghost-11" and r["text"]]
+
+
 async def _released_in_state(settings, sid: str) -> bool:
     state = (await changelog_states(settings)).get(sid)
     return bool(state) and any(turn.get("next_seq", 0) >= 1 for turn in state.get("turns", {}).values())
