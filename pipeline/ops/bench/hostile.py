@@ -25,18 +25,23 @@ and stopped by the run; given ``--bootstrap``, that one, and none started). The 
 
 Settings of the run (`bench_settings`): topics, edge port and secret of its own, PCM16 audio (what
 the hashes compare), and the gate's segmenter bound at 256 characters instead of 2048, so a run-on
-turn crosses it at a cost the tiny model can pay on a CPU. ``--parts`` picks the hostile parts
+turn crosses it at a cost the tiny model can pay on a CPU, the edge's players at 64 and the
+gate's sessions at 200 (the cases that fill them). ``--parts`` picks the hostile parts
 (records, clients, slow-readers, far-future); ``--control`` runs none (the comparison itself must
 then find 0 affected turns).
 
 4. **cases** (`voicebus.ops.bench.hostile_cases`), after the rounds: one named attack at a time
    beside the normal sessions (fresh session ids again), each scored on its own: processes died,
-   normal turns affected, memory growth per stage (after the case minus before it), and whether
+   normal turns affected, memory growth per stage (what the attack added: the memory after the
+   case less the higher of the levels before and after a control replay without attack just
+   before it, after one warm-up replay before the first case; `hostile_cases.attack_only`), and
+   whether
    the rejection was reported, with the observable that reported it (a dead-letter reason
    header, a counter on a stage's ``/metrics``, a close code or error frame to the client).
    ``--cases a,b`` picks them (default all; ``none``: the rounds only, as before the cases
    existed); ``--rounds 0`` runs the cases alone after the clean run. ``--control`` runs no case.
-   For the cases the bench's edge serves at most 64 players (``pre-hello-flood`` fills that), and,
+   For the cases the bench's edge serves at most 64 players (``pre-hello-flood`` fills that), the
+   gate holds at most `GATE_MAX_SESSIONS` sessions (``session-flood`` goes past it), and,
    when ``unknown-schema-flood`` runs, the stages are given a schema registry of the bench's own
    that knows no id and counts the lookups (`hostile_cases.CountingRegistry`).
 
@@ -45,8 +50,10 @@ JSON (``--json PATH``): ``inputs`` (kind -> count), ``processes_died``, ``normal
 -> the median round-to-round change, `memory_per_round`: a leak shows there, a high-water step
 does not) with ``rss_mb`` (stage -> MB after the clean run and each round), all of the rounds
 (``processes_died``: by the end of the run, cases included); and ``cases`` (name -> ``attack``,
-``inputs``, ``processes_died``, ``normal_turns``, ``normal_turns_affected``, ``memory_growth_mb``,
-``rejection_reported``, ``reason``, ``detail``). Figures and reproduction in docs/benchmarks.md
+``inputs``, ``processes_died``, ``normal_turns``, ``normal_turns_affected``, ``memory_growth_mb``
+(attack-only), ``memory_growth_raw_mb``, ``memory_control_mb``, ``control_turns_affected``,
+``rejection_reported``, ``reason``, ``detail``) with ``cases_warm_up`` (the warm-up replay's
+growth). Figures and reproduction in docs/benchmarks.md
 ("bench hostile").
 """
 
@@ -71,8 +78,8 @@ from typing import Any, Awaitable, Callable
 
 from voicebus.cli import add_json_argument
 from voicebus.ops.bench.cli import add_stage_log_level
-from voicebus.ops.bench.hostile_cases import (CASES, CaseContext, CountingRegistry, Helpers, case_ok, format_cases,
-                                              parse_cases, run_cases)
+from voicebus.ops.bench.hostile_cases import (CASES, MEMORY_TARGET_MB, CaseContext, CountingRegistry, Helpers,
+                                              case_ok, format_cases, memory_ok, parse_cases, run_cases)
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -86,6 +93,7 @@ HOSTILE_AGENT = "hostile"
 PARTS = ("records", "clients", "slow-readers", "far-future")
 NORMAL_AGENT = "assistant"
 EDGE_MAX_CLIENTS = 64  # the bench's edge: players at once (sockets before their hello included)
+GATE_MAX_SESSIONS = 200  # the bench's gate: sessions held at once (the session-flood case goes past it)
 TURN_TIMEOUT_S = 300.0  # a normal turn waits behind hostile synthesis on a loaded 2-core machine
 
 
@@ -154,7 +162,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     # the result keys, then the memory figures that tell a leak from a high-water mark, then the cases
     summary = ({k: results[k] for k in RESULT_KEYS} | {k: results[k] for k in ("memory_per_round_mb", "rss_mb")}
                | {"cases": {name: {k: v for k, v in r.items() if k not in ("affected", "died")}
-                            for name, r in results["cases"].items()}})
+                            for name, r in results["cases"].items()},
+                  "cases_warm_up": results["cases_warm_up"]})
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
         for stage, text in results["logs"].items():
@@ -172,6 +181,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(format_cases(results["cases"]), file=sys.stderr)
     ok = (summary["processes_died"] == 0 and summary["normal_turns_affected"] == 0
           and all(case_ok(r) for r in results["cases"].values()))
+    over = [name for name, r in results["cases"].items() if not memory_ok(r)]
+    if over:
+        print(f"bench hostile: attack-only memory growth over {MEMORY_TARGET_MB:g} MB on a stage: {', '.join(over)}",
+              file=sys.stderr)
     print("bench hostile:", ("0 crashes, 0 normal turns affected" + (", every case's rejection reported"
                                                                       if results["cases"] else ""))
           if ok else "TARGET MISSED", file=sys.stderr)
@@ -216,6 +229,9 @@ def bench_settings(settings: Settings) -> Settings:
         edges_topic=f"{p}.edges", edge_secret=secrets.token_hex(16), audio_encoding="pcm16", tracing=False,
         # few enough players that the pre-hello-flood case fills the edge (a round needs about 25)
         edge_max_clients=min(settings.edge_max_clients, EDGE_MAX_CLIENTS),
+        # few enough sessions that the session-flood case goes past the gate's bound (a round opens
+        # about 10, idle ones are forgotten first)
+        gate_max_sessions=min(settings.gate_max_sessions, GATE_MAX_SESSIONS),
         # the segmenter's bound low enough that a run-on turn reaches it at a cost the tiny model
         # can pay on a CPU (at the default 2048 characters one such turn is minutes of audio)
         gate_max_buffer_chars=min(settings.gate_max_buffer_chars, 256))
@@ -673,12 +689,12 @@ async def _run_bench(settings: Settings, plan: Plan, *, seed: int, parts, progre
                     progress(f"  affected so far {len(bad)}, rss {stack.rss_mb()}")
                 inputs = agent.inputs + clients.inputs
                 end = stack.rss_mb()
-                case_results = {}
+                case_results, warm_up = {}, {}
                 if cases:
                     helpers = Helpers(raw_avro, _text, _cancel, KIND_HEADER, CANCEL_COUNTERS, normal_sessions, affected)
                     ctx = CaseContext(stack, raw, agent.codec, rng, plan.scale, helpers, registry=registry,
                                       hostile_topic=agent.topic)
-                    case_results = await run_cases(stack, publisher, plan, clean, cases, ctx, progress)
+                    case_results, warm_up = await run_cases(stack, publisher, plan, clean, cases, ctx, progress)
                 died = stack.died()
                 return {
                     "inputs": dict(sorted(inputs.items())),
@@ -690,7 +706,7 @@ async def _run_bench(settings: Settings, plan: Plan, *, seed: int, parts, progre
                     "affected": [f"{key}: {why}" for key, why in bad],
                     "rss_mb": rss, "closes": dict(sorted(clients.closes.items())), "died": died,
                     "tails": {st.name: st.tail(15) for st in stack.stages if st.died()},
-                    "cases": case_results,
+                    "cases": case_results, "cases_warm_up": warm_up,
                     "logs": {st.name: st.tail(300) for st in stack.stages},
                 }
             finally:

@@ -4,8 +4,13 @@ and the observable its defence produces.
 Each case (`CASES`, in order) runs while the normal sessions replay their turns once more
 (`voicebus.ops.bench.hostile.normal_sessions`, fresh session ids), and is scored like a hostile
 round: ``processes_died`` (stage processes that exited during the case), ``normal_turns_affected``
-(`voicebus.ops.bench.hostile.affected` against the clean run) and ``memory_growth_mb`` (each stage's
-VmRSS after the case minus before it). On top of that each case says whether the rejection was
+(`voicebus.ops.bench.hostile.affected` against the clean run) and ``memory_growth_mb``: what the
+attack added to each stage's VmRSS. Before the first case one warm-up replay (not measured) sets
+the stages' high-water marks of the normal turns; then each case gets a **control** replay (the
+same turns, no attack) just before it, measured the same way (VmRSS after minus before), and
+``memory_growth_mb`` is the stage's memory after the case less the higher of its levels before and
+after the control (`attack_only`; the case's own growth ``memory_growth_raw_mb`` and the
+control's ``memory_control_mb`` are kept). On top of that each case says whether the rejection was
 **reported**, and how (``reason``): what an operator or a client can see of the defence.
 
 - ``directory-forgery``: edge-directory records claiming every partition for a foreign URL,
@@ -41,6 +46,10 @@ VmRSS after the case minus before it). On top of that each case says whether the
   counts the lookups it gets). Observed: each stage dead-lettered every record as
   ``unknown-schema-id``, and the registry got at most ``stages x (burst + rate x seconds)``
   lookups (`voicebus.codecs.LOOKUP_RATE_PER_S`, ``LOOKUP_BURST``), fewer than the records.
+- ``session-flood``, ``zombie-gate``: more sessions than the gate holds, a gate paused until its
+  partitions moved
+  (`voicebus.ops.bench.hostile_faults`, which says what each does and observes). ``zombie-gate``
+  restarts the gate first (`PREPARE`), before its control replay.
 """
 
 from __future__ import annotations
@@ -142,6 +151,7 @@ class CaseContext:
     helpers: Helpers
     registry: CountingRegistry | None = None
     hostile_topic: str = ""
+    replay_done: asyncio.Event | None = None  # set once the normal sessions' replay of the case ended
 
     @property
     def s(self):
@@ -579,6 +589,9 @@ async def unknown_schema_flood(ctx: CaseContext) -> Observation:
 
 Attack = Callable[[CaseContext], Awaitable[Observation]]
 
+# the cases that bend a stage (that module imports this one: reached at call time)
+from voicebus.ops.bench import hostile_faults as _faults  # noqa: E402
+
 CASES: dict[str, tuple[str, Attack]] = {
     "directory-forgery": ("unsigned and wrongly signed edge-directory records claiming every partition", directory_forgery),
     "near-max-record": ("a text event just under the topic's max.message.bytes", near_max_record),
@@ -589,6 +602,14 @@ CASES: dict[str, tuple[str, Attack]] = {
                           report_ping_flood),
     "pre-hello-flood": ("edge_max_clients + 8 sockets that never say hello", pre_hello_flood),
     "unknown-schema-flood": ("400 Confluent-framed records naming made-up schema ids", unknown_schema_flood),
+    "session-flood": ("2 x gate_max_sessions sessions whose turns end at once, then the bound + 20 that never end",
+                      lambda ctx: _faults.session_flood(ctx)),
+    "zombie-gate": ("the gate paused past its session timeout while a second gate takes its partitions, then resumed",
+                    lambda ctx: _faults.zombie_gate(ctx)),
+}
+# what a case needs done before it is measured (before its control replay)
+PREPARE: dict[str, Callable[[CaseContext], Awaitable[None]]] = {
+    "zombie-gate": lambda ctx: _faults.zombie_prepare(ctx),
 }
 
 
@@ -606,61 +627,120 @@ def parse_cases(text: str | None) -> list[str]:
     return names
 
 
+def attack_only(raw: dict[str, float], control: dict[str, float]) -> dict[str, float]:
+    """Per stage, what the attack added: the stage's memory after the case less the higher of its
+    memory before and after the control replay (the same turns with no attack, just before the
+    case). A high-water step the replay takes is taken in the control; memory the allocator
+    handed back during the control does not count against the attack. `raw`: after the case
+    less before it; `control`: after the control less before it."""
+    return {st: round(raw[st] + min(control.get(st, 0.0), 0.0), 1) for st in raw}
+
+
+def growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {st: round(after[st] - before.get(st, 0.0), 1) for st in after}
+
+
 async def run_cases(stack, publisher, plan, clean, names: list[str], ctx: CaseContext,
-                    progress: Callable[[str], None] = lambda m: None) -> dict[str, dict]:
-    """Each case in `names`, one after the other, while the normal sessions replay their turns;
-    returns name -> its figures (``processes_died``, ``normal_turns``, ``normal_turns_affected``,
-    ``memory_growth_mb``, ``rejection_reported``, ``reason``, ``inputs``, ``detail``, ``affected``)."""
+                    progress: Callable[[str], None] = lambda m: None) -> tuple[dict[str, dict], dict]:
+    """Each case in `names`, one after the other, while the normal sessions replay their turns.
+
+    Memory: one warm-up replay first (not measured: the stages' high-water marks of the normal
+    turns), then per case a **control** replay (no attack) and the case's replay, each measured as
+    VmRSS after minus before; ``memory_growth_mb`` is the case's growth over the higher of the
+    levels before and after the control (`attack_only`), ``memory_growth_raw_mb`` and
+    ``memory_control_mb`` the two it comes from. A case's preparation
+    (`PREPARE`: a stage restarted with other options) runs before its control replay.
+
+    Returns name -> its figures (``processes_died``, ``normal_turns``, ``normal_turns_affected``,
+    ``memory_growth_mb``, ``memory_growth_raw_mb``, ``memory_control_mb``, ``rejection_reported``,
+    ``reason``, ``inputs``, ``detail``, ``affected``, ``died``), and the warm-up's figures."""
     normal_sessions, affected = ctx.helpers.normal_sessions, ctx.helpers.affected
     out: dict[str, dict] = {}
+    warm: dict = {}
+    if names:
+        progress("cases: a warm-up replay (not measured)")
+        before = stack.rss_mb()
+        heard = await normal_sessions(stack, publisher, plan, "warm-up")
+        warm = {"memory_growth_mb": growth(before, stack.rss_mb()), "normal_turns": len(heard),
+                "normal_turns_affected": len(affected(clean, heard))}
     for name in names:
         description, attack = CASES[name]
-        progress(f"case {name}: {description}")
         died_before = set(stack.died())
+        if name in PREPARE:
+            progress(f"case {name}: preparing")
+            await PREPARE[name](ctx)
+        progress(f"case {name}: control replay")
+        rss_control = stack.rss_mb()
+        control_heard = await normal_sessions(stack, publisher, plan, f"k-{name}")
         rss_before = stack.rss_mb()
+        control = growth(rss_control, rss_before)
+        progress(f"case {name}: {description}")
         tasks: list[asyncio.Task] = []
+        ctx.replay_done = asyncio.Event()
 
-        async def before(session_ids: list[str]) -> None:
+        async def before_turns(session_ids: list[str]) -> None:
             tasks.append(asyncio.create_task(attack(ctx)))
 
-        heard = await normal_sessions(stack, publisher, plan, f"c-{name}", before_turns=before)
+        try:
+            heard = await normal_sessions(stack, publisher, plan, f"c-{name}", before_turns=before_turns)
+        finally:
+            ctx.replay_done.set()
         try:
             seen = await tasks[0]
         except Exception as exc:  # noqa: BLE001 - one case failing to observe is that case's result
             seen = Observation(False, f"the case itself failed: {type(exc).__name__}: {exc}", 0)
         bad = affected(clean, heard)
         died = sorted(set(stack.died()) - died_before)
-        rss_after = stack.rss_mb()
+        raw = growth(rss_before, stack.rss_mb())
         out[name] = {
             "attack": description,
             "inputs": seen.inputs,
             "processes_died": len(died),
             "normal_turns": len(heard),
             "normal_turns_affected": len(bad),
-            "memory_growth_mb": {st: round(rss_after[st] - rss_before.get(st, 0.0), 1) for st in rss_after},
+            "memory_growth_mb": attack_only(raw, control),
+            "memory_growth_raw_mb": raw,
+            "memory_control_mb": control,
+            "control_turns_affected": len(affected(clean, control_heard)),
             "rejection_reported": seen.reported,
             "reason": seen.reason,
             "detail": seen.detail,
             "affected": [f"{key}: {why}" for key, why in bad],
             "died": died,
         }
-        progress(f"  {name}: died {len(died)}, affected {len(bad)}/{len(heard)}, reported {seen.reported}: {seen.reason}")
-    return out
+        progress(f"  {name}: died {len(died)}, affected {len(bad)}/{len(heard)}, MB {out[name]['memory_growth_mb']} "
+                 f"(raw {raw}, control {control}), reported {seen.reported}: {seen.reason}")
+    return out, warm
+
+
+MEMORY_TARGET_MB = 5.0  # a case's attack-only memory growth per stage, at most
 
 
 def case_ok(result: dict) -> bool:
     return (result["processes_died"] == 0 and result["normal_turns_affected"] == 0 and result["rejection_reported"])
 
 
+def memory_ok(result: dict, target_mb: float = MEMORY_TARGET_MB) -> bool:
+    """The case's attack-only growth (`attack_only`) is within `target_mb` on every stage."""
+    return all(mb <= target_mb for mb in result["memory_growth_mb"].values())
+
+
 def format_cases(cases: dict[str, dict]) -> str:
-    """The per-case table of the text output."""
+    """The per-case table of the text output: attack-only memory growth, and the case's raw
+    growth and its control's when known."""
     if not cases:
         return ""
     stages = list(next(iter(cases.values()))["memory_growth_mb"])
-    head = f"{'case':<22} {'died':>4} {'affected':>9} {'MB ' + '/'.join(stages):>24}  reported  reason"
+
+    def mb(figures: dict[str, float] | None) -> str:
+        return "/".join(f"{figures[st]:+.1f}" for st in stages) if figures else "-"
+
+    head = (f"{'case':<22} {'died':>4} {'affected':>9} {'MB ' + '/'.join(stages):>24} "
+            f"{'raw':>20} {'control':>20}  reported  reason")
     lines = [head]
     for name, r in cases.items():
-        mb = "/".join(f"{r['memory_growth_mb'][st]:+.1f}" for st in stages)
         lines.append(f"{name:<22} {r['processes_died']:>4} {r['normal_turns_affected']:>4} of {r['normal_turns']:<2} "
-                     f"{mb:>24}  {'yes' if r['rejection_reported'] else 'NO':<8}  {r['reason']}")
+                     f"{mb(r['memory_growth_mb']):>24} {mb(r.get('memory_growth_raw_mb')):>20} "
+                     f"{mb(r.get('memory_control_mb')):>20}  {'yes' if r['rejection_reported'] else 'NO':<8}  "
+                     f"{r['reason']}")
     return "\n".join(lines)

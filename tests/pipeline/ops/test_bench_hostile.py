@@ -111,7 +111,7 @@ def test_cases_are_chosen_by_name_all_by_default_and_an_unknown_name_is_refused(
     with pytest.raises(ValueError, match="no-such-case"):
         parse_cases("huge-turn-ids,no-such-case")
     assert {"directory-forgery", "near-max-record", "missing-dlq", "huge-turn-ids", "label-flood",
-            "report-ping-flood", "pre-hello-flood", "unknown-schema-flood"} <= set(CASES)
+            "report-ping-flood", "pre-hello-flood", "unknown-schema-flood", "session-flood", "zombie-gate"} <= set(CASES)
 
 
 def test_a_case_passes_only_with_nothing_died_nothing_affected_and_the_rejection_reported():
@@ -153,3 +153,50 @@ async def test_named_cases_beside_a_normal_session_kill_nothing_affect_nothing_a
     flood = results["cases"]["report-ping-flood"]["detail"]
     assert flood["open_after"] and flood["errors_received"] > 0 and sum(flood["refused"].values()) > 0
     assert results["processes_died"] == 0
+
+
+def test_a_case_s_memory_growth_is_counted_over_the_higher_level_around_its_control_replay():
+    from voicebus.ops.bench.hostile_cases import attack_only, format_cases, growth, memory_ok
+
+    raw = growth({"gate": 48.0, "worker": 2000.0, "edge": 51.0}, {"gate": 48.3, "worker": 2009.4, "edge": 51.2})
+    assert raw == {"gate": 0.3, "worker": 9.4, "edge": 0.2}
+    # the worker's allocator handed 8 MB back during the control and took them again in the case:
+    # not the attack's; a step up in the control is the replay's, and the case grows from there
+    control = {"gate": 0.1, "worker": -8.0, "edge": 0.4}
+    assert attack_only(raw, control) == {"gate": 0.3, "worker": 1.4, "edge": 0.2}
+    case = {"processes_died": 0, "normal_turns": 4, "normal_turns_affected": 0, "rejection_reported": True,
+            "reason": "r", "memory_growth_mb": attack_only(raw, control), "memory_growth_raw_mb": raw,
+            "memory_control_mb": control}
+    assert memory_ok(case) and not memory_ok(case | {"memory_growth_mb": {"gate": 5.1, "worker": 0.0, "edge": 0.0}})
+    row = format_cases({"session-flood": case}).splitlines()[1]
+    assert "+0.3/+1.4/+0.2" in row and "+0.3/+9.4/+0.2" in row and "+0.1/-8.0/+0.4" in row
+
+
+def test_a_session_flood_must_evict_what_goes_past_the_gate_s_bound():
+    from voicebus.ops.bench.hostile_faults import flood_expectation
+
+    assert flood_expectation(200, 30, 400) == 230
+    assert flood_expectation(200, 0, 150) == 0
+
+
+def test_the_zombie_gate_s_announcements_fence_lines_and_duplicates_are_read_from_its_output():
+    from voicebus.ops.bench.hostile_faults import (_gate_cmd, fence_report, owned_control, ready_partitions,
+                                                   released_twice)
+
+    ready = "voicebus-gate assigned"
+    lines = ['voicebus-gate assigned ["c:0", "c:1", "text.a:0", "text.a:1"]',
+             "INFO gate: partitions [0, 1] revoked",
+             "INFO gate: fenced after a stall: partitions [0] may have moved (IllegalGenerationError)",
+             'voicebus-gate assigned ["c:1", "text.a:1"]', "voicebus-gate assigned not json",
+             "INFO gate: partitions [1] assigned and recovered (3 sessions)"]
+    announced = ready_partitions(lines, ready)
+    assert [owned_control(p, "c") for p in announced] == [2, 1, 0]
+    report = fence_report(lines)
+    assert len(report["fenced"]) == 1 and report["revoked"] == ["INFO gate: partitions [0, 1] revoked"]
+    # a speculative release and its confirmation are two requests of one sentence, not a repeat
+    probe = [("t", 0, True, "One."), ("t", 0, False, "One."), ("t", 1, False, "Two."), ("t", 1, False, "Two.")]
+    assert released_twice(probe) == {"t#1#False#Two.": 2}
+    cmd = ["py", "-m", "voicebus.gate.app", "--announce", "--log-level", "WARNING", "--metrics-port", "9"]
+    assert _gate_cmd(cmd, "INFO", 6.0) == ["py", "-m", "voicebus.gate.app", "--announce", "--metrics-port", "9",
+                                           "--log-level", "INFO", "--session-timeout", "6"]
+    assert _gate_cmd(_gate_cmd(cmd, "INFO", 6.0), "INFO", 6.0) == _gate_cmd(cmd, "INFO", 6.0)
