@@ -62,12 +62,12 @@ import struct
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-DLQ_COUNTER = "voicebus_records_dead_lettered_total"
+from voicebus.ops.bench.hostile_scoring import DLQ_COUNTER, REASON_HEADER, Observation  # noqa: F401 - re-exported
+
 SKIP_COUNTER = "voicebus_records_skipped_total"
-REASON_HEADER = "voicebus.error.reason"
 LABEL_SERIES_SLACK = 12  # series a label flood may add to a stage's /metrics (the "other" label, first uses)
 WAIT_S = 120.0  # how long a case waits for the stages to show what it expects
 FLOOD_TIMES, FLOOD_S = 10, 3.0  # report-ping-flood: 10 times edge_message_rate_per_s for 3 s
@@ -111,16 +111,6 @@ class CountingRegistry:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-
-@dataclass
-class Observation:
-    """What one case saw: whether the rejection was reported, how, and the figures behind it."""
-
-    reported: bool
-    reason: str
-    inputs: int
-    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

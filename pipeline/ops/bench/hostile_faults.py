@@ -36,7 +36,7 @@ import uuid
 from collections import Counter, deque
 from typing import Any, Iterable
 
-from voicebus.ops.bench import hostile_cases as hc
+from voicebus.ops.bench import hostile_scoring as hc
 
 FLOOD_TIMES = 2  # session-flood: sessions of turns that end at once, times the gate's bound
 FLOOD_REFUSED = 20  # session-flood: sessions past the bound whose turns never end (refused)
