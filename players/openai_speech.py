@@ -170,7 +170,7 @@ class SpeechRequest:
                 return kokoro_code(asked)
             except UnknownLanguage as exc:
                 raise ApiError(400, str(exc), param="language", code="unsupported_language") from None
-        first = voice.split("+")[0].split(":")[0].strip()
+        first = parse_voice(voice).names[0]  # a mix: its heaviest voice (the canonical spelling's first)
         if not _KOKORO_NAME.match(first):
             return kokoro_code(settings.default_language)  # a voice pack of the deployment's own naming
         if first[0] not in KOKORO_CODES:
