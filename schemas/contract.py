@@ -80,11 +80,18 @@ LANGUAGES: Mapping[str, str] = {
     "en-gb": "b", "en_gb": "b", "b": "b",
     "es": "e", "e": "e",
     "pt": "p", "pt-br": "p", "pt_br": "p", "p": "p",
+    "fr": "f", "fr-fr": "f", "fr_fr": "f", "f": "f",
+    "it": "i", "i": "i",
+    "hi": "h", "h": "h",
+    "ja": "j", "j": "j",
+    "zh": "z", "zh-cn": "z", "zh_cn": "z", "z": "z",
 }
-# Kokoro code -> the sentence rules the segmenter applies (it has rules for en, es and pt).
-SEGMENTER_LANGUAGE: Mapping[str, str] = {"a": "en", "b": "en", "e": "es", "p": "pt"}
+# Kokoro code -> the sentence rules the segmenter applies (`voicebus.gate.abbreviations`).
+SEGMENTER_LANGUAGE: Mapping[str, str] = {"a": "en", "b": "en", "e": "es", "p": "pt", "f": "fr", "i": "it", "h": "hi",
+                                         "j": "ja", "z": "zh"}
 # A voice of each language, for an event that names none when the configured default is of another.
-DEFAULT_VOICES: Mapping[str, str] = {"a": "af_heart", "b": "bf_emma", "e": "ef_dora", "p": "pf_dora"}
+DEFAULT_VOICES: Mapping[str, str] = {"a": "af_heart", "b": "bf_emma", "e": "ef_dora", "p": "pf_dora", "f": "ff_siwis",
+                                     "i": "if_sara", "h": "hf_alpha", "j": "jf_alpha", "z": "zf_xiaobei"}
 KOKORO_CODES = frozenset(LANGUAGES.values())
 assert KOKORO_CODES == frozenset(SEGMENTER_LANGUAGE) == frozenset(DEFAULT_VOICES), "one entry per spoken language"
 
@@ -210,7 +217,9 @@ def describe_voice(name: str) -> VoiceInfo:
 KOKORO_VOICES: Mapping[str, VoiceInfo] = MappingProxyType({n: describe_voice(n) for n in KOKORO_VOICE_NAMES})
 assert len(KOKORO_VOICES) == 54 and all(
     v.language in KOKORO_LANGUAGE_NAMES and v.gender != "?" for v in KOKORO_VOICES.values()), "Kokoro-82M v1.0"
-assert set(DEFAULT_VOICES.values()) <= set(KOKORO_VOICES), "each language's default is a Kokoro voice"
+assert set(DEFAULT_VOICES.values()) <= set(KOKORO_VOICES) and all(
+    KOKORO_VOICES[voice].language == code for code, voice in DEFAULT_VOICES.items()), \
+    "each language's default is a Kokoro voice of that language"
 
 # A voice name in a spec: what a voice pack's file name may be (``voices/<name>.pt``): ASCII
 # letters and digits, then also ``_``, ``-`` and ``.``; never ``+``, ``:``, parentheses or spaces.

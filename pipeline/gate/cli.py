@@ -11,7 +11,7 @@ import re
 import sys
 from typing import Iterator, TextIO
 
-LANGUAGES = ("en", "es", "pt")
+LANGUAGES = ("en", "es", "pt", "fr", "it", "hi", "ja", "zh")
 _WORD_TOKEN = re.compile(r"\s*\S+|\s+")
 
 

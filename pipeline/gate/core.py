@@ -62,7 +62,9 @@ log = logging.getLogger(__name__)
 
 # What the listener hears in place of a claim whose evidence failed or was dropped on timeout.
 FAILURE_NOTICES = {"en": "I couldn't confirm that.", "es": "No pude confirmarlo.",
-                   "pt": "Não consegui confirmar isso."}
+                   "pt": "Não consegui confirmar isso.", "fr": "Je n'ai pas pu le confirmer.",
+                   "it": "Non sono riuscito a confermarlo.", "hi": "मैं इसकी पुष्टि नहीं कर सका।",
+                   "ja": "確認できませんでした。", "zh": "我无法确认这一点。"}
 
 GATE_MODE_INCREMENTAL = "incremental"  # each sentence goes out when released (the point of voicebus)
 GATE_MODE_BUFFERED = "buffered"  # one request per turn at its end (the baseline voicebus replaces)

@@ -38,6 +38,7 @@ keep it in its changelog topic.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,7 @@ CLAUSE_MARKS = ",;:"
 CONTINUING_SIGNS = set("/&+=<>|\\~^%-–—:;,.)]}")
 
 END = "\x00"  # what lies past the end of a flushed turn (matches no class of characters)
+SPACES = " \t\u00a0\u202f"  # French typography puts a (narrow) no-break space before ? ! : ; »
 
 KINDS = ("sentence", "heading", "list_item", "clause", "code")
 
@@ -90,6 +92,12 @@ class _NeedMore(Exception):
 _DOTTED = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")
 
 
+def _is_mark(c: str) -> bool:
+    """A combining mark (a Devanagari vowel sign, an accent in decomposed text): part of the
+    word its letter starts, though not a letter itself."""
+    return unicodedata.category(c)[0] == "M"
+
+
 def _inside_span(text: str) -> bool:
     """Whether `text`, which starts with ``[``, is the start of an inline phoneme span and not yet
     all of it: a cut at its end would be inside the span."""
@@ -120,6 +128,9 @@ class StreamingSegmenter:
             raise ValueError("max_buffer_chars must be >= 0 (0: no bound)")
         self.max_buffer_chars = max_buffer_chars
         self._rules: LanguageRules = rules_for(language)
+        self._stops = STOPS + self._rules.stops
+        self._closers = CLOSERS + self._rules.closers
+        self._openers = OPENERS + self._rules.openers
         self.language = language
         self.first_clause_min_words = first_clause_min_words
         self._fed = 0
@@ -197,7 +208,7 @@ class StreamingSegmenter:
         k = i
         while k > self._content and not buf[k - 1].isspace():
             k -= 1
-        token = buf[k:i].lstrip(OPENERS)
+        token = buf[k:i].lstrip(self._openers)
         if not token or token[-1].isdigit() or "." in token:
             return None
         if buf[i] == "." and self._token_class(i) != "plain":
@@ -400,7 +411,7 @@ class StreamingSegmenter:
                 self._in_word = False
                 self._pos = end
                 return None
-        if c in STOPS and self._kind != "heading":
+        if c in self._stops and self._kind != "heading":
             return self._at_stop(i)
         if (
             c in CLAUSE_MARKS
@@ -441,6 +452,8 @@ class StreamingSegmenter:
             if not self._in_word:
                 self._words += 1
                 self._in_word = True
+        elif self._in_word and _is_mark(c):
+            pass  # a vowel sign goes on the word (Hindi किताब is one word, not three)
         else:
             self._in_word = False
         self._pos = i + 1
@@ -576,21 +589,29 @@ class StreamingSegmenter:
     def _at_stop(self, i: int) -> list[Sentence] | None:
         at = self._at
         buf = self._buf
-        # The cluster: stops, closing quotes/brackets/emphasis, spaced dots (". . .").
+        rules = self._rules
+        stops, closers, openers = self._stops, self._closers, self._openers
+        # The cluster: stops, closing quotes/brackets/emphasis, spaced dots (". . ."), and a
+        # closing quote after a space where the language's typography spaces it ("? »").
         marks: list[str] = []
         first_dot_spaced = False
+        closed = False  # a closing quote or bracket is part of the cluster
         j = i
         while True:
             ch = at(j)
-            if ch in STOPS:
+            if ch in stops:
                 marks.append(ch)
                 j += 1
-            elif ch in CLOSERS:
+            elif ch in closers:
+                closed = True
                 j += 1
             elif ch == " " and marks and marks[-1] == "." and at(j + 1) == ".":
                 if len(marks) == 1:
                     first_dot_spaced = True
                 j += 1
+            elif ch in SPACES and rules.spaced_closers and self._spaced_closer_after(j):
+                while at(j) in SPACES:
+                    j += 1
             else:
                 break
         cluster_end = j
@@ -609,6 +630,14 @@ class StreamingSegmenter:
         if not self._has_content_before(i):
             advance_past_cluster()
             return None
+        # A stop of a script that puts no space between sentences: certain now that the character
+        # after the cluster is known, whatever it is.
+        after = at(cluster_end)
+        if self._ends_unspaced(i, marks, after):
+            if closed and after in rules.quote_continuers:  # 「行きます。」と言った
+                advance_past_cluster()
+                return None
+            return self._emit(cluster_end)
 
         # What follows: space (a line break?), then openers, then the first character.
         k = cluster_end
@@ -622,8 +651,9 @@ class StreamingSegmenter:
             advance_past_cluster()
             return None
         m = k
-        while (first := at(m)) in OPENERS:
-            m += 1
+        while (first := at(m)) in openers or (
+                first in SPACES and rules.spaced_closers and m > k and at(m - 1) in openers):
+            m += 1  # "« Bonjour": the opening quote and its space
         if first == END:
             return self._emit(cluster_end)
         if first.islower():
@@ -668,6 +698,37 @@ class StreamingSegmenter:
             return None
         return self._emit(cluster_end)  # emoji, other scripts' signs: a new sentence
 
+    def _spaced_closer_after(self, j: int) -> bool:
+        """Whether the spaces starting at j lead to a closing quote the language writes after a
+        space (``Oui ! »``); waits for the character after them."""
+        at = self._at
+        k = j
+        while at(k) in SPACES:
+            if k - j >= 2:
+                return False
+            k += 1
+        return at(k) in self._rules.spaced_closers
+
+    def _ends_unspaced(self, i: int, marks: list[str], after: str) -> bool:
+        """Whether the cluster of the stop at i ends its sentence whatever follows: it holds one
+        of the language's final stops (``。``, ``।``), or it is a ``!``/``?`` after a character of
+        the script with a character glued to it (``すごい!本当``; ``Yahoo!ニュース`` goes on)."""
+        rules = self._rules
+        if self._inside_title(i):
+            return False
+        if any(mark in rules.final_stops for mark in marks):
+            return True
+        return (rules.glued_exclamations and after != END and not after.isspace() and after not in CONTINUING_SIGNS
+                and all(mark in "!?" for mark in marks) and i > 0 and not self._buf[i - 1].isascii())
+
+    def _inside_title(self, i: int) -> bool:
+        """Whether the utterance holds a title bracket still open at i (《摔跤吧！ ...)."""
+        pairs = self._rules.title_brackets
+        if not pairs:
+            return False
+        text = self._buf[self._content : i]
+        return any(text.count(pairs[k]) > text.count(pairs[k + 1]) for k in range(0, len(pairs), 2))
+
     def _has_content_before(self, i: int) -> bool:
         buf = self._buf
         for j in range(self._content, i):
@@ -678,7 +739,7 @@ class StreamingSegmenter:
     def _word_at(self, m: int) -> str:
         """The letters starting at m (waits until a non-letter settles the word)."""
         k = m
-        while self._at(k).isalpha():
+        while (ch := self._at(k)).isalpha() or (k > m and _is_mark(ch)):
             k += 1
         return self._buf[m:k]
 
@@ -690,9 +751,11 @@ class StreamingSegmenter:
         lo = self._content
         while k > lo and not buf[k - 1].isspace():
             k -= 1
-        token = buf[k:i].lstrip(OPENERS)
+        token = buf[k:i].lstrip(self._openers)
         if not token or "@" in token or "/" in token:
             return "plain"
+        if self._rules.elision:
+            token = re.split("['’]", token)[-1] or token  # l'art. is art.
         low = token.lower()
         rules = self._rules
         if low in rules.titles:

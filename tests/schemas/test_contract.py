@@ -24,7 +24,8 @@ def test_enums_are_the_schema_symbols():
 def test_gate_and_engine_accept_exactly_the_contract_languages():
     for code, kokoro in contract.LANGUAGES.items():
         assert kokoro_language(code, "en") == kokoro == resolve_language(code)
-    for unspeakable in ("j", "z", "fr", "f"):  # the gate used to accept j and z, the engine could not speak them
+    assert {"fr", "f", "it", "i", "hi", "h", "ja", "j", "zh", "z"} <= set(contract.LANGUAGES)
+    for unspeakable in ("de", "ko", "k", "klingon"):  # no Kokoro-82M v1.0 voice speaks these
         with pytest.raises(GateInputError):
             kokoro_language(unspeakable, "en")
         with pytest.raises(UnknownLanguage):
@@ -77,7 +78,7 @@ def test_text_event_rules():
     good = dict(session_id="s", turn_id="t", agent_id="agent-1", seq=0, kind="TOKEN", text="Hi.",
                 claim_id=None, language="pt-br", voice=None, produced_at_us=1)
     codec.encode("TextEvent", good)
-    for changes, problem in [({"language": "j"}, "cannot be spoken"), ({"agent_id": "a/b"}, "agent_id"),
+    for changes, problem in [({"language": "ko"}, "cannot be spoken"), ({"agent_id": "a/b"}, "agent_id"),
                              ({"seq": -1}, "seq -1")]:
         with pytest.raises(InvalidMessage, match=problem):
             codec.encode("TextEvent", {**good, **changes})
@@ -105,7 +106,8 @@ def test_the_catalog_is_kokoros_54_voices_with_language_and_gender_from_the_name
     voices = contract.KOKORO_VOICES
     assert len(voices) == 54
     assert voices["af_heart"] == contract.VoiceInfo("af_heart", "a", "American English", "female", True)
-    assert voices["jm_kumo"] == contract.VoiceInfo("jm_kumo", "j", "Japanese", "male", False)
+    assert voices["jm_kumo"] == contract.VoiceInfo("jm_kumo", "j", "Japanese", "male", True)
+    assert all(v.spoken for v in voices.values())  # every language of Kokoro-82M v1.0
     assert {v.language for v in voices.values()} == set(contract.KOKORO_LANGUAGE_NAMES) == set("abefhijpz")
     assert set(contract.DEFAULT_VOICES.values()) <= set(voices)
     assert all(contract.VOICE_NAME.fullmatch(name) for name in voices)

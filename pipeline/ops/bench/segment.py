@@ -1,8 +1,11 @@
 """`voicebus bench segment`: accuracy, release lag and cost of the streaming segmenter.
 
-Scores the pySBD golden-rule cases (``--cases``; by default the copy shipped in the package,
-``voicebus/ops/bench/data/pysbd-golden-rules.json``, see the README beside it) as whole cases
-right per set, streamed two ways (word-sized tokens with their spaces, and one character at a time), beside
+Scores sentence-boundary cases (``--cases``, repeatable; by default the two files shipped in the
+package, see the README beside them: pySBD's golden rules for en, es, fr, it, hi, ja and zh,
+``voicebus/ops/bench/data/pysbd-golden-rules.json``, and voicebus's own streamed cases for French,
+Italian, Hindi, Japanese and Mandarin, ``streamed-cases.json``) as whole cases right per set,
+streamed two ways (tokens: the case's own ``tokens`` where it lists them, a multilingual
+tokenizer's pieces, else word-sized tokens with their spaces; and one character at a time), beside
 pySBD 0.3.4 in batch (``clean=False``, whole text) and the plain regex ``(?<=[.!?])\\s+``. A case is
 right when the raw spans of the released sentences, stripped, equal its sentences in order (raw
 spans, because list markers and emphasis are cut from the speakable text but are part of the case).
@@ -28,6 +31,7 @@ from voicebus.ops.bench.cli import data_path
 from voicebus.schemas.contract import TextEventKind
 
 DEFAULT_CASES = data_path("pysbd-golden-rules.json")  # pySBD 0.3.4's cases (MIT), shipped in the package
+STREAMED_CASES = data_path("streamed-cases.json")  # fr, it, hi, ja, zh, with tokenizer pieces
 NAIVE_SPLIT = re.compile(r"(?<=[.!?])\s+")
 CLAUSE_SWEEP = (0, 4, 6, 8, 10, 12, 16)
 
@@ -49,10 +53,24 @@ def _stream(text: str, pieces: list[str], lang: str, min_words: int = 0):
     return released, before_flush, piece_lags
 
 
-def _pieces(text: str, mode: str) -> list[str]:
+def _pieces(case: dict, mode: str) -> list[str]:
+    """The pieces a case is fed in: one character at a time, or its tokens (the pieces a
+    tokenizer cut it into, where the case lists them; word-sized tokens else)."""
     from voicebus.gate.cli import word_tokens
 
-    return list(text) if mode == "char" else word_tokens(text)
+    text = case["text"]
+    if mode == "char":
+        return list(text)
+    return list(case["tokens"]) if case.get("tokens") else word_tokens(text)
+
+
+def load_cases(paths: list[Path]) -> dict:
+    """The cases of every file, merged: {language: {set name: [case, ...]}}."""
+    cases: dict = {}
+    for path in paths:
+        for lang, sets in json.loads(path.read_text(encoding="utf-8")).items():
+            cases.setdefault(lang, {}).update(sets)
+    return cases
 
 
 def _score_sets(cases: dict, repeat: int) -> tuple[list[list[str]], dict]:
@@ -69,7 +87,7 @@ def _score_sets(cases: dict, repeat: int) -> tuple[list[list[str]], dict]:
             for case in set_cases:
                 text, expected = case["text"], case["sentences"]
                 for mode in ("token", "char"):
-                    pieces = _pieces(text, mode)
+                    pieces = _pieces(case, mode)
                     pieces_total[mode] += len(pieces)
                     released, before_flush, in_pieces = _stream(text, pieces, lang)
                     piece_lags[mode] += in_pieces
@@ -86,7 +104,7 @@ def _score_sets(cases: dict, repeat: int) -> tuple[list[list[str]], dict]:
     for mode in ("token", "char"):
         runs = []
         all_pieces = [
-            (lang, _pieces(case["text"], mode)) for lang, sets in cases.items() for cs in sets.values() for case in cs
+            (lang, _pieces(case, mode)) for lang, sets in cases.items() for cs in sets.values() for case in cs
         ]
         count = sum(len(p) for _, p in all_pieces)
         for _ in range(repeat):
@@ -209,13 +227,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def run_segment_bench(args: argparse.Namespace, settings) -> int:
-    path = Path(args.cases)
-    if not path.is_file():
-        print(f"voicebus bench segment: no cases file at {path} (see --cases)")
-        return 2
-    cases = json.loads(path.read_text(encoding="utf-8"))
+    paths = [Path(p) for p in args.cases or (DEFAULT_CASES, STREAMED_CASES)]
+    for path in paths:
+        if not path.is_file():
+            print(f"voicebus bench segment: no cases file at {path} (see --cases)")
+            return 2
+    cases = load_cases(paths)
     rows, figures = _score_sets(cases, args.repeat)
-    print("Whole cases right (streamed: word tokens / one char at a time; pySBD 0.3.4 batch clean=False; regex (?<=[.!?])\\s+)")
+    print("Whole cases right (streamed: tokens / one char at a time; pySBD 0.3.4 batch clean=False; regex (?<=[.!?])\\s+)")
     print(_table(["set", "cases", "stream-token", "stream-char", "pysbd-batch", "regex"], rows))
     print()
     for mode in ("token", "char"):
@@ -258,8 +277,9 @@ def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
         "segment", help="segmenter accuracy vs pySBD, release lag, µs per token, first-clause sweep"
     )
-    p.add_argument("--cases", type=Path, default=DEFAULT_CASES, metavar="PATH",
-                   help="golden-rule cases JSON (default: pySBD 0.3.4's, shipped with voicebus)")
+    p.add_argument("--cases", type=Path, action="append", metavar="PATH",
+                   help="sentence-boundary cases JSON, repeatable (default: pySBD 0.3.4's golden rules and "
+                        "voicebus's streamed cases, both shipped with voicebus)")
     p.add_argument("--repeat", type=int, default=5, help="timing runs; the median is printed (default 5)")
     p.add_argument("--no-clause-sweep", action="store_true", help="skip the first_clause_min_words sweep")
     p.set_defaults(func=run_segment_bench)

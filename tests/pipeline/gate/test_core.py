@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
 from voicebus.gate.core import FAILURE_NOTICES, Gate, GateConfig, GateInputError, GateSession, gate_sentences
+from voicebus.schemas.contract import SEGMENTER_LANGUAGE
 from voicebus.settings import Settings, SettingsError
 
 S = 1_000_000
@@ -106,6 +107,14 @@ def test_languages_map_to_kokoro_codes_and_voices():
     assert [(r["language"], r["voice"]) for r in out] == [("e", "ef_dora"), ("p", "pm_alex")]
     with pytest.raises(GateInputError):
         run(Turn(language="klingon").tokens("Qapla'."))
+
+
+def test_a_japanese_turn_is_segmented_without_spaces_and_gets_a_japanese_voice():
+    ja = Turn(turn="ja", language="ja")
+    out, _ = run(ja.tokens("今日は晴れです。明日は雨です！") + [ja.end()])
+    assert [(r["text"], r["language"], r["voice"]) for r in out if r["text"]] == [
+        ("今日は晴れです。", "j", "jf_alpha"), ("明日は雨です！", "j", "jf_alpha")]
+    assert set(FAILURE_NOTICES) == set(SEGMENTER_LANGUAGE.values())  # a notice in every language
 
 
 def test_redelivered_events_repeat_nothing():

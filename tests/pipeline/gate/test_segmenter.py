@@ -323,3 +323,121 @@ def test_the_buffer_bound_never_cuts_inside_a_phoneme_span(limit):
         got = [s.text for s in feed_all(text, pieces, max_buffer_chars=limit)]
         assert all(t.count("[") == t.count("](/") == t.count("/)") for t in got), got
         assert " ".join(got) == text.strip()
+
+
+# ---------------------------------------------------------------------------- fr, it, hi, ja, zh
+def _streamed_cases() -> list:
+    """The streamed cases of `voicebus bench segment` (pipeline/ops/bench/data/streamed-cases.json):
+    per language, text, its sentences and the pieces a multilingual tokenizer cuts it into."""
+    from voicebus.ops.bench.segment import STREAMED_CASES
+
+    sets = json.loads(STREAMED_CASES.read_text(encoding="utf-8"))
+    return [pytest.param(lang, case, id=f"{lang}-{i}")
+            for lang, named in sets.items() for cases in named.values() for i, case in enumerate(cases)]
+
+
+STREAMED = _streamed_cases()
+
+
+def test_every_new_language_has_a_streamed_set_of_at_least_20_cases():
+    per_language = {}
+    for param in STREAMED:
+        lang, case = param.values
+        per_language[lang] = per_language.get(lang, 0) + 1
+        assert "".join(case["tokens"]) == case["text"]
+    assert set(per_language) == {"fr", "it", "hi", "ja", "zh"} and min(per_language.values()) >= 20
+
+
+@pytest.mark.parametrize("lang, case", STREAMED)
+def test_streamed_cases_by_character_and_by_tokenizer_piece(lang, case):
+    text = case["text"]
+    for pieces in (list(text), case["tokens"]):
+        got = [text[s.start : s.end].strip() for s in feed_all(text, pieces, lang)]
+        assert got == case["sentences"], pieces[:3]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("« Tu viens ? » demanda-t-elle. Oui.", ["« Tu viens ? » demanda-t-elle.", "Oui."]),
+        ("Il a dit\u00a0: «\u00a0Non\u00a0!\u00a0» Puis rien.", ["Il a dit\u00a0: «\u00a0Non\u00a0!\u00a0»", "Puis rien."]),
+        ("Il a vu M. Durand et Mme. Roy. Ils vont bien.", ["Il a vu M. Durand et Mme. Roy.", "Ils vont bien."]),
+        ("Né en 63 av. J.-C. Il régna longtemps.", ["Né en 63 av. J.-C.", "Il régna longtemps."]),
+        ("Voir l'art. 5 et le chap. 2. Fin.", ["Voir l'art. 5 et le chap. 2.", "Fin."]),
+        ("Il pèse 1.250,5 kg. Lourd.", ["Il pèse 1.250,5 kg.", "Lourd."]),
+    ],
+)
+def test_french(text, expected):
+    assert raw_spans(text, "fr") == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Il Sig. Bruni e la Dott.ssa Galli. Poi noi.", ["Il Sig. Bruni e la Dott.ssa Galli.", "Poi noi."]),
+        ("Frutta, ad es. mele, ecc. Il resto no.", ["Frutta, ad es. mele, ecc.", "Il resto no."]),
+        ("Nel XV sec. Firenze fiorì. Bene.", ["Nel XV sec. Firenze fiorì.", "Bene."]),
+        ("«Vieni?» chiese. «Sì.» Andò.", ["«Vieni?» chiese.", "«Sì.»", "Andò."]),
+    ],
+)
+def test_italian(text, expected):
+    assert raw_spans(text, "it") == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("मैं घर जा रहा हूँ। तुम कहाँ हो? वाह!", ["मैं घर जा रहा हूँ।", "तुम कहाँ हो?", "वाह!"]),
+        ("डॉ. शर्मा आए।फिर गए॥ बस।", ["डॉ. शर्मा आए।", "फिर गए॥", "बस।"]),
+        ("दूरी 25 कि.मी. है। ठीक है।", ["दूरी 25 कि.मी. है।", "ठीक है।"]),
+    ],
+)
+def test_hindi(text, expected):
+    assert raw_spans(text, "hi") == expected
+
+
+@pytest.mark.parametrize(
+    "lang, text, expected",
+    [
+        ("ja", "晴れです。雨です！本当？！はい。", ["晴れです。", "雨です！", "本当？！", "はい。"]),
+        ("ja", "「行く。」と言った。「うん。」『そう！』", ["「行く。」と言った。", "「うん。」", "『そう！』"]),
+        ("ja", "すごい!本当?Yahoo!ニュースだ。3.14です。", ["すごい!", "本当?", "Yahoo!ニュースだ。", "3.14です。"]),
+        ("zh", "他说：“我来。”然后走了。（注：旧。）好吧？！", ["他说：“我来。”", "然后走了。", "（注：旧。）", "好吧？！"]),
+        ("zh", "我想……算了。版本2.4.1已发布!快更新?", ["我想……算了。", "版本2.4.1已发布!", "快更新?"]),
+        ("zh", "去看《摔跤吧！爸爸》好吗？好！", ["去看《摔跤吧！爸爸》好吗？", "好！"]),  # a title's stop
+    ],
+)
+def test_japanese_and_chinese_need_no_space_after_a_stop(lang, text, expected):
+    assert raw_spans(text, lang) == expected
+
+
+def test_a_cjk_or_danda_stop_is_released_at_the_next_character():
+    for lang, first, rest in [("ja", "晴れです。", "雨"), ("zh", "好。", "走"), ("hi", "हूँ।", "तु")]:
+        seg = StreamingSegmenter(lang)
+        assert seg.feed(first) == []  # a closing quote or bracket could still follow
+        (s,) = seg.feed(rest)
+        assert (s.text, s.lag) == (first, len(rest))
+    seg = StreamingSegmenter("ja")
+    assert seg.feed("「行く。") == [] and seg.feed("」") == []
+    assert seg.feed("と言った。") == []  # the quotative particle carries the sentence on
+    assert [s.text for s in seg.flush()] == ["「行く。」と言った。"]
+
+
+def test_new_languages_by_iso_and_kokoro_code_and_word_lists():
+    for iso, kokoro in [("fr", "f"), ("it", "i"), ("hi", "h"), ("ja", "j"), ("zh", "z"), ("fr-FR", "f"), ("zh_CN", "z")]:
+        assert StreamingSegmenter(iso)._rules is StreamingSegmenter(kokoro)._rules
+    assert [s.text for s in feed_all("```\nx\n```", lang="ja")] == ["コードブロックは省略します。"]
+    # a Devanagari vowel sign belongs to its word: किताब is one word, not three
+    got = feed_all("मैंने कल बाज़ार से किताब खरीदी, और फिर घर आया।", lang="hi", first_clause_min_words=7)
+    assert [s.kind for s in got] == ["sentence"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(["。", "！", "？", "」", "「", "と", "日本", "中文", "。」", "《", "》", "!", "?", "3.14", "Inc.", " ",
+                                 "।", "डॉ.", "हूँ", "«", "»", " ?", " » ", "\u00a0", "M.", "Mme", "l'art.", "Oui", "\n"]),
+                max_size=30).map("".join),
+       st.lists(st.integers(min_value=0, max_value=10_000), max_size=10), st.sampled_from(["fr", "it", "hi", "ja", "zh"]))
+def test_any_split_gives_the_same_sentences_in_the_new_languages(text, cuts, lang):
+    whole = feed_all(text, [text], lang)
+    key = lambda ss: [(s.text, s.start, s.end, s.kind) for s in ss]  # noqa: E731
+    assert key(feed_all(text, _split(text, cuts), lang)) == key(whole) == key(feed_all(text, list(text), lang))

@@ -22,4 +22,7 @@ def test_the_cases_ship_in_the_package_and_the_bench_runs_from_any_folder(tmp_pa
     assert DEFAULT_CASES.is_file() and Path(voicebus.__file__).parent in DEFAULT_CASES.parents
     monkeypatch.chdir(tmp_path)  # nothing read relative to the working folder
     assert main(["bench", "segment", "--repeat", "1", "--no-clause-sweep"]) == 0
-    assert "en/GOLDEN_EN_RULES_TEST_CASES  48" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "en/GOLDEN_EN_RULES_TEST_CASES  48" in out
+    for lang in ("fr", "it", "hi", "ja", "zh"):  # voicebus's own streamed sets, scored beside pySBD
+        assert f"{lang}/{lang.upper()}_STREAMED_CASES" in out

@@ -22,7 +22,7 @@ def test_the_catalog_lists_the_voices_with_language_and_the_fallbacks(tmp_path):
     assert catalog.source.startswith("local:")
     assert [(v.name, v.language_name, v.gender, v.spoken) for v in catalog.voices] == [
         ("af_heart", "American English", "female", True), ("bf_emma", "British English", "female", True),
-        ("jm_kumo", "Japanese", "male", False)]
+        ("jm_kumo", "Japanese", "male", True)]
     assert catalog.fallback == "af_heart"
     assert catalog.per_language_default["a"] == ("af_heart", True)
     assert catalog.per_language_default["e"] == ("ef_dora", False)
