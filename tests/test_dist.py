@@ -51,7 +51,7 @@ def test_the_sdist_and_wheel_carry_the_package_data(dist):
     for expected in ["voicebus/schemas/text_event.avsc", "voicebus/schemas/history/text_event_v0.avsc",
                      "voicebus/agents/conversations/support.jsonl", "voicebus/players/web/player.js",
                      "voicebus/ops/maven/kafka/pom.xml", "voicebus/ops/maven/registry/pom.xml",
-                     "voicebus/ops/bench/data/pysbd-golden-rules.json"]:
+                     "voicebus/ops/bench/data/pysbd-golden-rules.json", "voicebus/ops/bench/data/languages.json"]:
         assert expected in names
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"voicebus"}
 

@@ -33,9 +33,11 @@ def register(subparsers) -> None:
     synth = subparsers.add_parser("synth", help="synthesize TEXT to a WAV file with the engine alone (no Kafka)")
     synth.add_argument("--text", required=True)
     synth.add_argument("--language", "--lang", dest="language", default=None,
-                       help="en (default: settings), es, pt or a Kokoro code a/b/e/p")
+                       help="a language of the contract (default: settings), such as en, es, pt, fr, it, hi, ja, "
+                            "zh, or a Kokoro code (a/b/e/p/f/i/h/j/z)")
     synth.add_argument("--voice", default=None, help="a voice pack's name, or a mix such as af_heart:0.7+af_bella:0.3 "
-                                                     "(default: settings.default_voice)")
+                                                     "(default: settings.default_voice when it is of the language, "
+                                                     "else the language's default voice, as the gate picks)")
     synth.add_argument("--speed", type=float, default=None)
     synth.add_argument("--chunk-ms", type=int, default=None)
     synth.add_argument("--tiny", action="store_true", help="use the tiny random-weight engine (no weights needed)")
@@ -60,13 +62,19 @@ def register(subparsers) -> None:
 
 
 def run_synth(args, settings) -> int:
-    from voicebus.schemas.contract import InvalidVoice, parse_voice
-    from voicebus.synthesis.engine import EngineError, SynthesisEngine
+    from voicebus.schemas.contract import DEFAULT_VOICES, InvalidVoice, parse_voice
+    from voicebus.synthesis.engine import EngineError, SynthesisEngine, resolve_language
     from voicebus.synthesis.weights import WeightsError
 
     try:
         parse_voice(args.voice or settings.default_voice)
     except InvalidVoice as exc:
+        print(f"voicebus synth: {exc}", file=sys.stderr)
+        return 2
+    language = args.language or settings.default_language
+    try:
+        code = resolve_language(language)
+    except EngineError as exc:
         print(f"voicebus synth: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
@@ -76,8 +84,10 @@ def run_synth(args, settings) -> int:
         print(f"voicebus synth: {exc}", file=sys.stderr)
         return 1
     loaded = time.perf_counter()
-    voice = args.voice or settings.default_voice
-    language = args.language or settings.default_language
+    # no voice named: the configured default where it speaks the language (a voice's first
+    # letter is its Kokoro code), else the language's own, as the gate picks for a turn
+    voice = args.voice or (settings.default_voice if settings.default_voice[:1] == code
+                           else DEFAULT_VOICES.get(code, settings.default_voice))
     # G2P for the language is built on first use; warm it so time to first audio is synthesis
     engine.phonemize("Hello.", language)
     t0 = time.perf_counter()

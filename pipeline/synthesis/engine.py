@@ -100,7 +100,8 @@ class NoVoices(EngineError):
 
 
 def resolve_language(language: str) -> str:
-    """Map ``en``/``es``/``pt`` (and Kokoro's own ``a``/``b``/``e``/``p``) to a Kokoro code."""
+    """Map a language of the contract (``en``, ``es``, ``fr``, ``ja``, ..., and Kokoro's own
+    codes) to a Kokoro code (`voicebus.schemas.contract.LANGUAGES`)."""
     key = (language or "").strip().lower()
     code = LANGUAGES.get(key)
     if code is None:
@@ -247,24 +248,76 @@ def pick_precision(requested: str, device: str, cpu_bf16: Callable[[], bool] = c
 def build_g2p(lang_code: str):
     """A quiet `KPipeline` (G2P only) for one Kokoro language code, built with nothing to
     download: misaki's English G2P normally fetches the spaCy model ``en_core_web_sm`` at run
-    time; here it gets the installed one (`voicebus.synthesis.weights.load_spacy_english`)."""
+    time; here it gets the installed one (`voicebus.synthesis.weights.load_spacy_english`).
+    Spanish, French, Hindi, Italian and Portuguese go through espeak-ng (the data bundled with
+    ``espeakng-loader``), Japanese through misaki's cutlet G2P on the bundled UniDic-lite
+    dictionary (`_offline_japanese_g2p`), Mandarin through misaki's jieba + pypinyin G2P."""
     from kokoro import KPipeline
 
-    if lang_code not in "ab":
-        return KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
-    from misaki import en, espeak
+    if lang_code in "ab":
+        from misaki import en, espeak
 
-    g2p = _offline_english_g2p(british=lang_code == "b", fallback=espeak.EspeakFallback(british=lang_code == "b"))
-    # KPipeline's constructor would build misaki's English G2P itself (and download spaCy);
-    # these are all the attributes it sets for a model-less English pipeline.
+        g2p = _offline_english_g2p(british=lang_code == "b", fallback=espeak.EspeakFallback(british=lang_code == "b"))
+        assert isinstance(g2p, en.G2P)
+    elif lang_code == "j":
+        g2p = _offline_japanese_g2p()
+    elif lang_code == "z":
+        _quiet_jieba()
+        return KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
+    else:
+        pipeline = KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
+        if lang_code == "h":
+            pipeline.g2p = _DandaAsStop(pipeline.g2p)
+        return pipeline
+    # KPipeline's constructor would build misaki's G2P itself (English: downloading spaCy;
+    # Japanese: importing pyopenjtalk, which the cutlet G2P never calls); these are all the
+    # attributes it sets for a model-less pipeline.
     pipeline = KPipeline.__new__(KPipeline)
     pipeline.repo_id = REPO_ID
     pipeline.lang_code = lang_code
     pipeline.model = None
     pipeline.voices = {}
     pipeline.g2p = g2p
-    assert isinstance(g2p, en.G2P)
     return pipeline
+
+
+class _DandaAsStop:
+    """espeak-ng's Hindi G2P with the danda (``।``, ``॥``) read as a full stop: espeak drops
+    it, and with it the sentence's final fall and the pause before the next one."""
+
+    def __init__(self, g2p):
+        self.g2p = g2p
+
+    def __call__(self, text: str):
+        return self.g2p(re.sub(r"\s*[।॥]+", ".", text))
+
+
+def _offline_japanese_g2p():
+    """misaki's Japanese G2P as kokoro builds it (``JAG2P()``: the cutlet romanizer to IPA) on
+    fugashi with the UniDic-lite dictionary bundled in its wheel. misaki's ``ja`` extra names
+    ``unidic``, whose dictionary is downloaded at run time, and ``pyopenjtalk`` (built from
+    source, its dictionary downloaded at first use), which ``misaki.ja`` imports but the cutlet
+    G2P never calls: both are left out."""
+    import os
+
+    import unidic_lite
+    from fugashi import Tagger
+    from misaki.cutlet import HEPBURN, Cutlet
+
+    # the attributes Cutlet.__init__ sets, its tagger on the bundled dictionary (fugashi's
+    # default tagger takes ``unidic`` first where it is installed, downloaded or not)
+    cutlet = Cutlet.__new__(Cutlet)
+    cutlet.tagger = Tagger(f'-d "{unidic_lite.DICDIR}" -r "{os.path.join(unidic_lite.DICDIR, "mecabrc")}"')
+    cutlet.table = dict(HEPBURN)
+    cutlet.exceptions = {}
+    return cutlet
+
+
+def _quiet_jieba() -> None:
+    """jieba logs its dictionary load (from its own wheel, cached in the temp dir) at INFO."""
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)
 
 
 def _offline_english_g2p(british: bool, fallback):
@@ -641,7 +694,8 @@ class SynthesisEngine:
 
     def pieces(self, text: str, language: str) -> list[Piece]:
         """`phonemize`, each phoneme string with the timing of its words: English from misaki's
-        tokens, the espeak languages from the phoneme groups (`voicebus.synthesis.words`)."""
+        tokens, the other languages from the phoneme groups (`voicebus.synthesis.words`; Japanese
+        and Chinese, written without spaces, as one word)."""
         code = resolve_language(language)
         pipeline = self._pipeline(code)
         if code not in "ab" and "[" in text and PHONEME_SPAN.search(text):
@@ -661,15 +715,19 @@ class SynthesisEngine:
         return out
 
     def _spliced_pieces(self, text: str, pipeline) -> list[Piece]:
-        """`pieces` of a Spanish or Portuguese text with inline phoneme spans: espeak, the G2P of
-        those languages in kokoro, reads ``[text](/phonemes/)`` as written (misaki's English G2P
-        applies it itself). The text between spans is phonemized as usual, each span's phonemes
-        are put in its place, and the span is one word of the timing, its written text."""
+        """`pieces` of a text in a language other than English with inline phoneme spans: espeak
+        (es, fr, hi, it, pt) and misaki's Japanese and Chinese G2P read ``[text](/phonemes/)`` as
+        written (misaki's English G2P applies it itself). The text between spans is phonemized
+        as usual, each span's phonemes are put in its place, and the span is one word of the
+        timing, its written text."""
         from misaki.token import MToken
 
         from voicebus.synthesis.words import _group, _pair, time_tokens
 
         phonemize = lambda w: pipeline.g2p(w)[0]  # noqa: E731
+        # Japanese and Chinese are written without spaces; their G2P puts one between words, so
+        # a span is a word of its own there, spaced from the phonemes around it
+        unspaced = pipeline.lang_code in "jz"
         parts: list[tuple[str, str, bool]] = []  # (written words, phonemes, space before)
         tokens: list = []
         at = 0
@@ -684,14 +742,14 @@ class SynthesisEngine:
                 for k, group in enumerate(groups or [""]):
                     tokens.append(MToken(text=word if k == 0 else "", tag="X", whitespace="", phonemes=group))
                 tokens[-1].whitespace = " "
-            parts.append((chunk, phonemes, chunk[:1].isspace()))
+            parts.append((chunk, phonemes, chunk[:1].isspace() or unspaced))
             if not chunk[-1:].isspace() and tokens:
                 tokens[-1].whitespace = ""  # glued to the span after it: one written word
 
         for m in PHONEME_SPAN.finditer(text):
             plain(text[at:m.start()])
             label, phonemes = " ".join(m.group(1).split()), " ".join(m.group(2).split())
-            before = m.start() == 0 or text[m.start() - 1].isspace()
+            before = m.start() == 0 or text[m.start() - 1].isspace() or unspaced
             parts.append((label, phonemes, before))
             glued = m.end() < len(text) and not text[m.end()].isspace()  # "[SQL](/.../)s": one word
             tokens.append(MToken(text=label, tag="X", whitespace="" if glued else " ", phonemes=phonemes))

@@ -30,6 +30,9 @@ windowed decodes of the same prediction and excitation, and the seam measure at 
 ``--pauses``: the mid-phrase pauses (item 7) of `voicebus.ops.bench.seams.LONG_PHRASES` and the
 es/pt intelligibility to multilingual Whisper base, with Kokoro's pauses inside a phrase kept
 and shortened (`Settings.shorten_inner_pauses`).
+``--languages``: per language (en, es, pt, fr, it, hi, ja, zh) with its default voice, and English
+with ``jf_alpha`` too, over ten natural sentences each: multilingual Whisper base's WER (CER for
+ja, zh), the mid-phrase pauses and the real-time factor (`voicebus.ops.bench.languages`).
 """
 
 from __future__ import annotations
@@ -66,7 +69,10 @@ def register(bench_subparsers) -> None:
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
     p.add_argument("--pauses", action="store_true",
                    help="also mid-phrase pauses and es/pt intelligibility (multilingual Whisper base), Kokoro's pauses kept / shortened")
-    p.add_argument("--quality-only", action="store_true", help="skip the timing A/B (with --quality, --pauses or --seam-png)")
+    p.add_argument("--languages", action="store_true",
+                   help="also per language: WER (CER for ja/zh) to multilingual Whisper base, mid-phrase pauses, RTF")
+    p.add_argument("--quality-only", action="store_true",
+                   help="skip the timing A/B (with --quality, --pauses, --languages or --seam-png)")
     p.set_defaults(func=run)
 
 
@@ -224,6 +230,18 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     print(f"  ({time.perf_counter() - t0:.0f} s)")
 
 
+def _languages(engine, settings) -> None:
+    """`voicebus.ops.bench.languages.run`: every language with its default voice, English with
+    ``jf_alpha`` too (the voice the pause shortening was calibrated on)."""
+    from voicebus.ops.bench import languages
+    from voicebus.ops.bench.words import base_whisper
+
+    t0 = time.perf_counter()
+    print("per language, multilingual Whisper base (greedy), the engine's defaults, seeded per sentence:")
+    languages.run(engine, base_whisper(settings.cache_dir), extra_voices={"en": ["jf_alpha"]})
+    print(f"  ({time.perf_counter() - t0:.0f} s)")
+
+
 def run(args, settings) -> int:
     import os
 
@@ -289,6 +307,8 @@ def run(args, settings) -> int:
         _quality(engine, voice)
     if args.pauses:
         _pauses(engine, voice, settings)
+    if args.languages:
+        _languages(engine, settings)
     if args.seam_png:
         from voicebus.ops.bench import seams
 

@@ -10,14 +10,6 @@ from voicebus.ops.bench import seams
 from voicebus.ops.bench.seams import LONG_PHRASES, kokoro_s_own, mid_phrase_pauses, pcm_to_float
 
 
-@pytest.fixture(scope="module")
-def whisper_base(tmp_path_factory):
-    """Multilingual Whisper base (`voicebus.ops.bench.words.base_whisper`), its model joined once here."""
-    from voicebus.ops.bench.words import base_whisper
-
-    return base_whisper(tmp_path_factory.mktemp("whisper"))
-
-
 @pytest.mark.model
 def test_the_judge_hears_the_same_audio_the_same_way_every_time(real_engine, whisper_base):
     """`seams.heard` and `mid_phrase_pauses` decode greedily (`voicebus.ops.bench.words.GREEDY`):
