@@ -88,6 +88,7 @@ def make_app(settings: Settings, *, with_kafka: bool = True, router: SessionRout
     check_exposure(settings)
     metrics = router.metrics if router is not None else EdgeMetrics()
     router = router or SessionRouter.from_settings(settings, metrics, stall_timeout_s=stall_timeout_s)
+    router.wire = protocol.websocket_frame  # a fan-out's frames are framed once (`_socket_writer`)
     app = web.Application()
     app[SETTINGS_KEY], app[ROUTER_KEY], app[METRICS_KEY] = settings, router, metrics
     app[LINK_KEY] = None
@@ -308,6 +309,7 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
     ))
     if app[TRACER_KEY].enabled:
         channel.on_timeline_sent = lambda frame, sent_at_us: _trace_sent(app, channel, frame, sent_at_us)
+    channel.write_now = _socket_writer(request, ws)
     sender = asyncio.create_task(_send_loop(request, ws, channel), name=f"edge-sender-{channel.client_id}")
     channel.on_close = sender.cancel
     try:
@@ -319,6 +321,22 @@ async def _websocket(request: web.Request) -> web.StreamResponse:
         with contextlib.suppress(asyncio.CancelledError, ClientClosed):
             await sender
     return ws
+
+
+def _socket_writer(request: web.Request, ws: web.WebSocketResponse):
+    """The channel's `write_now`: a fan-out's frames, already WebSocket frames (no
+    permessage-deflate on this socket, so the same bytes suit every player), written straight to
+    the transport when its buffer is empty; a socket with bytes still waiting (a player not
+    keeping up) or closing refuses them and the channel queues them for its sender, whose
+    backpressure and slow-client rules apply."""
+    def write(data: bytes) -> bool:
+        transport = request.transport
+        if transport is None or transport.is_closing() or ws.closed or transport.get_write_buffer_size():
+            return False
+        transport.write(data)
+        return True
+
+    return write
 
 
 async def _send_loop(request: web.Request, ws: web.WebSocketResponse, channel: ClientChannel) -> None:

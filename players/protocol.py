@@ -184,6 +184,21 @@ def encode_control(message_type: str, **fields: Any) -> str:
     return json.dumps({"type": message_type, "v": PROTOCOL_VERSION, **fields}, separators=(",", ":"))
 
 
+def websocket_frame(message: bytes | str) -> bytes:
+    """`message` as a server puts it on the socket: one final, unmasked, uncompressed WebSocket
+    frame (RFC 6455), binary for bytes, text (UTF-8) for str. The edge frames a fan-out's message
+    once and writes the same bytes to every player's socket."""
+    opcode, data = (0x2, message) if isinstance(message, bytes) else (0x1, message.encode("utf-8"))
+    n = len(data)
+    if n < 126:
+        head = struct.pack("!BB", 0x80 | opcode, n)
+    elif n < 65536:
+        head = struct.pack("!BBH", 0x80 | opcode, 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 127, n)
+    return head + data
+
+
 # Ids in client frames end up in bus events: the contract's rule (voicebus.schemas.contract.is_valid_id).
 ID_RULE = f"1-{LIMITS.max_id_chars} characters, no control characters"
 

@@ -14,6 +14,12 @@ the last one left); chunks of any other session are counted and dropped unframed
   token bucket for its cancels. Connections per edge and per session are limited
   (`ConnectionRefused`).
 
+Fan-out: a chunk's frame, its control messages and their wire form (`SessionRouter.wire`, set by
+the edge: the WebSocket frame) are built once per chunk and shared by every client of the
+session. A client whose outbox is empty, whose sender is idle and whose socket takes bytes at once
+gets the chunk's frames written to its socket in one write, without waking its sender task
+(`ClientChannel.write_now`); any other client queues them in its outbox as before.
+
 Slow-client policy (**skip to the next sentence, then disconnect**): when a client's outbox is
 full, the oldest sentence in it is dropped whole (its queued frames and its later chunks), and the
 client gets a ``skip`` message; a client whose sender has made no progress for
@@ -89,6 +95,10 @@ class OutFrame:
     consumed_ns: int = 0
     timeline: dict | None = None
     trace: Any = None
+    # the frame as the socket sends it (with its timeline, if any, right after), built once and
+    # shared by every client of the session; None: it goes through the sender only
+    wire: bytes | None = None
+    sent_at_us: int = 0  # the timeline's sent_at_us, when `wire` carries one
 
     @property
     def is_audio(self) -> bool:
@@ -118,6 +128,11 @@ class ClientChannel:
         self.on_close: Callable[[], Any] | None = None  # the edge: interrupt a sender blocked on the socket
         # the edge (tracing on): told (frame, sent_at_us) once a sentence's first audio and timeline went out
         self.on_timeline_sent: Callable[[OutFrame, int], Any] | None = None
+        # the edge: write these bytes to the socket if it takes them at once (True), else leave
+        # them (False); set, frames with a wire form skip the outbox while the player keeps up
+        self.write_now: Callable[[bytes], bool] | None = None
+        self._sending = False  # the sender task holds a frame it has not finished sending
+        self._held: list[OutFrame] | None = None  # the frames of one fan-out (`hold` .. `release`)
         self._wakeup = asyncio.Event()
 
     # --- producer side (the router) -------------------------------------------------------
@@ -126,6 +141,65 @@ class ClientChannel:
             return
         if frame.is_audio and (frame.turn_id, frame.sentence) in self.skipped:
             self.metrics.drops.labels("skipped-sentence").inc()
+            return
+        if (frame.wire is not None and not front and not self.outbox and not self._sending
+                and self.write_now is not None):
+            # Nothing waits for this player and its sender is idle: the frame goes to the socket
+            # now (nothing is ahead of it, so the order holds), without waking the sender.
+            if self._held is not None:
+                self._held.append(frame)
+                return
+            if self._write([frame]) is not None:
+                return
+        elif self._held:
+            self._queue_held()  # what was held is older than this frame
+        self._enqueue(frame, front)
+
+    def hold(self) -> None:
+        """Frames that would be written now wait for `release` and go out in one write (one
+        chunk's turn start, words, audio, timeline and turn end: one system call, not five)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> int:
+        """Write the frames held since `hold`; queued instead when the socket is busy now.
+        Returns how many audio frames were written, for the caller to observe together
+        (`EdgeMetrics.observe_sent_many`)."""
+        held, self._held = self._held, None
+        if not held or self.closed:
+            return 0
+        if not self.outbox and not self._sending:
+            written = self._write(held, observe=False)
+            if written is not None:
+                return written
+        for frame in held:
+            self._enqueue(frame)
+        return 0
+
+    def _queue_held(self) -> None:
+        held, self._held = self._held or [], []
+        for frame in held:
+            self._enqueue(frame)
+
+    def _write(self, frames: list[OutFrame], observe: bool = True) -> int | None:
+        """Hand `frames` (with wire forms) to the socket at once: None when it would not take them,
+        else how many audio frames went (observed here unless `observe` is False)."""
+        assert self.write_now is not None
+        if not self.write_now(frames[0].wire if len(frames) == 1 else b"".join(f.wire for f in frames)):
+            return None
+        audio = 0
+        for frame in frames:
+            if frame.is_audio and frame.consumed_ns:
+                audio += 1
+                if observe:
+                    self.metrics.observe_sent((time.perf_counter_ns() - frame.consumed_ns) / 1e9)
+            if frame.timeline is not None and self.on_timeline_sent is not None:
+                self.on_timeline_sent(frame, frame.sent_at_us)
+        self.last_progress = self.clock()
+        return audio
+
+    def _enqueue(self, frame: OutFrame, front: bool = False) -> None:
+        if self.closed:
             return
         if self.outbox and self.clock() - self.last_progress > self.stall_timeout_s:
             self.close(protocol.CLOSE_TOO_SLOW, f"client made no progress for {self.stall_timeout_s:g} s")
@@ -187,17 +261,21 @@ class ClientChannel:
         """Drain the outbox into the socket until closed (raises `ClientClosed`)."""
         while True:
             frame = await self.next_frame()
-            if frame.is_audio:
-                await send_bytes(frame.payload)
-                if frame.consumed_ns:
-                    self.metrics.observe_sent((time.perf_counter_ns() - frame.consumed_ns) / 1e9)
-                if frame.timeline is not None:
-                    sent_at_us = now_us()
-                    await send_str(protocol.encode_control(protocol.TIMELINE, **frame.timeline, sent_at_us=sent_at_us))
-                    if self.on_timeline_sent is not None:
-                        self.on_timeline_sent(frame, sent_at_us)
-            else:
-                await send_str(frame.payload)
+            self._sending = True  # until it is sent, a new frame queues behind it
+            try:
+                if frame.is_audio:
+                    await send_bytes(frame.payload)
+                    if frame.consumed_ns:
+                        self.metrics.observe_sent((time.perf_counter_ns() - frame.consumed_ns) / 1e9)
+                    if frame.timeline is not None:
+                        sent_at_us = now_us()
+                        await send_str(protocol.encode_control(protocol.TIMELINE, **frame.timeline, sent_at_us=sent_at_us))
+                        if self.on_timeline_sent is not None:
+                            self.on_timeline_sent(frame, sent_at_us)
+                else:
+                    await send_str(frame.payload)
+            finally:
+                self._sending = False
             self.last_progress = self.clock()
 
 
@@ -224,6 +302,7 @@ class _Turn:
     # last chunk); sentences below `done_below` are all done (the map is bounded).
     forwarded: dict[int, int] = field(default_factory=dict)
     done_below: int = 0
+    start_frame: OutFrame | None = None  # its turn_start message, built once for all its clients
 
     def high_water(self, sentence: int) -> int:
         return SENTENCE_DONE if sentence < self.done_below else self.forwarded.get(sentence, -1)
@@ -283,6 +362,9 @@ class SessionRouter:
         self.cancel_rate_per_s, self.cancel_burst = cancel_rate_per_s, cancel_burst
         self.message_rate_per_s, self.message_burst = message_rate_per_s, message_burst
         self.clock = clock
+        # the edge: a message (bytes: audio, str: control) as its sockets send it (a WebSocket
+        # frame); set, each frame of a fan-out is framed once and may be written at once (`ClientChannel`)
+        self.wire: Callable[[bytes | str], bytes] | None = None
         self.replay_bytes = 0  # all replay buffers together
         # turns holding replay frames, least recently appended to first: the byte limit's eviction order
         self._replaying: OrderedDict[tuple[str, str], _Turn] = OrderedDict()
@@ -465,14 +547,19 @@ class SessionRouter:
         self.metrics.replay_bytes.set(self.replay_bytes)
 
     # --- data -----------------------------------------------------------------------------
+    def _message(self, payload: str) -> OutFrame:
+        """A control message for any number of clients, in its wire form too when the edge set one."""
+        return OutFrame(payload, wire=self.wire(payload) if self.wire is not None else None)
+
     def _announce(self, channel: ClientChannel, turn: _Turn) -> None:
         if turn.turn_id not in channel.announced_turns:
             channel.announced_turns.add(turn.turn_id)
             if len(channel.announced_turns) > 64:
                 channel.announced_turns.pop()
-            channel.push(OutFrame(protocol.encode_control(
-                protocol.TURN_START, turn_id=turn.turn_id, turn=turn.number, sample_rate=turn.sample_rate
-            )))
+            if turn.start_frame is None:  # one message for every client of the turn
+                turn.start_frame = self._message(protocol.encode_control(
+                    protocol.TURN_START, turn_id=turn.turn_id, turn=turn.number, sample_rate=turn.sample_rate))
+            channel.push(turn.start_frame)
 
     @staticmethod
     def _turn_end(turn: _Turn) -> str:
@@ -576,12 +663,28 @@ class SessionRouter:
         if chunk_seq == 0:
             timeline = {"turn_id": turn_id, "turn": turn.number, "sentence_seq": sentence,
                         **{k: chunk.get(k, 0) for k in TIMELINE_FIELDS}, "edge_received_at_us": edge_received_at_us}
-        for channel in session.clients.values():
-            self._announce(channel, turn)
-            if words:
-                channel.push(OutFrame(message))
-            channel.push(OutFrame(frame, turn_id, sentence, consumed_ns, timeline, trace if timeline else None))
-        self._end_if_last(session, turn, chunk)
+        # built once for all the session's clients (the fan-out costs a write per client, no more)
+        out = OutFrame(frame, turn_id, sentence, consumed_ns, timeline, trace if timeline else None)
+        words_out = self._message(message) if words else None
+        clients = list(session.clients.values())
+        if self.wire is not None and clients:
+            out.wire = self.wire(frame)
+            if timeline is not None:
+                out.sent_at_us = now_us()
+                out.wire += self.wire(protocol.encode_control(protocol.TIMELINE, **timeline, sent_at_us=out.sent_at_us))
+        for channel in clients:
+            channel.hold()
+        try:
+            for channel in clients:
+                self._announce(channel, turn)
+                if words_out is not None:
+                    channel.push(words_out)
+                channel.push(out)
+            self._end_if_last(session, turn, chunk)
+        finally:
+            written = sum(channel.release() for channel in clients)
+            if written:
+                self.metrics.observe_sent_many((time.perf_counter_ns() - consumed_ns) / 1e9, written)
         self._reap_closed(session_id, session)
         self._enforce_replay_bytes()
         return len(session.clients)
@@ -592,10 +695,10 @@ class SessionRouter:
             return
         turn.ended = True
         turn.end_reason = str(chunk.get("end_reason") or "")[: LIMITS.max_label_chars]
-        end = self._turn_end(turn)
+        end = self._message(self._turn_end(turn))
         for channel in session.clients.values():
             self._announce(channel, turn)
-            channel.push(OutFrame(end))
+            channel.push(end)
 
     def _drop_oldest_sentence(self, turn: _Turn) -> None:
         oldest = turn.replay[0][0]

@@ -333,3 +333,27 @@ async def test_the_player_s_files_are_served_and_its_package_s_dev_tools_are_not
         assert (WEB_DIR / "node_modules" / ".package-lock.json").exists(), "make player-deps installs it"
         assert (await client.get("/web/node_modules/.package-lock.json")).status == 404
         assert (await client.get("/web/node_modules/typescript/package.json")).status == 404
+
+
+async def test_the_players_of_a_session_get_each_chunk_written_at_once_in_order():
+    # Players that keep up get a chunk's frames written straight to their sockets by the fan-out
+    # (no outbox, no sender wake-up), and hear exactly what the sender would have sent them.
+    async with running_edge(edge_settings(edge_max_clients_per_session=20), with_kafka=False) as (app, client):
+        router = app[ROUTER_KEY]
+        sockets = [(await connect(client, "s1"))[0] for _ in range(20)]
+        queued = []
+        for channel in router.clients_of("s1"):
+            enqueue = channel._enqueue
+            channel._enqueue = lambda frame, front=False, enqueue=enqueue: (queued.append(frame), enqueue(frame, front))
+        turn = tone_turn("s1", "t1", sentences=2, chunks_per_sentence=3)
+        for chunk in turn:
+            router.route(chunk)
+            await asyncio.sleep(0.01)  # the chunk period: each socket has taken the previous write
+        for ws in sockets:
+            got = await collect(ws, turn_ended)
+            kinds = [m["type"] if isinstance(m, dict) else "audio" for m in got]
+            assert kinds == ["turn_start", "audio", "timeline", "audio", "audio",
+                             "audio", "timeline", "audio", "audio", "turn_end"]
+            assert [f.pcm for f in audio(got)] == [c["pcm"] for c in turn]
+        assert not [f for f in queued if f.is_audio]
+        assert router.metrics.registry.get_sample_value("voicebus_edge_frames_sent_total") == 20 * 6

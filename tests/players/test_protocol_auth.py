@@ -159,3 +159,18 @@ def test_a_resume_may_say_its_turn_was_heard_to_the_end():
     message = protocol.parse_client_message(
         '{"type": "hello", "v": 1, "session": "s", "token": "x", "resume": {"turn_id": "t", "sentence_seq": 2, "finished": true}}')
     assert message["resume"] == {"turn_id": "t", "sentence_seq": 2, "finished": True}
+
+
+@pytest.mark.parametrize("message", ["{}", "é" * 100, b"\x01" * 125, b"\x02" * 126, b"\x03" * 70_000])
+async def test_a_frame_built_once_for_every_player_is_the_frame_aiohttp_would_send(message):
+    from unittest import mock
+
+    from aiohttp import WSMsgType
+    from aiohttp._websocket.writer import WebSocketWriter
+
+    transport = mock.Mock(is_closing=lambda: False)
+    writer = WebSocketWriter(mock.Mock(_paused=False), transport, use_mask=False, compress=0)
+    await writer.send_frame(message.encode() if isinstance(message, str) else message,
+                            WSMsgType.TEXT if isinstance(message, str) else WSMsgType.BINARY)
+    sent = b"".join(bytes(call.args[0]) for call in transport.write.call_args_list)
+    assert protocol.websocket_frame(message) == sent

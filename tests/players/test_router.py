@@ -458,3 +458,129 @@ def test_a_cut_whose_preempter_is_already_heard_or_cancelled_stops_at_once():
     assert ("stop", "third") not in _order(channel)
     router.cancel("s1", "fourth")  # the preempter is cancelled before it is heard: the cut turn stops
     assert ("stop", "third") in _order(channel)
+
+
+# --- fan-out: framed once, written at once ---------------------------------------------------
+def _ws_messages(data: bytes) -> list[bytes | str]:
+    """The messages of server WebSocket frames (unmasked, as `protocol.websocket_frame` writes)."""
+    out: list[bytes | str] = []
+    while data:
+        opcode, n, at = data[0] & 0x0F, data[1] & 0x7F, 2
+        if n == 126:
+            n, at = int.from_bytes(data[2:4], "big"), 4
+        elif n == 127:
+            n, at = int.from_bytes(data[2:10], "big"), 10
+        payload = data[at:at + n]
+        out.append(payload if opcode == 2 else payload.decode())
+        data = data[at + n:]
+    return out
+
+
+def _kinds(messages) -> list[str]:
+    import json
+
+    return ["audio" if isinstance(m, bytes) else json.loads(m)["type"] for m in messages]
+
+
+def _wired_router(**options):
+    from voicebus.players import protocol
+
+    framed: list = []
+
+    def wire(message):
+        framed.append(message)
+        return protocol.websocket_frame(message)
+
+    router = SessionRouter(clock=FakeClock(), **options)
+    router.wire = wire
+    return router, framed
+
+
+def test_a_chunk_is_framed_once_and_reaches_every_idle_player_in_one_write():
+    router, framed = _wired_router(max_clients_per_session=50)
+    writes: dict[str, list[bytes]] = {}
+    channels = [router.connect("s1") for _ in range(50)]
+    for channel in channels:
+        channel.write_now = lambda data, cid=channel.client_id: writes.setdefault(cid, []).append(data) or True
+    first, last = tone_turn("s1", "t1", sentences=1, chunks_per_sentence=2)
+    router.route(first)
+    # turn start, audio and timeline framed once for all 50 players, not once per player
+    assert sorted(_kinds(framed)) == ["audio", "timeline", "turn_start"]
+    for channel in channels:
+        [data] = writes[channel.client_id]  # one write (one system call) per player for the chunk
+        assert _kinds(_ws_messages(data)) == ["turn_start", "audio", "timeline"]
+        assert not channel.outbox  # the sender task had nothing to do
+    router.route(last)
+    assert all(_kinds(_ws_messages(writes[c.client_id][1])) == ["audio", "turn_end"] for c in channels)
+    registry = router.metrics.registry
+    assert registry.get_sample_value("voicebus_edge_frames_sent_total") == 100
+    assert registry.get_sample_value("voicebus_edge_overhead_seconds_count") == 100
+
+
+def test_a_player_whose_socket_is_busy_gets_its_frames_queued_and_in_order():
+    router, _ = _wired_router()
+    channel = router.connect("s1")
+    busy = [True]
+    written: list[bytes] = []
+    channel.write_now = lambda data: not busy[0] and (written.append(data) or True)
+    chunks = tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3)
+    router.route(chunks[0])  # the socket still holds bytes: the frames wait in the outbox
+    busy[0] = False
+    router.route(chunks[1])  # it takes bytes again, but older frames wait: this one queues behind them
+    assert not written
+    assert _kinds(f.payload for f in channel.outbox) == ["turn_start", "audio", "audio"]
+    channel.outbox.clear()  # the sender sent them
+    router.route(chunks[2])
+    assert _kinds(_ws_messages(written[0])) == ["audio", "turn_end"]
+
+
+async def test_a_frame_routed_while_the_sender_is_mid_send_waits_for_it():
+    import asyncio
+
+    router, _ = _wired_router()
+    channel = router.connect("s1")
+    busy = [True]
+    written: list[bytes] = []
+    channel.write_now = lambda data: not busy[0] and (written.append(data) or True)
+    chunks = tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3)
+    router.route(chunks[0])  # queued: turn_start, audio (with its timeline)
+    socket_free = asyncio.Event()
+    sent: list = []
+
+    async def send_bytes(data):
+        sent.append("audio")
+        await socket_free.wait()  # a socket that drains slowly
+
+    async def send_str(text):
+        sent.append(_kinds([text])[0])
+
+    sender = asyncio.create_task(channel.run_sender(send_bytes, send_str))
+    while "audio" not in sent:
+        await asyncio.sleep(0)
+    busy[0] = False
+    assert not channel.outbox  # the sender holds the first audio frame, nothing else waits
+    router.route(chunks[1])  # must not overtake the frame being sent
+    assert not written and len(channel.outbox) == 1
+    socket_free.set()
+    while channel.outbox:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    sender.cancel()
+    assert sent == ["turn_start", "audio", "timeline", "audio"]
+
+
+def test_frames_observed_together_count_as_each_observed_alone():
+    from voicebus.players.metrics import EdgeMetrics
+
+    one, many = EdgeMetrics(keep_overhead_samples=10), EdgeMetrics(keep_overhead_samples=10)
+    for _ in range(7):
+        one.observe_sent(0.003)
+    many.observe_sent_many(0.003, 7)
+    for name in ("voicebus_edge_frames_sent_total", "voicebus_edge_overhead_seconds_count",
+                 "voicebus_edge_overhead_seconds_sum"):
+        assert one.registry.get_sample_value(name) == pytest.approx(many.registry.get_sample_value(name))
+    for le in ("0.001", "0.005", "+Inf"):
+        labels = {"le": le}
+        assert (one.registry.get_sample_value("voicebus_edge_overhead_seconds_bucket", labels)
+                == many.registry.get_sample_value("voicebus_edge_overhead_seconds_bucket", labels))
+    assert list(one.overhead_samples) == list(many.overhead_samples)
