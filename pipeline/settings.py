@@ -59,8 +59,12 @@ class Settings(BaseModel):
     # --- bus -------------------------------------------------------------------------------
     bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers (``VOICEBUS_BOOTSTRAP``)."""
-    partitions: int = Field(6, ge=1)
-    """Partitions of each topic voicebus creates (a session stays in one partition: its key)."""
+    partitions: int = Field(24, ge=1)
+    """Partitions of each topic voicebus creates (a session stays in one partition: its key). Edges,
+    gate workers and synthesis workers each scale up to this many; 24 shares evenly among 1, 2, 3,
+    4, 6, 8 and 12 (docs/edge.md, "Capacity"). Topics that exist keep their count, and text topics
+    must match it: a deployment created with another count sets that count here, or grows its
+    topics while drained (``voicebus topics grow``, docs/kafka.md, "Adding partitions")."""
     replication_factor: int = Field(0, ge=0)
     """Replicas of each topic voicebus creates. 0 (default): min(3, brokers the cluster reports
     when the topic is created), so 1 on the demo's single broker and 3 on a 3-broker cluster

@@ -146,6 +146,7 @@ def _settings_factory(bootstrap: str, port: int, controller_port: int,
             edges_topic=f"t{uid}.edges",
             gate_app_id=f"gate-{uid}",
             gate_changelog_topic=f"gate-{uid}-gate_sessions-changelog",
+            partitions=6,  # the session's one broker holds every test's topics: a test that needs more says so
         )
         values.update(overrides)
         return Settings(**values)

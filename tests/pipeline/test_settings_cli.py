@@ -19,7 +19,7 @@ def test_settings_json_lists_every_field_with_its_variable_default_value_and_mea
     rows = json.loads(out)
     assert [r["field"] for r in rows] == list(Settings.model_fields)
     by_name = {r["field"]: r for r in rows}
-    assert by_name["partitions"] == {"field": "partitions", "variable": "VOICEBUS_PARTITIONS", "default": "6",
+    assert by_name["partitions"] == {"field": "partitions", "variable": "VOICEBUS_PARTITIONS", "default": "24",
                                      "value": "3", "meaning": field_docs()["partitions"]}
     assert by_name["max_text_bytes"]["default"] == "16384" and "16384" in by_name["max_text_bytes"]["meaning"]
     assert by_name["edge_secret"]["value"] == "(set)" and "do-not-print-me" not in out
