@@ -24,6 +24,7 @@ BENCH_MODULES = [
     "voicebus.ops.bench.segment",
     "voicebus.ops.bench.gate",
     "voicebus.ops.bench.synth",
+    "voicebus.ops.bench.precision",
     "voicebus.ops.bench.edge",
     "voicebus.ops.bench.scale",
     "voicebus.ops.bench.ttfa",
@@ -33,6 +34,7 @@ BENCH_MODULES = [
     "voicebus.ops.bench.failover",
     "voicebus.ops.bench.hostile",
     "voicebus.ops.bench.floor",
+    "voicebus.ops.bench.gpu",
 ]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
