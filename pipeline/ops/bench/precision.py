@@ -1,0 +1,251 @@
+"""`voicebus bench precision`: the quality gate and the speed of each way to compute Kokoro-82M
+on a CPU, A/B in one run.
+
+The engine's default computes the folded decoder and PL-BERT in bfloat16 where the CPU
+multiplies it in hardware, else in float32 (`voicebus.synthesis.engine.pick_precision`). A
+faster approximation for CPUs without hardware bfloat16 earns its place only at equal quality,
+judged as the project's precision gate says (docs/benchmarks.md, "Precision"):
+
+- the log-mel distance of its audio to the float32 reference (same frames, same harmonic
+  excitation) is no larger than two float32 decodes with different excitation seeds differ;
+- Whisper tiny.en hears the same words: the word error rate over the 20 sentences of
+  `voicebus.ops.bench.seams.ENGLISH` within 0.02 of the float32 reference's.
+
+Candidates, each built from the loaded model's weights:
+
+- ``float32``: the folded decoder in float32 (the reference; ``float32-seed``: the same with
+  another excitation seed, the gate's noise floor);
+- ``bfloat16``: the folded decoder and PL-BERT in bfloat16 (the default where the CPU has it);
+  ``bfloat16-bert32``: the decoder in bfloat16, PL-BERT in float32 (the same frames as float32:
+  the decoder's share of the difference);
+- ``int8-convs``: the float32 folded generator with every residual-block convolution run as
+  a dynamically quantized int8 convolution (fbgemm: int8 weights per output channel, each
+  input quantized per tensor at run time);
+- ``int8-bert``: float32 decoding with PL-BERT's linear layers dynamically quantized to int8.
+
+Times: PL-BERT, the rest of the prediction, and the decoder over each sentence's sounding
+frames (one window), medians over the sentences and repeats, each candidate's time over the
+float32 reference's in the same repeat. The int8 candidates live here, not in the engine:
+they fail the gate (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+CANDIDATES = ("float32", "float32-seed", "bfloat16", "bfloat16-bert32", "int8-convs", "int8-bert")
+REFERENCE_SEED, OTHER_SEED = 0, 1
+WER_GATE = 0.02
+
+
+def register(bench_subparsers) -> None:
+    p = bench_subparsers.add_parser("precision", help="Kokoro on CPU: each precision candidate's speed and quality gate, A/B")
+    p.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated, of {', '.join(CANDIDATES)}")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes over the sentences (quality: the first pass)")
+    p.add_argument("--sentences", type=int, default=20, help="how many of the 20 English gate sentences")
+    p.add_argument("--voice", default="af_heart")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--no-whisper", action="store_true", help="skip the word error rates (log-mel distances only)")
+    p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (the code path only)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
+    p.set_defaults(func=run)
+
+
+class _QuantizedConvGenerator:
+    """Builds a `FoldedGenerator` in float32 whose residual blocks' convolutions are
+    dynamically quantized int8 modules (`torch.ao.nn.quantized.dynamic.Conv2d`)."""
+
+    @staticmethod
+    def build(model):
+        import torch
+
+        from voicebus.synthesis.kokoro_frames import FoldedGenerator
+
+        class Int8ConvGenerator(FoldedGenerator):
+            def _apply_conv(self, conv, x):  # a quantized module, or a folded float convolution
+                if isinstance(conv, torch.nn.Module):
+                    return conv(x.contiguous())
+                return FoldedGenerator._apply_conv(conv, x)
+
+        generator = Int8ConvGenerator(model, torch.float32)
+        quantize = _QuantizedConvGenerator.quantized
+        for blocks in (generator.resblocks, generator.noise_res):
+            blocks[:] = [[(a1, quantize(c1), a2, quantize(c2)) for a1, c1, a2, c2 in layers] for layers in blocks]
+        return generator
+
+    @staticmethod
+    def quantized(conv):
+        """A folded float convolution (`kokoro_frames._FoldedConv`) as an int8 dynamic one."""
+        import torch
+
+        weight = conv.weight.float().contiguous()
+        out = weight.shape[0]
+        scale = (weight.abs().amax(dim=(1, 2, 3)) / 127).clamp(min=1e-12)
+        qweight = torch.quantize_per_channel(weight, scale, torch.zeros(out, dtype=torch.long), 0, torch.qint8)
+        module = torch.ao.nn.quantized.dynamic.Conv2d(
+            weight.shape[1] * conv.groups, out, tuple(weight.shape[2:]), stride=conv.stride, padding=conv.padding,
+            dilation=conv.dilation, groups=conv.groups)
+        module.set_weight_bias(qweight, None if conv.bias is None else conv.bias.float())
+        return module
+
+
+def _int8_bert(model):
+    import copy
+
+    import torch
+
+    bert = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model.bert), {torch.nn.Linear}, dtype=torch.qint8)
+    return lambda input_ids, attention_mask: bert(input_ids, attention_mask=attention_mask)
+
+
+def build_candidates(engine, names: list[str]) -> dict:
+    """name -> (generator, frame-rate half, bert, seed) for each candidate in ``names``."""
+    import warnings
+
+    import torch
+
+    from voicebus.synthesis.kokoro_frames import Bfloat16Bert, FoldedFrameRateHalf, FoldedGenerator
+
+    torch.backends.quantized.engine = "fbgemm" if "fbgemm" in torch.backends.quantized.supported_engines else "x86"
+    model = engine.model
+    f32 = (FoldedGenerator(model, torch.float32), FoldedFrameRateHalf(model, torch.float32))
+    built = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices for its eager quantization
+        for name in names:
+            if name == "float32":
+                built[name] = (*f32, None, REFERENCE_SEED)
+            elif name == "float32-seed":
+                built[name] = (*f32, None, OTHER_SEED)
+            elif name == "bfloat16":
+                built[name] = (FoldedGenerator(model, torch.bfloat16), FoldedFrameRateHalf(model, torch.bfloat16),
+                               Bfloat16Bert(model, torch.bfloat16), REFERENCE_SEED)
+            elif name == "bfloat16-bert32":
+                built[name] = (FoldedGenerator(model, torch.bfloat16), FoldedFrameRateHalf(model, torch.bfloat16),
+                               None, REFERENCE_SEED)
+            elif name == "int8-convs":
+                built[name] = (_QuantizedConvGenerator.build(model), f32[1], None, REFERENCE_SEED)
+            elif name == "int8-bert":
+                built[name] = (*f32, _int8_bert(model), REFERENCE_SEED)
+            else:
+                raise SystemExit(f"unknown candidate {name!r}: use {', '.join(CANDIDATES)}")
+    return built
+
+
+def decode(engine, phonemes: str, ref_s, candidate) -> tuple:
+    """(float audio of the sentence's sounding frames, seconds in PL-BERT, in the rest of the
+    prediction, in the decoder) with one candidate."""
+    import torch
+
+    from voicebus.synthesis import kokoro_frames as kf
+
+    generator, half, bert, seed = candidate
+    bert = bert or engine.model.bert
+    spent = {"bert": 0.0}
+
+    def timed_bert(input_ids, attention_mask):
+        began = time.perf_counter()
+        out = bert(input_ids, attention_mask=attention_mask)
+        spent["bert"] += time.perf_counter() - began
+        return out
+
+    with torch.inference_mode():
+        began = time.perf_counter()
+        frames = kf.predict_frames(engine.model, phonemes, ref_s, bert=timed_bert)
+        predicted = time.perf_counter()
+        start, stop = kf.sound_span(frames.frame_energy(), lead=kf.CONTEXT_FRAMES)
+        torch.manual_seed(seed)
+        prepared = kf.prepare_decoder(engine.model, frames, start, stop, None, half)
+        audio = generator(prepared)
+        done = time.perf_counter()
+    return audio.numpy(), spent["bert"], predicted - began - spent["bert"], done - predicted
+
+
+def measure(engine, names: list[str], sentences: list[str], voice: str, repeats: int, whisper=None, progress=None) -> dict:
+    """Per candidate: median times and their ratio to float32's, the log-mel distance to the
+    float32 reference per sentence, and Whisper's word error rate (``whisper`` given).
+    ``progress(repeat, sentence, seconds per candidate)`` is called after each sentence."""
+    from voicebus.ops.bench import seams
+
+    candidates = build_candidates(engine, ["float32", *[n for n in names if n != "float32"]])
+    pack = engine.voice_pack(voice)
+    phonemes = [engine.phonemize(text, "en")[0] for text in sentences]
+    times = {name: {"bert": [], "predict": [], "decode": [], "ratio": []} for name in candidates}
+    audio: dict[str, list] = {name: [] for name in candidates}
+    for candidate in candidates.values():  # first-call costs (oneDNN's kernels, the quantized weights' packing)
+        decode(engine, phonemes[0], pack[len(phonemes[0]) - 1], candidate)
+    for repeat in range(repeats):  # the first pass also keeps each candidate's audio
+        for i, ph in enumerate(phonemes):
+            ref_s = pack[len(ph) - 1]
+            spent = {}
+            for name, candidate in candidates.items():
+                wave, bert_s, predict_s, decode_s = decode(engine, ph, ref_s, candidate)
+                spent[name] = bert_s + predict_s + decode_s
+                if repeat == 0:
+                    audio[name].append(wave)
+                for key, value in (("bert", bert_s), ("predict", predict_s), ("decode", decode_s)):
+                    times[name][key].append(value)
+                times[name]["ratio"].append(spent[name] / spent["float32"])
+            if progress:
+                progress(repeat, i, spent)
+    results = {}
+    for name in candidates:
+        if name not in names:
+            continue
+        distances = [seams.log_mel_distance(a, ref) for a, ref in zip(audio[name], audio["float32"])]
+        row = {key: statistics.median(values) if values else float("nan") for key, values in times[name].items()}
+        row["log_mel_distance"] = statistics.median(distances)
+        row["log_mel_distances"] = distances
+        if whisper is not None:
+            errors = reference = 0
+            for text, wave in zip(sentences, audio[name]):
+                expected = seams.words(text)
+                reference += len(expected)
+                errors += seams.word_errors(expected, seams.words(seams.heard(whisper, wave)))
+            row["wer"] = errors / max(1, reference)
+        results[name] = row
+    floor = results.get("float32-seed", {}).get("log_mel_distance")
+    for name, row in results.items():
+        wer_ok = "wer" not in row or row["wer"] - results.get("float32", row).get("wer", row["wer"]) <= WER_GATE
+        row["passes"] = None if floor is None else bool(row["log_mel_distance"] <= floor and wer_ok)
+    return results
+
+
+def run(args, settings) -> int:
+    import torch
+
+    from voicebus.ops.bench import seams
+    from voicebus.synthesis.engine import SynthesisEngine
+
+    names = [n.strip() for n in args.candidates.split(",") if n.strip()]
+    engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings.replace(synthesis_precision="float32"))
+    torch.set_num_threads(args.threads)
+    voice = engine.voices[0] if args.tiny else args.voice
+    whisper = None
+    if not (args.no_whisper or args.tiny):
+        from voicebus.ops.bench.words import tiny_en_whisper
+
+        whisper = tiny_en_whisper()
+    sentences = seams.ENGLISH[: max(1, args.sentences)]
+
+    def progress(repeat: int, index: int, spent: dict) -> None:
+        print(f"  pass {repeat + 1} sentence {index + 1}/{len(sentences)}: "
+              + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in spent.items()), flush=True)
+
+    results = measure(engine, names, sentences, voice, max(1, args.repeats), whisper, progress)
+    print(f"precision candidates on {engine.source}, {len(sentences)} sentences, voice {voice}, {args.threads} thread(s), "
+          f"repeats {args.repeats}: medians per sentence")
+    print(f"{'candidate':<14} {'bert ms':>8} {'predict ms':>10} {'decode ms':>9} {'time/fp32':>9} {'log-mel':>8} "
+          f"{'WER':>6}  gate")
+    for name, row in results.items():
+        wer = f"{row['wer']:.3f}" if "wer" in row else "-"
+        gate = {True: "passes", False: "fails", None: "-"}[row["passes"]]
+        print(f"{name:<14} {row['bert'] * 1000:8.1f} {row['predict'] * 1000:10.1f} {row['decode'] * 1000:9.1f} "
+              f"{row['ratio']:9.2f} {row['log_mel_distance']:8.3f} {wer:>6}  {gate}")
+    print("log-mel: median distance to the float32 reference (bels); the gate: no larger than float32-seed's, "
+          f"and WER within {WER_GATE} of float32's")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"sentences": len(sentences), "voice": voice, "threads": args.threads, "results": results}, out, indent=1)
+    return 0
