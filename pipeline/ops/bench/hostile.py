@@ -409,7 +409,7 @@ class HostileAgent:
             t = self.topic
             await self.send("text:negative-seq", t, raw_avro(c, "TextEvent", _text(sid, "t1", -5, text="Hi. ")), key)
             await self.send("text:oversized", t, raw_avro(c, "TextEvent", _text(sid, "t1", 0, text="a" * 20_000)), key)
-            await self.send("text:unknown-language", t, raw_avro(c, "TextEvent", _text(sid, "t2", 0, text="Hi. ", language="j")), key)
+            await self.send("text:unknown-language", t, raw_avro(c, "TextEvent", _text(sid, "t2", 0, text="Hi. ", language="de")), key)
             await self.send("text:bad-id", t, raw_avro(c, "TextEvent", _text("\x00\x01bad", "t\n", 0, text="Hi. ")), b"\x00\x01bad")
             await self.send("text:invalid-utf8", t, raw_avro(c, "TextEvent", _text(sid, "t3", 0, text="XYZW")).replace(
                 b"XYZW", b"\xff\xfe\xfd\xfc"), key)
@@ -441,7 +441,7 @@ class HostileAgent:
             # synthesis topic (only the gate should write it): what a buggy gate could send
             syn = s.synthesis_topic
             await self.send("synthesis:negative-seq", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", -1, "Hi.")), key)
-            await self.send("synthesis:unknown-language", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 0, "Hi.", language="z")), key)
+            await self.send("synthesis:unknown-language", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 0, "Hi.", language="x")), key)
             await self.send("synthesis:oversized", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 1, "a " * 10_000)), key)
             await self.send("synthesis:bad-speed", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 2, "Hi.", speed=float("nan"))), key)
             await self.send("synthesis:unknown-voice", syn, c.encode("SynthesisRequest", _request(sid, "r", 3, "Hi.", voice="nobody")), key)
