@@ -29,7 +29,8 @@ from importlib import resources
 
 import numpy as np
 
-from voicebus.ops.bench.words import GREEDY
+from voicebus.ops.bench import seams
+from voicebus.ops.bench.seams import HOP, PAUSE_S, pcm_to_float, quiet_bins, silent_runs, word_errors
 
 LANGUAGES = ("en", "es", "pt", "fr", "it", "hi", "ja", "zh")
 BY_CHARACTER = frozenset({"ja", "zh"})  # written without spaces between words: CER
@@ -37,10 +38,6 @@ BY_CHARACTER = frozenset({"ja", "zh"})  # written without spaces between words: 
 # Whisper's prompt per language: the script it is to write in (Hindi heard in Urdu or Latin
 # script, the same words, would count as all wrong)
 PROMPTS = {"hi": "नमस्ते। आपका स्वागत है।"}
-
-PAUSE_S = 0.2  # a silence of at least 200 ms
-HOP = 240  # 10 ms at 24 kHz
-QUIET_DB = 40  # a 10 ms bin this far under the loudest is silent (as `seams.mid_phrase_pauses`)
 
 # what a phoneme group carries of the text's punctuation (every G2P keeps it in the phonemes)
 _PUNCTUATION = set(",.;:!?…—–-\"“”()«»")
@@ -64,11 +61,7 @@ def default_voice(language: str) -> str:
 def heard(whisper, audio: np.ndarray, language: str) -> str:
     """What multilingual ``whisper`` hears in float ``audio`` (24 kHz) in ``language``, greedily,
     prompted where the script needs it (`PROMPTS`)."""
-    from voicebus.ops.bench.seams import to_16k
-
-    segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1, temperature=GREEDY,
-                                     initial_prompt=PROMPTS.get(language), no_repeat_ngram_size=3)
-    return " ".join(s.text for s in segments)
+    return seams.heard(whisper, audio, language, initial_prompt=PROMPTS.get(language), no_repeat_ngram_size=3)
 
 
 def units(text: str, language: str) -> list[str]:
@@ -99,8 +92,6 @@ def _simplified(text: str) -> str:
 
 def error_rate(reference: str, hypothesis: str, language: str) -> tuple[int, int]:
     """(edits, reference length) in `units`: Levenshtein distance in words or characters."""
-    from voicebus.ops.bench.seams import word_errors
-
     expected = units(reference, language)
     return word_errors(expected, units(hypothesis, language)), len(expected)
 
@@ -108,21 +99,11 @@ def error_rate(reference: str, hypothesis: str, language: str) -> tuple[int, int
 def _silences(audio: np.ndarray, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
     """Silent stretches of at least ``pause_s`` between the first and the last sound of float
     ``audio`` (24 kHz), as (start, end) in samples."""
-    bins = len(audio) // HOP
-    if bins == 0:
+    if len(audio) < HOP:
         return []
-    level = 20 * np.log10(np.sqrt(np.mean(audio[: bins * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
-    quiet = level < level.max() - QUIET_DB
+    quiet = quiet_bins(audio)
     loud = np.flatnonzero(~quiet)
-    out, run = [], None
-    for i in range(int(loud[0]), int(loud[-1]) + 1):
-        if quiet[i] and run is None:
-            run = i
-        elif not quiet[i] and run is not None:
-            if i - run >= pause_s * 100:
-                out.append((run * HOP, i * HOP))
-            run = None
-    return out
+    return [(start * HOP, end * HOP) for start, end in silent_runs(quiet, int(loud[0]), int(loud[-1]) + 1, pause_s)]
 
 
 def _punctuated(group: str, following: str | None) -> bool:
@@ -170,7 +151,7 @@ def speak(engine, text: str, language: str, voice: str) -> tuple[np.ndarray, lis
     finally:
         del engine.pieces
     pcm = b"".join(p.voiced.pcm for p in spoken)
-    return np.frombuffer(pcm, "<i2").astype(np.float32) / 32768.0, [w for p in spoken for w in p.words], elapsed
+    return pcm_to_float(pcm), [w for p in spoken for w in p.words], elapsed
 
 
 def measure(engine, whisper, language: str, voice: str, texts: list[str]) -> dict:

@@ -192,7 +192,29 @@ LONG_PHRASES = {
     "pt": "O técnico vai ligar para você amanhã de manhã antes das nove para confirmar a visita e o horário do reparo.",
 }
 
-PAUSE_S = 0.2  # the issue's mid-phrase pause: a silence of at least 200 ms
+PAUSE_S = 0.2  # a mid-phrase pause: a silence of at least 200 ms
+QUIET_DB = 40.0  # a 10 ms bin this far under the loudest is silent
+
+
+def quiet_bins(audio: np.ndarray) -> np.ndarray:
+    """Per 10 ms of float ``audio`` (24 kHz, at least 10 ms of it): whether its level is at least
+    ``QUIET_DB`` under the loudest 10 ms."""
+    level = 20 * np.log10(np.sqrt(np.mean(audio[: len(audio) // HOP * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
+    return level < level.max() - QUIET_DB
+
+
+def silent_runs(quiet: np.ndarray, first: int, last: int, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
+    """(start, end) bins of each run of `quiet_bins` of at least ``pause_s`` that starts at or
+    after bin ``first`` and ends before bin ``last`` (a run still open there is not counted)."""
+    runs, run = [], None
+    for i in range(first, last):
+        if quiet[i] and run is None:
+            run = i
+        elif not quiet[i] and run is not None:
+            if i - run >= pause_s * 100:
+                runs.append((run, i))
+            run = None
+    return runs
 
 
 def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
@@ -206,19 +228,10 @@ def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float 
     heard = [w for s in segments for w in s.words]
     if not heard:
         return []
-    level = 20 * np.log10(np.sqrt(np.mean(audio[: len(audio) // HOP * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
-    quiet = level < level.max() - 40
+    quiet = quiet_bins(audio)
     onset = int(np.argmax(~quiet))
     first, last = int(heard[0].start * 100), min(len(quiet), int(heard[-1].end * 100))
-    pauses, run = [], None
-    for i in range(first, last):
-        if quiet[i] and run is None:
-            run = i
-        elif not quiet[i] and run is not None:
-            if i - run >= pause_s * 100:
-                pauses.append(((run - onset) * 10, (i - run) * 10))
-            run = None
-    return pauses
+    return [((start - onset) * 10, (end - start) * 10) for start, end in silent_runs(quiet, first, last, pause_s)]
 
 
 def pcm_to_float(pcm: bytes) -> np.ndarray:
@@ -248,9 +261,10 @@ def to_16k(audio: np.ndarray) -> np.ndarray:
 
 
 
-def heard(whisper, audio: np.ndarray, language: str = "en") -> str:
-    """What ``whisper`` hears in float ``audio`` (24 kHz), decoded greedily (`GREEDY`)."""
-    segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1, temperature=GREEDY)
+def heard(whisper, audio: np.ndarray, language: str = "en", **options) -> str:
+    """What ``whisper`` hears in float ``audio`` (24 kHz), decoded greedily (`GREEDY`);
+    ``options``: more of faster-whisper's ``transcribe`` arguments (a prompt, ...)."""
+    segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1, temperature=GREEDY, **options)
     return " ".join(s.text for s in segments)
 
 
