@@ -52,42 +52,39 @@ def register(bench_subparsers) -> None:
     p.set_defaults(func=run)
 
 
-class _QuantizedConvGenerator:
-    """Builds a `FoldedGenerator` in float32 whose residual blocks' convolutions are
-    dynamically quantized int8 modules (`torch.ao.nn.quantized.dynamic.Conv2d`)."""
+def _int8_conv_generator(model):
+    """A `FoldedGenerator` in float32 whose residual blocks' convolutions are dynamically
+    quantized int8 modules (`_int8_conv`)."""
+    import torch
 
-    @staticmethod
-    def build(model):
-        import torch
+    from voicebus.synthesis.kokoro_frames import FoldedGenerator
 
-        from voicebus.synthesis.kokoro_frames import FoldedGenerator
+    class Int8ConvGenerator(FoldedGenerator):
+        def _apply_conv(self, conv, x):  # a quantized module, or a folded float convolution
+            if isinstance(conv, torch.nn.Module):
+                return conv(x.contiguous())
+            return FoldedGenerator._apply_conv(conv, x)
 
-        class Int8ConvGenerator(FoldedGenerator):
-            def _apply_conv(self, conv, x):  # a quantized module, or a folded float convolution
-                if isinstance(conv, torch.nn.Module):
-                    return conv(x.contiguous())
-                return FoldedGenerator._apply_conv(conv, x)
+    generator = Int8ConvGenerator(model, torch.float32)
+    for blocks in (generator.resblocks, generator.noise_res):
+        blocks[:] = [[(a1, _int8_conv(c1), a2, _int8_conv(c2)) for a1, c1, a2, c2 in layers] for layers in blocks]
+    return generator
 
-        generator = Int8ConvGenerator(model, torch.float32)
-        quantize = _QuantizedConvGenerator.quantized
-        for blocks in (generator.resblocks, generator.noise_res):
-            blocks[:] = [[(a1, quantize(c1), a2, quantize(c2)) for a1, c1, a2, c2 in layers] for layers in blocks]
-        return generator
 
-    @staticmethod
-    def quantized(conv):
-        """A folded float convolution (`kokoro_frames._FoldedConv`) as an int8 dynamic one."""
-        import torch
+def _int8_conv(conv):
+    """A folded float convolution (`kokoro_frames._FoldedConv`) as an int8 dynamic one: its
+    weights per output channel, its input quantized per tensor at each call."""
+    import torch
 
-        weight = conv.weight.float().contiguous()
-        out = weight.shape[0]
-        scale = (weight.abs().amax(dim=(1, 2, 3)) / 127).clamp(min=1e-12)
-        qweight = torch.quantize_per_channel(weight, scale, torch.zeros(out, dtype=torch.long), 0, torch.qint8)
-        module = torch.ao.nn.quantized.dynamic.Conv2d(
-            weight.shape[1] * conv.groups, out, tuple(weight.shape[2:]), stride=conv.stride, padding=conv.padding,
-            dilation=conv.dilation, groups=conv.groups)
-        module.set_weight_bias(qweight, None if conv.bias is None else conv.bias.float())
-        return module
+    weight = conv.weight.float().contiguous()
+    out = weight.shape[0]
+    scale = (weight.abs().amax(dim=(1, 2, 3)) / 127).clamp(min=1e-12)
+    qweight = torch.quantize_per_channel(weight, scale, torch.zeros(out, dtype=torch.long), 0, torch.qint8)
+    module = torch.ao.nn.quantized.dynamic.Conv2d(
+        weight.shape[1] * conv.groups, out, tuple(weight.shape[2:]), stride=conv.stride, padding=conv.padding,
+        dilation=conv.dilation, groups=conv.groups)
+    module.set_weight_bias(qweight, None if conv.bias is None else conv.bias.float())
+    return module
 
 
 def _int8_bert(model):
@@ -125,7 +122,7 @@ def build_candidates(engine, names: list[str]) -> dict:
                 built[name] = (FoldedGenerator(model, torch.bfloat16), FoldedFrameRateHalf(model, torch.bfloat16),
                                None, REFERENCE_SEED)
             elif name == "int8-convs":
-                built[name] = (_QuantizedConvGenerator.build(model), f32[1], None, REFERENCE_SEED)
+                built[name] = (_int8_conv_generator(model), f32[1], None, REFERENCE_SEED)
             elif name == "int8-bert":
                 built[name] = (*f32, _int8_bert(model), REFERENCE_SEED)
             else:
@@ -206,8 +203,9 @@ def measure(engine, names: list[str], sentences: list[str], voice: str, repeats:
             row["wer"] = errors / max(1, reference)
         results[name] = row
     floor = results.get("float32-seed", {}).get("log_mel_distance")
-    for name, row in results.items():
-        wer_ok = "wer" not in row or row["wer"] - results.get("float32", row).get("wer", row["wer"]) <= WER_GATE
+    reference_wer = results.get("float32", {}).get("wer")
+    for row in results.values():
+        wer_ok = reference_wer is None or row["wer"] - reference_wer <= WER_GATE
         row["passes"] = None if floor is None else bool(row["log_mel_distance"] <= floor and wer_ok)
     return results
 
