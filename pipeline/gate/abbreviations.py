@@ -212,37 +212,30 @@ HINDI = LanguageRules(
 _CJK_CLOSERS = "」』”’）】〕〉》］｝"
 _CJK_OPENERS = "「『“‘（【〔〈《［｛"
 
-JAPANESE = LanguageRules(
-    code="ja",
-    titles=_words(_COMMON_TITLES + " mr mrs ms"),
-    numeric=_words(_COMMON_NUMERIC),
-    general=_words(_LATIN_GENERAL + " inc co ltd corp jr sr"),
-    starters=frozenset(),
-    code_placeholder="コードブロックは省略します。",
-    stops="。！？",
-    final_stops="。！？",
-    glued_exclamations=True,
-    closers=_CJK_CLOSERS,
-    openers=_CJK_OPENERS,
-    quote_continuers="とっ、，",
-    title_brackets="《》〈〉",
-)
 
-CHINESE = LanguageRules(
-    code="zh",
-    titles=_words(_COMMON_TITLES + " mr mrs ms"),
-    numeric=_words(_COMMON_NUMERIC),
-    general=_words(_LATIN_GENERAL + " inc co ltd corp jr sr"),
-    starters=frozenset(),
-    code_placeholder="代码块已省略。",
-    stops="。！？",
-    final_stops="。！？",
-    glued_exclamations=True,
-    closers=_CJK_CLOSERS,
-    openers=_CJK_OPENERS,
-    quote_continuers="，、",
-    title_brackets="《》〈〉",
-)
+def _unspaced(code: str, code_placeholder: str, quote_continuers: str) -> LanguageRules:
+    """Rules of a language written without spaces between words or sentences (Japanese,
+    Chinese): full-width stops, CJK brackets and quotes, the Latin abbreviations of Latin words
+    in its text."""
+    return LanguageRules(
+        code=code,
+        titles=_words(_COMMON_TITLES + " mr mrs ms"),
+        numeric=_words(_COMMON_NUMERIC),
+        general=_words(_LATIN_GENERAL + " inc co ltd corp jr sr"),
+        starters=frozenset(),
+        code_placeholder=code_placeholder,
+        stops="。！？",
+        final_stops="。！？",
+        glued_exclamations=True,
+        closers=_CJK_CLOSERS,
+        openers=_CJK_OPENERS,
+        quote_continuers=quote_continuers,
+        title_brackets="《》〈〉",
+    )
+
+
+JAPANESE = _unspaced("ja", "コードブロックは省略します。", quote_continuers="とっ、，")
+CHINESE = _unspaced("zh", "代码块已省略。", quote_continuers="，、")
 
 _BY_CODE = {
     "en": ENGLISH,
