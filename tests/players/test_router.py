@@ -517,13 +517,19 @@ def test_a_chunk_is_framed_once_and_reaches_every_idle_player_in_one_write():
     assert registry.get_sample_value("voicebus_edge_overhead_seconds_count") == 100
 
 
-def test_a_player_whose_socket_is_busy_gets_its_frames_queued_and_in_order():
+def _busy_socket_player():
+    """A wired router's player whose socket holds bytes until ``busy[0]`` is False; what
+    `write_now` wrote, and a three-chunk turn for it."""
     router, _ = _wired_router()
     channel = router.connect("s1")
     busy = [True]
     written: list[bytes] = []
     channel.write_now = lambda data: not busy[0] and (written.append(data) or True)
-    chunks = tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3)
+    return router, channel, busy, written, tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3)
+
+
+def test_a_player_whose_socket_is_busy_gets_its_frames_queued_and_in_order():
+    router, channel, busy, written, chunks = _busy_socket_player()
     router.route(chunks[0])  # the socket still holds bytes: the frames wait in the outbox
     busy[0] = False
     router.route(chunks[1])  # it takes bytes again, but older frames wait: this one queues behind them
@@ -537,12 +543,7 @@ def test_a_player_whose_socket_is_busy_gets_its_frames_queued_and_in_order():
 async def test_a_frame_routed_while_the_sender_is_mid_send_waits_for_it():
     import asyncio
 
-    router, _ = _wired_router()
-    channel = router.connect("s1")
-    busy = [True]
-    written: list[bytes] = []
-    channel.write_now = lambda data: not busy[0] and (written.append(data) or True)
-    chunks = tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3)
+    router, channel, busy, written, chunks = _busy_socket_player()
     router.route(chunks[0])  # queued: turn_start, audio (with its timeline)
     socket_free = asyncio.Event()
     sent: list = []
