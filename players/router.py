@@ -517,6 +517,11 @@ class SessionRouter:
         """No frame waits in any client's outbox (each sender has taken all it was given)."""
         return not any(c.outbox for session in self._sessions.values() for c in session.clients.values())
 
+    def outbox_sizes(self) -> dict[str, int]:
+        """Client id -> frames waiting in its outbox, for the clients with any."""
+        return {c.client_id: len(c.outbox) for session in self._sessions.values()
+                for c in session.clients.values() if c.outbox}
+
     def clients_of(self, session_id: str) -> list[ClientChannel]:
         session = self._sessions.get(session_id)
         return list(session.clients.values()) if session else []

@@ -76,6 +76,7 @@ class PipelineStack(Owned):
         self._edge_runner: web.AppRunner | None = None
         self.settings: Settings = settings
         self.lanes: dict[str, Lane] = {}
+        self.undrained = ""  # what the last `drained` look found still in flight
         self.edge_app: web.Application | None = None
 
     @property
@@ -148,31 +149,41 @@ class PipelineStack(Owned):
         each worker has settled every request (its group's commits at the synthesis topic's end:
         it publishes nothing more of them), and the edge has routed every audio record, with no
         frame left in a client's outbox. Tests poll it instead of waiting a quiet interval; what
-        the edge has sent may still be on the socket (a client's ping round trip settles that)."""
+        the edge has sent may still be on the socket (a client's ping round trip settles that).
+        When it is not, `undrained` says which stage holds what."""
         from voicebus.bus import committed_offsets, end_offsets, topics_matching
         from voicebus.gate.app import stored_positions
         from voicebus.topics import worker_group_id
         from voicebus.topics import text_topic_pattern
 
-        def covered(ends: dict, done: dict) -> bool:
+        def behind(ends: dict, done: dict) -> dict:
             # keys: aiokafka's TopicPartition, a named tuple, equal to (topic, partition) tuples
-            return all(done.get(tp, 0) >= end for tp, end in ends.items())
+            return {f"{tp[0]}[{tp[1]}]": (done.get(tp, 0), end) for tp, end in ends.items() if done.get(tp, 0) < end}
 
-        for lane in self.lanes.values():
+        self.undrained = ""
+        for name, lane in self.lanes.items():
             s = lane.settings
             text_ends = await end_offsets(s, await topics_matching(s, text_topic_pattern(s)))
-            if not covered(text_ends, await stored_positions(s)):
+            if late := behind(text_ends, await stored_positions(s)):
+                self.undrained = f"lane {name}: the gate's stored positions (at, end): {late}"
                 return False
-            if not covered(await end_offsets(s, [s.synthesis_topic]), await committed_offsets(s, worker_group_id(s))):
+            if late := behind(await end_offsets(s, [s.synthesis_topic]), await committed_offsets(s, worker_group_id(s))):
+                hand = f"; its worker holds: {lane.worker.in_hand()}" if lane.worker is not None else ""
+                self.undrained = f"lane {name}: the workers' commits (at, end): {late}{hand}"
                 return False
         if self.edge_app is not None:
             from voicebus.players.edge import LINK_KEY, ROUTER_KEY
 
             link = self.edge_app[LINK_KEY]
-            if link is not None and not covered(await end_offsets(self.settings, [self.settings.audio_topic]),
-                                                await link.routed()):
+            if link is not None:
+                late = behind(await end_offsets(self.settings, [self.settings.audio_topic]), await link.routed())
+                if late:
+                    self.undrained = f"the edge's routed audio (at, end): {late}"
+                    return False
+            router = self.edge_app[ROUTER_KEY]
+            if not router.outboxes_empty():
+                self.undrained = f"frames wait in client outboxes: {router.outbox_sizes()}"
                 return False
-            return self.edge_app[ROUTER_KEY].outboxes_empty()
         return True
 
     async def _start_gate(self, lane: Lane, timeout: float = 90.0) -> None:

@@ -18,6 +18,8 @@ No Kafka and no engine here; `voicebus.synthesis.worker` wraps this in the bus s
   blocked until the settlement comes.
   Every accepted request is *settled* exactly once through the `on_settled` callback, with an
   `Outcome`; the shell commits offsets from there.
+  Each change that can free a slot or make a job ready advances `SynthesisScheduler.changes`,
+  which the shell's fetch and synthesis loops wait on (`Changes`).
 - `OffsetTracker` turns settlements that happen out of offset order (sessions share partitions)
   into the contiguous offset a partition may commit.
 - `ChunkAssembler` turns the engine's PCM stream into AudioChunk dicts of ``chunk_ms``.
@@ -25,7 +27,9 @@ No Kafka and no engine here; `voicebus.synthesis.worker` wraps this in the bus s
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import functools
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
@@ -36,6 +40,57 @@ from voicebus.audio_codec import AudioFormat
 from voicebus.schemas.contract import AudioEncoding
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
+
+
+class Changes:
+    """A generation count that tasks wait on, for the loops that share one scheduler.
+
+    A task looks at the state, notes `generation` (no await in between), and waits for a change
+    after it: a change made after its look wakes it even when it came before the wait began.
+    (One ``asyncio.Event`` that both the fetch and the synthesis loop cleared lost such wakeups:
+    the synthesis loop's "slot free" was cleared by its own "nothing to do" before the fetch
+    loop's wait had started, and both slept, the partitions paused, until the next control event.)
+    Nothing here is cleared, so any number of tasks may wait; single-threaded use, as the scheduler."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._waiters: list[asyncio.Future] = []
+
+    def notify(self) -> None:
+        self.generation += 1
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, seen: int, timeout_s: float | None = None) -> bool:
+        """Until a change after generation `seen`: True, or False once `timeout_s` passed without one."""
+        if self.generation != seen:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
+def _notifies(method: Callable) -> Callable:
+    """A scheduler method after which its `changes` advance (whatever it returns or raises)."""
+
+    @functools.wraps(method)
+    def wrapped(self: "SynthesisScheduler", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.changes.notify()
+
+    return wrapped
 
 
 class SchedulerFull(RuntimeError):
@@ -141,6 +196,7 @@ class SynthesisScheduler:
         self._completed: OrderedDict[RequestKey, None] = OrderedDict()
         self._remember_completed = remember_completed
         self.peak_in_flight = 0  # the most requests ever held at once (the bound, checked)
+        self.changes = Changes()  # advanced when a slot frees up or a job may be ready
 
     # --- sizes -------------------------------------------------------------------------------
     @property
@@ -160,6 +216,7 @@ class SynthesisScheduler:
         return max(0, self.max_in_flight - self.in_flight)
 
     # --- intake ------------------------------------------------------------------------------
+    @_notifies
     def submit(self, request: dict, *, received_at_us: int | None = None, origin: Hashable | None = None) -> SynthesisJob:
         """Accept a request. Returns its job; a duplicate or an already-cancelled request is
         settled at once (and does not take a slot), and so is the settlement of a tentative one."""
@@ -213,6 +270,7 @@ class SynthesisScheduler:
                 job = queue.popleft()
                 if self._is_cancelled(job):
                     self._settle(job, Outcome.CANCELLED)
+                    self.changes.notify()  # a slot freed
                     continue
                 if not queue:
                     del self._queues[session_id]
@@ -224,6 +282,7 @@ class SynthesisScheduler:
             del self._queues[session_id]
         return None
 
+    @_notifies
     def finish(self, job: SynthesisJob, outcome: Outcome | None = None) -> Outcome:
         """A running job ended. Its outcome is its stop reason if it was asked to stop, else
         `outcome` (default SPOKEN)."""
@@ -234,6 +293,7 @@ class SynthesisScheduler:
         self._settle(job, final)
         return final
 
+    @_notifies
     def park(self, job: SynthesisJob) -> None:
         """A running tentative job was synthesized before its settlement came: it waits, holding
         its chunks but no slot; its session's next job waits behind it."""
@@ -267,6 +327,7 @@ class SynthesisScheduler:
             self._on_settled(job, Outcome.RETRACTED)
 
     # --- control -----------------------------------------------------------------------------
+    @_notifies
     def apply_control(self, event: dict) -> tuple[list[SynthesisJob], list[SynthesisJob]]:
         """Apply a ControlEvent. Returns (queued jobs purged, running jobs asked to stop); the
         purged ones are settled as CANCELLED here, the running ones when they `finish`."""
@@ -298,6 +359,7 @@ class SynthesisScheduler:
             stopped.append(running)
         return purged, stopped
 
+    @_notifies
     def drop_queued(self, predicate: Callable[[SynthesisJob], bool]) -> list[SynthesisJob]:
         """Forget queued jobs matching `predicate`, settled DROPPED (not committed: another worker
         redoes them). Used when partitions are revoked; running jobs are the shell's to stop."""

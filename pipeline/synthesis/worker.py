@@ -168,7 +168,6 @@ class SynthesisWorker(Owned):
         self.cancel_log: deque[CancelObservation] = deque(maxlen=1000)
         self.assigned: set[TopicPartition] = set()
         self.ready = asyncio.Event()  # control caught up, data consumer subscribed
-        self._wake = asyncio.Event()  # something to synthesize, or a slot freed
         self._to_commit: dict[TopicPartition, int] = {}
         self._commit_wanted = asyncio.Event()
         self._producer: "AIOKafkaProducer | None" = None
@@ -271,6 +270,16 @@ class SynthesisWorker(Owned):
                 "restarts": sum(t["restarts"] for t in tasks.values()), "tasks": tasks,
                 "partitions": sorted(tp.partition for tp in self.assigned)}
 
+    def in_hand(self) -> str:
+        """What this worker holds right now, in a line (a test's or an operator's "why not done"):
+        the requests running and parked, the queue's depth, and per partition the offsets fetched
+        but not settled."""
+        sched = self.scheduler
+        unsettled = {f"{tp.topic}[{tp.partition}]": n for tp in self.assigned if (n := self.offsets.unsettled(tp))}
+        return (f"running {[str(j.key) for j in sched.running]}, parked {[str(j.key) for j in sched.parked]}, "
+                f"queued {sched.queue_depth}, unsettled offsets {unsettled}, paused "
+                f"{sorted(tp.partition for tp in self._data.paused()) if self._data is not None else []}")
+
     # --- control -----------------------------------------------------------------------------
     def _apply_control(self, event: dict) -> None:
         seen_at = self.clock_us()
@@ -286,7 +295,6 @@ class SynthesisWorker(Owned):
             self.metrics.cancel_to_last_chunk.observe(0.0)
         log.info("cancel %s/%s seen: %d queued request(s) skipped, %d running stopped",
                  event["session_id"], event.get("turn_id") or "*", len(purged), len(stopped))
-        self._wake.set()
 
     # --- data --------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -295,11 +303,11 @@ class SynthesisWorker(Owned):
         while True:
             free = self.scheduler.free_slots
             if free == 0:
+                seen = self.scheduler.changes.generation  # what a slot freed from now on advances
                 # stop fetching: requests wait on the broker, not in this process
                 consumer.pause(*consumer.assignment())
                 self.metrics.paused.set(1)
-                self._wake.clear()
-                await self._wait_while_full(consumer)
+                await self._wait_while_full(consumer, seen)
                 continue
             paused = consumer.paused()  # asked of the consumer: right after a restart of this task too
             if paused:
@@ -312,10 +320,10 @@ class SynthesisWorker(Owned):
                         continue  # revoked while this batch was in hand: the new owner reads it
                     await self._take(tp, record)
             self._update_depth()
-            self._wake.set()
 
-    async def _wait_while_full(self, consumer: "AIOKafkaConsumer") -> None:
-        """Until a slot frees up (or partitions change), polling every third of the poll interval.
+    async def _wait_while_full(self, consumer: "AIOKafkaConsumer", seen: int) -> None:
+        """Until the scheduler changed after generation `seen` (a slot freed, partitions changed),
+        polling every third of the poll interval.
 
         A consumer that does not poll for ``max_poll_interval_ms`` (Kafka's max.poll.interval.ms,
         300 s) leaves its group: its partitions move, and the work it holds is dropped and done
@@ -324,10 +332,7 @@ class SynthesisWorker(Owned):
         stalled (found by `voicebus bench hostile`). A poll of paused partitions returns nothing;
         anything it does return (a partition assigned in between) is taken, a few over the bound."""
         interval_s = self.max_poll_interval_ms / 3000
-        while not self._wake.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval_s)
-                return
+        while not await self.scheduler.changes.wait(seen, interval_s):
             batch = await consumer.getmany(timeout_ms=0)
             self.polls_while_paused += 1
             for tp, records in batch.items():
@@ -363,14 +368,12 @@ class SynthesisWorker(Owned):
             job = self.scheduler.next_job()
             self._update_depth()
             if job is None:
-                self._wake.clear()
-                await self._wake.wait()
+                await self.scheduler.changes.wait(self.scheduler.changes.generation)
                 continue
             try:
                 outcome = await self._speak(job)
                 if outcome is None:  # a tentative job synthesized before its settlement came
-                    self.scheduler.park(job)
-                    self._wake.set()  # it no longer takes a slot: the fetch may go on
+                    self.scheduler.park(job)  # it no longer takes a slot: the fetch may go on
                     continue
             except BaseException:
                 # cancelled (the worker stops) or a bug: the request is not committed; the
@@ -378,8 +381,7 @@ class SynthesisWorker(Owned):
                 job.request_stop(Outcome.DROPPED)
                 self.scheduler.finish(job)
                 raise
-            self.scheduler.finish(job, outcome)
-            self._wake.set()  # a slot is free
+            self.scheduler.finish(job, outcome)  # a slot is free: the fetch may go on
 
     async def _synthesize(self, job: SynthesisJob, assembler: ChunkAssembler, loop: asyncio.AbstractEventLoop) -> None:
         """Run the engine on `job` in the executor, publishing what the assembler makes of its
@@ -668,7 +670,7 @@ class SynthesisWorker(Owned):
             self._announced = True
             if self.on_ready is not None:
                 self.on_ready(sorted(tp.partition for tp in self.assigned))
-        self._wake.set()
+        self.scheduler.changes.notify()  # a paused fetch pauses the new partitions too
 
     # --- metrics and health ------------------------------------------------------------------
     def _update_depth(self) -> None:

@@ -91,7 +91,8 @@ async def test_aclose_mid_stream_cancels_the_turn_and_no_more_audio_arrives(stac
         assert [c["turn_id"] for c in cancels] == [turn_id]
         heard = await player.wait_turn_end(turn_id, timeout=30)
         assert heard.stopped, "the edge stopped the turn"
-        await eventually(stack.drained, timeout_s=60, interval_s=0.2, what="the pipeline drained")
+        await eventually(stack.drained, timeout_s=60, interval_s=0.2, what="the pipeline drained",
+                         detail=lambda: stack.undrained)
         await player.ping()  # whatever the edge had written has arrived
         assert heard.frames_after_stop == 0
 

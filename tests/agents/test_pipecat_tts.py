@@ -164,7 +164,8 @@ async def test_an_interruption_stops_the_audio_within_100_ms_and_cancels_the_tur
         # the edge's stop reached the service (it stops following the turn then), and
         # everything the pipeline had in flight went through
         await eventually(lambda: not tts._turns, timeout_s=30, what="the edge's stop for the turn")
-        await eventually(stack.drained, timeout_s=60, interval_s=0.2, what="the pipeline drained")
+        await eventually(stack.drained, timeout_s=60, interval_s=0.2, what="the pipeline drained",
+                         detail=lambda: stack.undrained)
 
     # measured where the frames leave the service (its pushes), not after a queue behind it
     assert run.emitted.audio, "the observer saw the service's audio"

@@ -96,6 +96,7 @@ async def test_a_client_that_goes_away_cancels_its_turn_and_a_wrong_key_is_refus
 
         found = await eventually(cancels, timeout_s=30, interval_s=0.2, what="the cancel of the abandoned turn")
         assert [(e["turn_id"], e["action"], e["source"]) for e in found] == [(turn_id, "CANCEL", "openai-speech")]
-        await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+        await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained",
+                         detail=lambda: stack.undrained)
         spoken = {c["sentence_seq"] for c in await session_chunks(stack.settings, session_id)}
         assert len(spoken) < 20, "the workers stopped speaking the turn once its client left"

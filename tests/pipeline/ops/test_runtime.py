@@ -78,7 +78,8 @@ async def test_a_barge_in_purges_the_turn_everywhere(make_settings, engine):
             await speaking
             # Everything still in the pipeline arrives: each stage through, then a ping round
             # trip behind whatever the edge already wrote to the listener.
-            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained",
+                         detail=lambda: stack.undrained)
             assert await listener.ping() > seen_cancel_at_us(stack)
             turn = listener.turns["t1"]
             worker = stack.lanes["main"].worker
@@ -202,7 +203,8 @@ async def test_a_preempting_turn_cuts_the_speaker_at_its_first_sentence(make_set
                     for word in "about the sea. It is deep and wide. Stay with us.".split():
                         await host.token(word + " ")  # after the cut: the gate ignores it
             second = await listener.wait_turn_end("expert-1", timeout=240)
-            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained",
+                         detail=lambda: stack.undrained)
             await listener.ping()
             first = listener.turns["host-1"]
             records = await read_to_end(stack.settings, [stack.settings.control_topic])
@@ -249,7 +251,8 @@ async def test_a_priority_turn_preempts_an_equal_one_queues_and_a_cancelled_wait
                 await host.token("about the sea. ")
             alert_heard = await listener.wait_turn_end("alert-1", timeout=240)
             peer_heard = await listener.wait_turn_end("peer-1", timeout=240)
-            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained")
+            await eventually(stack.drained, timeout_s=120, interval_s=0.2, what="the pipeline drained",
+                         detail=lambda: stack.undrained)
             await listener.ping()
 
     assert "late-1" not in listener.turns, "a cancelled waiting turn was heard"

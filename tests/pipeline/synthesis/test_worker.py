@@ -3,6 +3,7 @@ and chunk building over the real kokoro code (tiny random-weight engine)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -472,6 +473,49 @@ def test_a_cancel_drops_a_parked_tentative_job():
     sched.park(sched.next_job())
     purged, _ = sched.apply_control(cancel())
     assert len(purged) == 1 and rec.settled[-1][1] is Outcome.CANCELLED and sched.parked == []
+
+
+async def test_a_slot_freed_between_the_fetch_loops_look_and_its_wait_still_wakes_it():
+    """The worker's fetch and synthesis loops as they interleave when a job ends right as the fetch
+    loop goes back to sleep: the fetch loop has seen no free slot and begun its wait (a task not yet
+    run), the synthesis loop ends the job, finds nothing to do and sleeps too. One event that both
+    loops cleared lost the fetch loop's wakeup there: both slept, the partitions paused, until the
+    next control event came."""
+    sched = SynthesisScheduler(max_in_flight=1)
+    sched.submit(request(seq=0))
+    job = sched.next_job()
+    assert sched.free_slots == 0
+    fetch_wait = asyncio.create_task(sched.changes.wait(sched.changes.generation, timeout_s=2.0))
+    sched.finish(job, Outcome.STOPPED)
+    assert sched.next_job() is None
+    synthesis_wait = asyncio.create_task(sched.changes.wait(sched.changes.generation, timeout_s=2.0))
+    assert await fetch_wait, "the fetch loop slept through the slot that freed"
+    assert sched.free_slots == 1 and not synthesis_wait.done()
+    sched.submit(request(seq=1))
+    assert await synthesis_wait
+
+
+@pytest.mark.parametrize("change", ["submit", "cancelled at next_job", "finish", "park", "cancel", "drop"])
+def test_every_change_that_frees_a_slot_or_readies_a_job_advances_the_changes(change):
+    sched = SynthesisScheduler(max_in_flight=3)
+    sched.submit(request(seq=0))
+    sched.submit(tentative(session="s2"))
+    running = [sched.next_job(), sched.next_job()] if change in ("finish", "park") else []
+    before = sched.changes.generation
+    if change == "submit":
+        sched.submit(request(session="s3"))
+    elif change == "cancelled at next_job":
+        sched.cancels.apply(cancel())  # not through apply_control: next_job meets it queued
+        sched.next_job()
+    elif change == "finish":
+        sched.finish(running[0])
+    elif change == "park":
+        sched.park(running[1])
+    elif change == "cancel":
+        sched.apply_control(cancel())
+    elif change == "drop":
+        sched.drop_queued(lambda job: True)
+    assert sched.changes.generation > before
 
 
 def test_the_worker_encodes_as_the_settings_say_and_refuses_an_unknown_encoding():
