@@ -600,7 +600,7 @@ class FloorFollower(HeardFollower):
         async with Publisher(settings, agent_id="expert") as agent, FloorFollower(agent) as floor:
             async with agent.turn("s1") as turn:
                 granted = await floor.wait(turn.session_id, turn.turn_id, "GRANTED", timeout_s=30)
-                granted["waited_us"]
+                granted["waited_us"], granted["warnings"]  # e.g. a voice of another language
 
     ``on_event`` (or `add_callback`) is called with every FloorEvent. The same plumbing as
     `HeardFollower`: a consumer of its own, ``lookback_s`` back at start, no consumer group."""

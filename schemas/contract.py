@@ -362,6 +362,32 @@ def parse_voice(spec: str, limits: "Limits | None" = None) -> VoiceMix:
                            f"{VOICE_MIX_EXAMPLE}") from None
 
 
+
+VOICE_LANGUAGE_MISMATCH = "voice-language-mismatch"
+VOICE_UNKNOWN = "voice-unknown"
+# Languages that are one language to a voice: an American English voice reads British English text.
+_SAME_TONGUE = {"b": "a"}
+
+
+def voice_warnings(mix: VoiceMix, language: str) -> list[str]:
+    """What a turn in Kokoro language ``language`` should be told about its voice, one entry per
+    voice of the mix at most: ``voice-language-mismatch: ...`` for a Kokoro voice of another
+    language (it speaks the text with its own accent), ``voice-unknown: ...`` for a name that is not
+    one of `KOKORO_VOICES` (a pack of one's own may have it; a worker without it speaks the mix
+    without it, or its fallback voice). Each under 200 characters."""
+    turn_tongue = _SAME_TONGUE.get(language, language)
+    out = []
+    for name, _weight in mix.parts:
+        info = KOKORO_VOICES.get(name)
+        if info is None:
+            out.append(f"{VOICE_UNKNOWN}: {name} is not a Kokoro-82M voice; a worker whose pack lacks it "
+                       f"speaks without it")
+        elif _SAME_TONGUE.get(info.language, info.language) != turn_tongue:
+            out.append(f"{VOICE_LANGUAGE_MISMATCH}: {name} is a {info.language_name} voice; the turn is "
+                       f"{KOKORO_LANGUAGE_NAMES.get(language, language)}")
+    return out
+
+
 # --- pronunciation (docs/protocol.md, "Pronunciation") ---------------------------------------------
 
 # The phoneme symbols of Kokoro-82M v1.0: the keys of the ``vocab`` of its config.json (the offline
@@ -714,5 +740,10 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
         agent()
         non_negative("waited_us", 2**63 - 1)
         label("reason")
+        warnings = value.get("warnings") or []
+        if len(warnings) > limits.max_voice_parts:
+            problems.append(f"warnings has {len(warnings)} entries (at most {limits.max_voice_parts})")
+        if any(len(w) > limits.max_label_chars for w in warnings):
+            problems.append(f"a warning is longer than {limits.max_label_chars} characters")
     return problems
 

@@ -192,6 +192,8 @@ class GateWorker:
         self._floor_wait = Histogram("voicebus_gate_floor_wait_seconds", "How long a turn waited for the "
                                      "floor before it was granted (0: at once)", registry=self.registry,
                                      buckets=(0.0, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+        self._turn_warnings = Counter("voicebus_gate_turn_warnings", "Turns granted with a warning of how they are "
+                                      "spoken (the FloorEvent's warnings), by code", ["code"], registry=self.registry)
         self._sessions_evicted = Counter("voicebus_gate_sessions_evicted", "Idle sessions forgotten to make room "
                                          "for a new one (VOICEBUS_GATE_MAX_SESSIONS)", registry=self.registry)
         self._sessions_refused = Counter("voicebus_gate_sessions_refused", "Events of new sessions refused: the "
@@ -736,6 +738,8 @@ class GateWorker:
             self._floor_events.labels(event["event"].lower()).inc()
             if event["event"] == FloorEventKind.GRANTED:
                 self._floor_wait.observe(event["waited_us"] / 1e6)
+                for warning in event["warnings"]:  # once per turn: a turn is granted once
+                    self._turn_warnings.labels(warning.partition(":")[0]).inc()
             log.debug("gate: session %s turn %s floor %s (waited %.3f s) %s", session.session_id,
                       event["turn_id"], event["event"], event["waited_us"] / 1e6, event["reason"])
         out = [("ControlEvent", c) for c in session.controls] + [("FloorEvent", e) for e in session.floor_events]

@@ -54,7 +54,8 @@ import re
 from voicebus.settings import Settings
 from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LANGUAGES, LIMITS,
                                        PHONEME_SPAN, SEGMENTER_LANGUAGE, SPAN_LABEL_EXCLUDED, ControlAction,
-                                       TextEventKind, lexicon_problems, phoneme_span)
+                                       InvalidVoice, TextEventKind, lexicon_problems, parse_voice, phoneme_span,
+                                       voice_warnings)
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -235,6 +236,15 @@ def _segmenter_class():
     return StreamingSegmenter
 
 
+def _voice_warnings(turn: "_Turn") -> list[str]:
+    """The turn's voice warnings for its floor events (`voice_warnings`; derived from the voice and
+    language the state keeps, so they need no state of their own)."""
+    try:
+        return voice_warnings(parse_voice(turn.voice), turn.language)
+    except InvalidVoice:  # refused at intake: not a turn's voice
+        return []
+
+
 class _Turn:
     """One turn of a session: its segmenter, its evidence gate and its numbering."""
 
@@ -367,7 +377,8 @@ class GateSession:
             self.floor_events.append({"session_id": self.session_id, "turn_id": event["turn_id"],
                                       "agent_id": turn.agent_id if turn is not None else "unknown",
                                       "event": event["event"], "waited_us": event["waited_us"],
-                                      "reason": event["reason"][:LIMITS.max_label_chars], "at_us": event["at_us"]})
+                                      "reason": event["reason"][:LIMITS.max_label_chars], "at_us": event["at_us"],
+                                      "warnings": _voice_warnings(turn) if turn is not None else []})
         return out
 
     def _apply_text(self, event: dict, now_us: int) -> list[dict]:
@@ -578,6 +589,8 @@ class GateSession:
             "lexicon": compact_lexicon(event.get("lexicon")), "started_at_us": started, "cancelled": cancelled,
         })
         self._turns[turn.turn_id] = turn
+        for warning in _voice_warnings(turn):
+            log.info("session %s: turn %s of %s: %s", self.session_id, turn.turn_id, turn.agent_id, warning)
         if not cancelled:
             policy, priority = turn_floor(event, self.config.floor_policy)
             fate, cut = self._floor.open(turn.turn_id, policy, priority, now_us)

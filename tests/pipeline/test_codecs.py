@@ -36,6 +36,7 @@ TEXT_EVENT_V0 = json.loads((schemas.SCHEMA_DIR / "history" / "text_event_v0.avsc
 AUDIO_CHUNK_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v1.avsc").read_text())
 AUDIO_CHUNK_V2 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v2.avsc").read_text())
 AUDIO_CHUNK_V3 = json.loads((schemas.SCHEMA_DIR / "history" / "audio_chunk_v3.avsc").read_text())
+FLOOR_EVENT_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "floor_event_v1.avsc").read_text())
 SYNTHESIS_REQUEST_V1 = json.loads((schemas.SCHEMA_DIR / "history" / "synthesis_request_v1.avsc").read_text())
 
 
@@ -320,6 +321,19 @@ def test_a_reader_from_before_opus_reads_new_pcm16_chunks_and_refuses_opus_ones(
     assert CODEC.decode(encoded).value == opus
     with pytest.raises(avro.errors.SchemaResolutionException):
         reader.read(avro.io.BinaryDecoder(io.BytesIO(encoded[HEADER_LEN:])))
+
+
+def test_a_floor_event_from_before_its_warnings_decodes_with_none():
+    apache_v1 = avro.schema.parse(json.dumps(FLOOR_EVENT_V1))
+    buf = io.BytesIO()
+    buf.write(MAGIC + apache_v1.fingerprint("CRC-64-AVRO"))
+    value = {"session_id": "s", "turn_id": "t", "agent_id": "a", "event": "GRANTED", "waited_us": 0, "reason": "",
+             "at_us": 1}
+    avro.io.DatumWriter(apache_v1).write(value, avro.io.BinaryEncoder(buf))
+    decoded = CODEC.decode(buf.getvalue(), expect="FloorEvent")
+    assert decoded.older_writer and decoded.value == {**value, "warnings": []}
+    current = {f["name"] for f in schemas.load("FloorEvent")["fields"]}
+    assert current - {f["name"] for f in FLOOR_EVENT_V1["fields"]} == {"warnings"}
 
 
 @pytest.mark.parametrize("payload", [b"\x05\x00abc", b"\x00\x00", b"\x01", b"\xff\x04" + b"x" * 1279])

@@ -198,6 +198,29 @@ def test_the_wire_refuses_a_voice_that_is_no_spec_with_its_own_reason():
     assert caught.value.reason == "contract-violation"
 
 
+@pytest.mark.parametrize("voice,language,warned", [
+    ("af_heart", "a", []), ("af_heart", "b", []), ("bf_emma", "a", []), ("ff_siwis", "f", []),
+    ("jf_alpha", "a", [("voice-language-mismatch", "jf_alpha")]),
+    ("af_heart:0.5+ef_dora:0.3+pf_dora:0.2", "e",
+     [("voice-language-mismatch", "af_heart"), ("voice-language-mismatch", "pf_dora")]),
+    ("my_pack_voice+af_heart", "a", [("voice-unknown", "my_pack_voice")]),  # a pack of one's own may have it
+    ("x" * 64, "a", [("voice-unknown", "x" * 64)]),  # the longest name a spec allows
+])
+def test_a_voice_of_another_language_or_none_known_is_a_warning_per_voice(voice, language, warned):
+    warnings = contract.voice_warnings(contract.parse_voice(voice), language)
+    assert [(w.split(": ")[0], w.split(": ")[1].split(" ")[0]) for w in warnings] == warned
+    assert all(len(w) < 200 for w in warnings)
+
+
+def test_a_floor_event_carries_at_most_a_mix_of_warnings():
+    codec = Codec()
+    event = dict(session_id="s", turn_id="t", agent_id="a", event="GRANTED", waited_us=0, reason="", at_us=1,
+                 warnings=["voice-language-mismatch: jf_alpha is a Japanese voice; the turn is American English"])
+    assert codec.decode(codec.encode("FloorEvent", event)).value["warnings"] == event["warnings"]
+    with pytest.raises(InvalidMessage, match="warnings has 5 entries"):
+        codec.encode("FloorEvent", {**event, "warnings": ["w"] * 5})
+
+
 def test_the_sdk_refuses_a_voice_that_is_no_spec_at_the_source():
     from voicebus.agents.sdk import InvalidEventError, text_event
 

@@ -72,6 +72,26 @@ def test_a_queued_turn_goes_out_the_moment_the_speaker_ends_and_its_wait_is_repo
     assert granted["turn_id"] == "e" and granted["waited_us"] == 7_000 * S - 6_000 * S
 
 
+def test_a_turn_whose_voice_speaks_another_language_is_told_so_on_every_floor_event():
+    session = GateSession("s1", CONFIG)
+    host = Turn("h", agent="host", language="en", voice="af_heart")
+    expert = Turn("e", agent="expert", language="en", voice="af_heart:0.6+ff_siwis:0.4")
+    events = []
+    for i, e in enumerate(host.tokens("First part. ", size=4) + expert.tokens("Waiting here. ", size=4)
+                          + [expert.end(), host.end()]):
+        session.apply(e, 6_000 * S + i)
+        events += session.floor_events
+    by_turn = {(e["turn_id"], e["event"]): e["warnings"] for e in events}
+    assert by_turn[("h", GRANTED)] == []
+    mismatch = ["voice-language-mismatch: ff_siwis is a French voice; the turn is American English"]
+    assert by_turn[("e", QUEUED)] == by_turn[("e", GRANTED)] == mismatch
+    # British English text with an American voice is one language: no warning
+    other = GateSession("s2", CONFIG)
+    british = Turn("b", session="s2", language="en-gb", voice="af_heart").tokens("Hello there. ")
+    other.apply(british[0], 6_000 * S)
+    assert [e["warnings"] for e in other.floor_events] == [[]]
+
+
 def test_preempt_cuts_the_speaker_when_the_new_turn_has_its_first_sentence():
     session = GateSession("s1", CONFIG)
     host, expert = Turn("h", agent="host"), Turn("e", agent="expert", floor="preempt")

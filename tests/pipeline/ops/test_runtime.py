@@ -166,7 +166,8 @@ async def test_two_agents_overlapping_in_a_session_are_heard_one_whole_turn_afte
                 Publisher(stack.settings, agent_id="expert") as expert, FloorFollower(expert) as floor:
             host = asyncio.create_task(_say(stack.settings, "host", "s-floor", "host-1", HOST))
             await asyncio.sleep(0.5)
-            await _say(stack.settings, "expert", "s-floor", "expert-1", EXPERT)
+            # the expert speaks English with a Japanese voice: it is told so on its floor events
+            await _say(stack.settings, "expert", "s-floor", "expert-1", EXPERT, voice="jf_alpha")
             await host
             first = await listener.wait_turn_end("host-1", timeout=240)
             second = await listener.wait_turn_end("expert-1", timeout=240)
@@ -181,6 +182,9 @@ async def test_two_agents_overlapping_in_a_session_are_heard_one_whole_turn_afte
     assert max(f[0] for f in first.frames) < min(f[0] for f in second.frames), "the two turns were spliced"
     assert host_granted["waited_us"] == 0 and queued["agent_id"] == "expert"
     assert granted["waited_us"] > 1_000_000  # the host's four sentences of text took ~1.7 s
+    assert host_granted["warnings"] == []
+    assert queued["warnings"] == granted["warnings"] == [
+        "voice-language-mismatch: jf_alpha is a Japanese voice; the turn is American English"]
 
 
 async def test_a_preempting_turn_cuts_the_speaker_at_its_first_sentence(make_settings, engine):
