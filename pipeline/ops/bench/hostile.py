@@ -109,6 +109,12 @@ class Plan:
 QUICK = Plan(sessions=2, turns=2, rounds=2, scale=1)
 FULL = Plan(sessions=4, turns=3, rounds=3, scale=3)
 
+# The stages run with glibc's mmap threshold fixed at its initial 128 KiB: every larger block
+# (torch's tensors) is mapped on its own and unmapped when freed, so VmRSS follows live memory.
+# With the default, glibc raises the threshold after the first frees and keeps later tensors in
+# its heap, and the worker's VmRSS swung by -17 to +24 MB from one replay of the same turns to the
+# next, more than the 5 MB a case may add; with it, by under 1 MB (docs/benchmarks.md).
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
@@ -642,7 +648,7 @@ async def _run_bench(settings: Settings, plan: Plan, *, seed: int, parts, progre
             s = s.replace(registry_url=registry.url)
         await ensure_topics(s, [*fixed_topics(s), text_topic(s, NORMAL_AGENT), text_topic(s, HOSTILE_AGENT)])
         progress(f"starting gate, worker (tiny model) and edge as processes on {s.bootstrap}")
-        async with StageProcesses(s, log_level=log_level) as stack, Publisher(stack.settings, NORMAL_AGENT) as publisher, \
+        async with StageProcesses(s, log_level=log_level, env=MEMORY_ENV) as stack, Publisher(stack.settings, NORMAL_AGENT) as publisher, \
                 Publisher(stack.settings, HOSTILE_AGENT) as hostile_publisher:
             raw = make_producer(stack.settings, enable_idempotence=False)
             await raw.start()

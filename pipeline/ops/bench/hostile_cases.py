@@ -5,8 +5,9 @@ Each case (`CASES`, in order) runs while the normal sessions replay their turns 
 (`voicebus.ops.bench.hostile.normal_sessions`, fresh session ids), and is scored like a hostile
 round: ``processes_died`` (stage processes that exited during the case), ``normal_turns_affected``
 (`voicebus.ops.bench.hostile.affected` against the clean run) and ``memory_growth_mb``: what the
-attack added to each stage's VmRSS. Before the first case one warm-up replay (not measured) sets
-the stages' high-water marks of the normal turns; then each case gets a **control** replay (the
+attack added to each stage's VmRSS. Before the first case two warm-up replays (not measured), one
+at the normal pace and one with every token at once, set the stages' high-water marks of the
+normal turns; then each case gets a **control** replay (the
 same turns, no attack) just before it, measured the same way (VmRSS after minus before), and
 ``memory_growth_mb`` is the stage's memory after the case less the higher of its levels before and
 after the control (`attack_only`; the case's own growth ``memory_growth_raw_mb`` and the
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import struct
@@ -634,8 +636,8 @@ async def run_cases(stack, publisher, plan, clean, names: list[str], ctx: CaseCo
                     progress: Callable[[str], None] = lambda m: None) -> tuple[dict[str, dict], dict]:
     """Each case in `names`, one after the other, while the normal sessions replay their turns.
 
-    Memory: one warm-up replay first (not measured: the stages' high-water marks of the normal
-    turns), then per case a **control** replay (no attack) and the case's replay, each measured as
+    Memory: two warm-up replays first (not measured: the stages' high-water marks of the normal
+    turns, at their pace and all at once), then per case a **control** replay (no attack) and the case's replay, each measured as
     VmRSS after minus before; ``memory_growth_mb`` is the case's growth over the higher of the
     levels before and after the control (`attack_only`), ``memory_growth_raw_mb`` and
     ``memory_control_mb`` the two it comes from. A case's preparation
@@ -648,9 +650,12 @@ async def run_cases(stack, publisher, plan, clean, names: list[str], ctx: CaseCo
     out: dict[str, dict] = {}
     warm: dict = {}
     if names:
-        progress("cases: a warm-up replay (not measured)")
+        progress("cases: a warm-up replay at the normal pace, then one all at once (not measured)")
         before = stack.rss_mb()
         heard = await normal_sessions(stack, publisher, plan, "warm-up")
+        # every token at once: the worker takes the turns' sentences together, as it does when a
+        # gate that was away releases its backlog
+        heard += await normal_sessions(stack, publisher, dataclasses.replace(plan, token_ms=0.0), "warm-up-burst")
         warm = {"memory_growth_mb": growth(before, stack.rss_mb()), "normal_turns": len(heard),
                 "normal_turns_affected": len(affected(clean, heard))}
     for name in names:

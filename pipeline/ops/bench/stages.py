@@ -32,7 +32,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 from voicebus.ops.daemon import free_port, popen_dying_with_parent, signal_group
 from voicebus.lifecycle import Owned
@@ -191,11 +191,14 @@ def log_level_args(log_level: str | None) -> list[str]:
 class StageProcesses(Owned):
     """One gate, ``workers`` synthesis workers (the tiny seeded model unless ``tiny=False``) and
     one edge, each its own process. Use as ``async with``; `settings` then names the edge's port.
-    `log_level`: every stage's (None: WARNING for the gate, the worker's and edge's own INFO)."""
+    `log_level`: every stage's (None: WARNING for the gate, the worker's and edge's own INFO);
+    `env`: more environment for every stage."""
 
     def __init__(self, settings: Settings, *, workers: int = 1, tiny: bool = True,
-                 start_timeout_s: float = 180.0, log_level: str | None = None) -> None:
+                 start_timeout_s: float = 180.0, log_level: str | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.settings = settings.replace(edge_port=settings.edge_port or free_port(settings.edge_host))
+        self.extra_env = dict(env or {})  # on top of `stage_env`, for every stage
         self.workers = workers
         self.tiny = tiny
         self.start_timeout_s = start_timeout_s
@@ -211,7 +214,7 @@ class StageProcesses(Owned):
         from voicebus.gate.app import READY_LINE
         from voicebus.synthesis.cli import WORKER_READY_LINE
 
-        env = stage_env(self.settings)
+        env = {**stage_env(self.settings), **self.extra_env}
         py = sys.executable
         host = self.settings.edge_host
         gate_port = free_port(host)
