@@ -247,6 +247,12 @@ async def _until(what, timeout_s: float) -> bool:
     return bool(what())
 
 
+# The probe turn's tokens: sentences the normal turns speak too. The worker's first synthesis of a
+# sentence it never spoke takes a one-time memory step (~12 MB: the model's allocations for new
+# input shapes), which is no part of the fence this case measures.
+ZOMBIE_PROBE = ("Here is a short answer. ", "It has three sentences. ")
+
+
 async def zombie_gate(ctx) -> hc.Observation:
     from voicebus.bus import end_offsets
     from voicebus.gate.app import READY_LINE
@@ -275,8 +281,7 @@ async def zombie_gate(ctx) -> hc.Observation:
                 (ready_partitions(second.output, READY_LINE) or [[]])[-1], s.control_topic)
             detail["seconds_to_take_over"] = round(time.monotonic() - paused, 1)
             # a probe turn the paused gate never saw: the second gate releases it
-            for seq, (kind, text) in enumerate([("TOKEN", "Zombie probe one. "), ("TOKEN", "Zombie probe two. "),
-                                                ("END_OF_TURN", "")]):
+            for seq, (kind, text) in enumerate([*(("TOKEN", t) for t in ZOMBIE_PROBE), ("END_OF_TURN", "")]):
                 await ctx.send("text:zombie-probe", ctx.hostile_topic,
                                ctx.codec.encode("TextEvent", _text(sid, "probe", seq, kind=kind, text=text)),
                                sid.encode())

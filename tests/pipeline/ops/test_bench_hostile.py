@@ -179,6 +179,16 @@ def test_a_session_flood_must_evict_what_goes_past_the_gate_s_bound():
     assert flood_expectation(200, 0, 150) == 0
 
 
+def test_the_zombie_probe_speaks_only_sentences_the_normal_turns_speak():
+    """A sentence the worker never spoke costs it a one-time memory step, which the zombie case
+    (about the fence) would count as the attack's: +12.6 MB before its probe reused them."""
+    from voicebus.ops.bench.hostile import NORMAL_TEXTS
+    from voicebus.ops.bench.hostile_faults import ZOMBIE_PROBE
+
+    spoken = {s.strip() + "." for text in NORMAL_TEXTS for s in text.split(".") if s.strip()}
+    assert ZOMBIE_PROBE and all(token.strip() in spoken for token in ZOMBIE_PROBE)
+
+
 def test_the_zombie_gate_s_announcements_fence_lines_and_duplicates_are_read_from_its_output():
     from voicebus.ops.bench.hostile_faults import (_gate_cmd, fence_report, owned_control, ready_partitions,
                                                    released_twice)
