@@ -515,7 +515,7 @@ class SessionRouter:
 
     def outboxes_empty(self) -> bool:
         """No frame waits in any client's outbox (each sender has taken all it was given)."""
-        return not any(c.outbox for session in self._sessions.values() for c in session.clients.values())
+        return not self.outbox_sizes()
 
     def outbox_sizes(self) -> dict[str, int]:
         """Client id -> frames waiting in its outbox, for the clients with any."""

@@ -362,7 +362,6 @@ def parse_voice(spec: str, limits: "Limits | None" = None) -> VoiceMix:
                            f"{VOICE_MIX_EXAMPLE}") from None
 
 
-
 VOICE_LANGUAGE_MISMATCH = "voice-language-mismatch"
 VOICE_UNKNOWN = "voice-unknown"
 # Languages that are one language to a voice: an American English voice reads British English text.

@@ -36,6 +36,7 @@ Decisions (docs/gate.md says more):
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -236,15 +237,6 @@ def _segmenter_class():
     return StreamingSegmenter
 
 
-def _voice_warnings(turn: "_Turn") -> list[str]:
-    """The turn's voice warnings for its floor events (`voice_warnings`; derived from the voice and
-    language the state keeps, so they need no state of their own)."""
-    try:
-        return voice_warnings(parse_voice(turn.voice), turn.language)
-    except InvalidVoice:  # refused at intake: not a turn's voice
-        return []
-
-
 class _Turn:
     """One turn of a session: its segmenter, its evidence gate and its numbering."""
 
@@ -280,6 +272,15 @@ class _Turn:
             self.evidence = EvidenceGate.from_state(
                 state.get("evidence", {}), config.hold_timeout_us, config.hold_timeout_policy
             )
+
+    @functools.cached_property
+    def voice_warnings(self) -> list[str]:
+        """What its floor events tell the agent about its voice (`voice_warnings`): derived from the
+        voice and language the state keeps, so they need no state of their own."""
+        try:
+            return voice_warnings(parse_voice(self.voice), self.language)
+        except InvalidVoice:  # refused at intake: not a turn's voice
+            return []
 
     @property
     def live(self) -> bool:
@@ -378,7 +379,7 @@ class GateSession:
                                       "agent_id": turn.agent_id if turn is not None else "unknown",
                                       "event": event["event"], "waited_us": event["waited_us"],
                                       "reason": event["reason"][:LIMITS.max_label_chars], "at_us": event["at_us"],
-                                      "warnings": _voice_warnings(turn) if turn is not None else []})
+                                      "warnings": turn.voice_warnings if turn is not None else []})
         return out
 
     def _apply_text(self, event: dict, now_us: int) -> list[dict]:
@@ -589,7 +590,7 @@ class GateSession:
             "lexicon": compact_lexicon(event.get("lexicon")), "started_at_us": started, "cancelled": cancelled,
         })
         self._turns[turn.turn_id] = turn
-        for warning in _voice_warnings(turn):
+        for warning in turn.voice_warnings:
             log.info("session %s: turn %s of %s: %s", self.session_id, turn.turn_id, turn.agent_id, warning)
         if not cancelled:
             policy, priority = turn_floor(event, self.config.floor_policy)

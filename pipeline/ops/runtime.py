@@ -180,9 +180,8 @@ class PipelineStack(Owned):
                 if late:
                     self.undrained = f"the edge's routed audio (at, end): {late}"
                     return False
-            router = self.edge_app[ROUTER_KEY]
-            if not router.outboxes_empty():
-                self.undrained = f"frames wait in client outboxes: {router.outbox_sizes()}"
+            if waiting := self.edge_app[ROUTER_KEY].outbox_sizes():
+                self.undrained = f"frames wait in client outboxes: {waiting}"
                 return False
         return True
 

@@ -116,6 +116,7 @@ FULL = Plan(sessions=4, turns=3, rounds=3, scale=3)
 # next, more than the 5 MB a case may add; with it, by under 1 MB (docs/benchmarks.md).
 MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
 
+
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser(
         "hostile", help="garbage records, malformed frames, floods and slow readers beside normal sessions: "

@@ -7,8 +7,7 @@ round: ``processes_died`` (stage processes that exited during the case), ``norma
 (`voicebus.ops.bench.hostile.affected` against the clean run) and ``memory_growth_mb``: what the
 attack added to each stage's VmRSS. Before the first case two warm-up replays (not measured), one
 at the normal pace and one with every token at once, set the stages' high-water marks of the
-normal turns; then each case gets a **control** replay (the
-same turns, no attack) just before it, measured the same way (VmRSS after minus before), and
+normal turns; then each case gets a **control** replay (the same turns, no attack) just before it, measured the same way (VmRSS after minus before), and
 ``memory_growth_mb`` is the stage's memory after the case less the higher of its levels before and
 after the control (`attack_only`; the case's own growth ``memory_growth_raw_mb`` and the
 control's ``memory_control_mb`` are kept). On top of that each case says whether the rejection was
@@ -637,8 +636,8 @@ async def run_cases(stack, publisher, plan, clean, names: list[str], ctx: CaseCo
     """Each case in `names`, one after the other, while the normal sessions replay their turns.
 
     Memory: two warm-up replays first (not measured: the stages' high-water marks of the normal
-    turns, at their pace and all at once), then per case a **control** replay (no attack) and the case's replay, each measured as
-    VmRSS after minus before; ``memory_growth_mb`` is the case's growth over the higher of the
+    turns, at their pace and all at once), then per case a **control** replay (no attack) and the
+    case's replay, each measured as VmRSS after minus before; ``memory_growth_mb`` is the case's growth over the higher of the
     levels before and after the control (`attack_only`), ``memory_growth_raw_mb`` and
     ``memory_control_mb`` the two it comes from. A case's preparation
     (`PREPARE`: a stage restarted with other options) runs before its control replay.
