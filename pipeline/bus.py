@@ -135,6 +135,11 @@ def client_options(settings: Settings) -> dict[str, Any]:
             keyfile=str(settings.kafka_ssl_keyfile) if settings.kafka_ssl_keyfile else None,
             password=key_password)
     if protocol.startswith("SASL_"):
+        # a user refused later, while the client runs, is reported (voicebus.credentials)
+        from voicebus.credentials import BUS_ACCESS
+        from voicebus.kafka_compat import watch_connections
+
+        watch_connections(BUS_ACCESS.note)
         options.update(sasl_mechanism=settings.kafka_sasl_mechanism,
                        sasl_plain_username=settings.kafka_sasl_username,
                        sasl_plain_password=reveal(settings.kafka_sasl_password))
@@ -159,6 +164,9 @@ def make_consumer(settings: Settings, *topics: str, group_id: str | None = None,
         "max_partition_fetch_bytes": settings.max_message_bytes,
         **overrides,
     }
+    from voicebus.kafka_compat import stop_fetches_quietly
+
+    stop_fetches_quietly()  # a consumer stopped while a fetch backs off still stops
     return AIOKafkaConsumer(*topics, **client_options(settings), **options)
 
 

@@ -32,7 +32,7 @@ from voicebus import __version__
 from voicebus.settings import Settings, SettingsError
 
 SUBCOMMAND_MODULES = [
-    "voicebus.ops.broker",  # kafka fetch|start|status|stop
+    "voicebus.ops.kafka_cli",  # kafka fetch|start|status|stop
     "voicebus.ops.registry_server",  # registry fetch|start|status|stop|register
     "voicebus.topics_cli",  # topics
     "voicebus.settings_cli",  # settings

@@ -34,6 +34,7 @@ from aiohttp import WSMsgType, web
 
 from voicebus import tracing
 from voicebus.clock import now_us
+from voicebus.credentials import BUS_ACCESS
 from voicebus.settings import DEFAULT_EDGE_SECRET, ENV_PREFIX, Settings, reveal
 from voicebus.tracing import StageTracer, tracer_for
 from voicebus.players import openai_speech, protocol, telephony
@@ -187,10 +188,11 @@ async def _metrics_site_ctx(app: web.Application) -> AsyncIterator[None]:
 
 async def _healthz(request: web.Request) -> web.Response:
     link = request.app[LINK_KEY]
-    kafka = "disabled" if link is None else ("ready" if link.healthy else "down")
+    refused = None if link is None else BUS_ACCESS.refusal_of(link.settings)
+    kafka = "disabled" if link is None else ("ready" if link.healthy and refused is None else "down")
     body = {"status": "ok" if kafka != "down" else "degraded", "kafka": kafka,
             "clients": len(request.app[CLIENTS_KEY]), "protocol": protocol.PROTOCOL_VERSION,
-            "tasks": {} if link is None else link.health()}
+            "tasks": {} if link is None else link.health(), "credentials_refused": refused}
     if link is not None:
         body["shard"] = link.shard()
     return web.json_response(body, status=200 if kafka != "down" else 503)

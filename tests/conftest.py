@@ -6,7 +6,7 @@ settings pointed at it.
   (``<cache_dir>/kafka/jars/<version>``, fetched once per machine). It starts only when a test
   asks for it, so pure tests run without Java. If it cannot start, the test FAILS with the broker
   log's tail: a Kafka test never skips.
-* `kafka_cluster` (session): a real 3-node KRaft cluster (`voicebus.ops.broker.LocalCluster`: three
+* `kafka_cluster` (session): a real 3-node KRaft cluster (`voicebus.ops.cluster.LocalCluster`: three
   combined broker + controller nodes, a 3-voter quorum) on free loopback ports, started lazily
   like `kafka_broker`, only by the tests that ask for it. A test that kills or restarts a node
   must leave the cluster as it found it (`kafka_cluster.restart(n)`, `wait_in_sync()`).
@@ -35,8 +35,9 @@ from typing import Any, Callable
 
 import pytest
 
-from voicebus.ops.broker import (QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster, LocalKafka, fetch_jars,
-                             free_port)
+from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, BrokerError, LocalKafka, fetch_jars
+from voicebus.ops.cluster import LocalCluster
+from voicebus.ops.daemon import free_port
 from voicebus.ops.registry_server import QUICK_START_JVM_OPTIONS as REGISTRY_QUICK_START
 from voicebus.ops.registry_server import LocalRegistry, RegistryServerError, fetch_registry
 from voicebus.settings import Settings

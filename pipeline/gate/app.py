@@ -59,6 +59,7 @@ from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
 
+from voicebus.credentials import BUS_ACCESS
 from voicebus.bus import (await_group_coordinator, ensure_topics, make_consumer, make_producer, read_to_end,
                           register_schemas,
                           seek_to_beginning_quietly)
@@ -306,11 +307,13 @@ class GateWorker:
         """What ``/healthz`` says: healthy while ready and every supervised task runs; each task's
         restarts and last error (a task that died and was restarted shows here)."""
         tasks = self.supervisor.health()
+        refused = BUS_ACCESS.refusal_of(self.settings)
         return {"stage": "gate",
-                "healthy": self.ready.is_set() and self.supervisor.healthy and self.recovery_error is None,
+                "healthy": (self.ready.is_set() and self.supervisor.healthy and self.recovery_error is None
+                            and refused is None),
                 "ready": self.ready.is_set(), "restarts": sum(t["restarts"] for t in tasks.values()),
                 "tasks": tasks, "partitions": sorted(self._owned), "sessions": len(self._sessions),
-                "recovery_error": self.recovery_error}
+                "recovery_error": self.recovery_error, "credentials_refused": refused}
 
     def run(self, loglevel: str = "WARNING") -> int:
         """Run the worker in this process until SIGINT/SIGTERM."""

@@ -1,6 +1,6 @@
 """Servers the project runs itself as operating-system processes, and the Maven fetch of their jars.
 
-This module owns what the local Kafka nodes (`voicebus.ops.broker`) and the local schema registry
+This module owns what the local Kafka nodes (`voicebus.ops.broker`, `voicebus.ops.cluster`) and the local schema registry
 (`voicebus.ops.registry_server`) have in common, so each of those says only what is its own (its
 command line, its configuration, how to tell that it answers):
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from voicebus.ops.broker import ensure_local_kafka
+from voicebus.ops.cluster import ensure_local_kafka
 from voicebus.bus import ensure_topics
 from voicebus.lifecycle import Owned
 from voicebus.settings import Settings

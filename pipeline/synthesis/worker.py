@@ -51,6 +51,7 @@ from aiokafka.structs import TopicPartition
 
 from voicebus import tracing
 from voicebus.audio_codec import audio_format
+from voicebus.credentials import BUS_ACCESS
 from voicebus.bus import await_group_coordinator, ensure_topics, make_consumer, make_producer, publish, register_schemas
 from voicebus.cancel import CancelRegistry
 from voicebus.clock import now_us
@@ -265,10 +266,11 @@ class SynthesisWorker(Owned):
     def health(self) -> dict[str, Any]:
         """What ``/healthz`` says: ready, every supervised task running, restarts so far."""
         tasks = self.supervisor.health()
-        healthy = self.ready.is_set() and not self._stopping and self.supervisor.healthy
+        refused = BUS_ACCESS.refusal_of(self.settings)
+        healthy = self.ready.is_set() and not self._stopping and self.supervisor.healthy and refused is None
         return {"stage": "worker", "worker_id": self.worker_id, "healthy": healthy, "ready": self.ready.is_set(),
                 "restarts": sum(t["restarts"] for t in tasks.values()), "tasks": tasks,
-                "partitions": sorted(tp.partition for tp in self.assigned)}
+                "partitions": sorted(tp.partition for tp in self.assigned), "credentials_refused": refused}
 
     def in_hand(self) -> str:
         """What this worker holds right now, in a line (a test's or an operator's "why not done"):

@@ -171,7 +171,7 @@ async def test_one_turn_is_one_trace_from_first_token_to_audible(make_settings):
 async def test_spans_reach_an_otlp_http_receiver():
     """The exporter the settings configure (OTLP over HTTP, protobuf) delivers to a receiver:
     `voicebus traces` here, which decodes and prints the tree."""
-    from voicebus.ops.broker import free_port
+    from voicebus.ops.daemon import free_port
     from voicebus.tracing import otlp_provider
     from voicebus.ops.tracing_cli import TraceCollector, serve
 

@@ -327,7 +327,8 @@ async def test_an_edge_whose_broker_is_gone_still_stops(kafka_jars, tmp_path, tm
     (`voicebus.bus.farewell`): the edge stops, saying what it could not do."""
     import shutil
 
-    from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalCluster
+    from voicebus.ops.broker import QUICK_START_JVM_OPTIONS
+    from voicebus.ops.cluster import LocalCluster
     from voicebus.bus import FAREWELL_TIMEOUT_S, ensure_topics
     from tests.conftest import _settings_factory, distinct_free_ports
 

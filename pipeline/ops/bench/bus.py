@@ -137,7 +137,7 @@ def run_bench(args, settings: Settings) -> int:
     from rich.table import Table
 
     from voicebus.ops.bench.cli import bench_kafka, refuse_bootstrap
-    from voicebus.ops.broker import cluster_metadata, throwaway_cluster
+    from voicebus.ops.cluster import cluster_metadata, throwaway_cluster
 
     try:
         acks_variants = _parse_list(args.acks, "acks", set(ACKS_OPTIONS))

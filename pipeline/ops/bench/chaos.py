@@ -615,8 +615,8 @@ async def run_on_cluster(settings: Settings, cluster: Any, plan: ChaosPlan,
 
 def owned_cluster(settings: Settings, brokers: int):
     """A `brokers`-node cluster of this run on free loopback ports, 3 partitions by default,
-    stopped and removed on exit (`voicebus.ops.broker.ephemeral_cluster`)."""
-    from voicebus.ops.broker import ephemeral_cluster
+    stopped and removed on exit (`voicebus.ops.cluster.ephemeral_cluster`)."""
+    from voicebus.ops.cluster import ephemeral_cluster
 
     return ephemeral_cluster(settings, brokers, partitions=3, prefix="chaos")
 

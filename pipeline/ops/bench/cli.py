@@ -60,9 +60,9 @@ def bootstrap_given(args: argparse.Namespace) -> bool:
 
 def bench_kafka(args: argparse.Namespace, settings):
     """A context manager yielding settings pointed at the benchmark's broker: the one named by
-    ``--bootstrap`` (nothing started), else `voicebus.ops.broker.ensure_local_kafka` (the broker
+    ``--bootstrap`` (nothing started), else `voicebus.ops.cluster.ensure_local_kafka` (the broker
     at ``settings.bootstrap``, or a throwaway one started now and stopped on exit)."""
-    from voicebus.ops.broker import ensure_local_kafka
+    from voicebus.ops.cluster import ensure_local_kafka
 
     return ensure_local_kafka(settings, start=not bootstrap_given(args))
 

@@ -1,7 +1,7 @@
 """`voicebus bench failover`: how long Kafka itself takes to accept writes again after its leader dies.
 
 This module owns the bus-level failover measurement, beneath `voicebus bench chaos` (which times
-the whole pipeline's recovery): on a throwaway 3-node cluster (`voicebus.ops.broker.ephemeral_cluster`,
+the whole pipeline's recovery): on a throwaway 3-node cluster (`voicebus.ops.cluster.ephemeral_cluster`,
 voicebus's node properties), one partition replicated 3 times with ``min.insync.replicas=2``, a
 producer with the pipeline's options (`PRODUCER_OPTIONS`: acks=all, idempotent) sends a small
 record every 50 ms. Each cycle SIGKILLs the partition's leader, starts it again 3 s later and waits
@@ -179,7 +179,7 @@ def run_failover(args: argparse.Namespace, settings: Settings) -> int:
 
     from voicebus.cli import write_json
     from voicebus.ops.bench.cli import refuse_bootstrap
-    from voicebus.ops.broker import ephemeral_cluster
+    from voicebus.ops.cluster import ephemeral_cluster
 
     if refuse_bootstrap(args, "failover", "it kills brokers, so it starts clusters of its own"):
         return 2

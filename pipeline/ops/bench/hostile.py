@@ -639,7 +639,7 @@ async def _run_bench(settings: Settings, plan: Plan, *, seed: int, parts, progre
                      log_level: str | None, cases: list[str], registry: "CountingRegistry | None") -> dict:
     from voicebus.agents.sdk import Publisher
     from voicebus.ops.bench.stages import StageProcesses
-    from voicebus.ops.broker import ensure_local_kafka
+    from voicebus.ops.cluster import ensure_local_kafka
     from voicebus.bus import ensure_topics, make_producer
     from voicebus.topics import fixed_topics, text_topic
 

@@ -18,7 +18,8 @@ import pytest_asyncio
 
 from voicebus.ops.bench.chaos import (ChaosPlan, ChaosRun, Frame, chaos_settings, cluster_kinds, recovery_stages, score_turn,
                                   summarise_kind, summarise_stages)
-from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalCluster
+from voicebus.ops.broker import QUICK_START_JVM_OPTIONS
+from voicebus.ops.cluster import LocalCluster
 from tests.conftest import distinct_free_ports
 
 CLUSTER_KINDS = ("broker_leader", "gate", "worker", "edge")

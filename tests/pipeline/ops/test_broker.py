@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from voicebus.ops.broker import (BrokerError, LocalKafka, broker_answers, ensure_local_kafka, free_port, new_cluster_id,
-                             parse_bootstrap)
+from voicebus.ops.broker import BrokerError, LocalKafka, broker_answers, new_cluster_id, parse_bootstrap
+from voicebus.ops.cluster import ensure_local_kafka
+from voicebus.ops.daemon import free_port
 from voicebus.settings import Settings
 from tests.processes import kafka_pids_under
 
@@ -130,7 +131,7 @@ def test_cli_start_status_stop_across_processes_leaves_no_process(kafka_broker, 
 
 
 def test_kafka_start_help_shows_the_port_options_and_the_bootstrap_rule(capsys):
-    from voicebus.ops.broker import broker_settings
+    from voicebus.ops.kafka_cli import broker_settings
     from voicebus.cli import build_parser, main
 
     with pytest.raises(SystemExit):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from voicebus.ops.broker import (CLUSTER_MANIFEST, BrokerError, LocalCluster, PartitionState, broker_answers,
-                             cluster_ports, cluster_properties, describe_leads, leaders_by_node)
+from voicebus.ops.broker import CLUSTER_MANIFEST, BrokerError, broker_answers, cluster_properties
+from voicebus.ops.cluster import LocalCluster, PartitionState, cluster_ports, describe_leads, leaders_by_node
 from voicebus.bus import ensure_topics, make_consumer, make_producer
 from voicebus.settings import Settings
 from tests.processes import kafka_pids_under

@@ -22,9 +22,10 @@ import pytest
 from pydantic import SecretStr
 
 from voicebus.agents.sdk import Publisher
+from voicebus.credentials import BUS_ACCESS
 from voicebus.bus import diagnose_connection, make_admin, make_producer
-from voicebus.kafka_compat import check_aiokafka_internals
-from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, BrokerError, LocalCluster
+from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, BrokerError
+from voicebus.ops.cluster import LocalCluster
 from voicebus.ops.daemon import free_port
 from voicebus.ops.kafka_security import ROLES, client_settings_env
 from voicebus.ops.runtime import PipelineStack
@@ -41,6 +42,26 @@ def secure_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
     port, controller_port = distinct_free_ports(2)
     cluster = LocalCluster(tmp_path_factory.mktemp("kafka-secure"), kafka_jars, ports=[(port, controller_port)],
                            jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True, secure=True)
+    try:
+        cluster.start(timeout=120)
+    except BrokerError as exc:
+        cluster.stop()
+        pytest.fail(f"the secured Kafka broker did not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def reauth_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A secured broker that ends each client's SASL session after 3 s (``connections.max.reauth.ms``,
+    as managed clusters set it): aiokafka does not re-authenticate, so its connections are closed
+    and opened again, and a user deleted meanwhile is refused within seconds."""
+    port, controller_port = distinct_free_ports(2)
+    cluster = LocalCluster(tmp_path_factory.mktemp("kafka-reauth"), kafka_jars, ports=[(port, controller_port)],
+                           jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True, secure=True,
+                           extra_config={"connections.max.reauth.ms": "3000"})
     try:
         cluster.start(timeout=120)
     except BrokerError as exc:
@@ -112,10 +133,6 @@ def test_the_cli_reports_a_refused_client_without_a_stack_trace(secure_cluster, 
     assert (f"voicebus topics: cannot connect: Kafka at {secure_cluster.bootstrap} over SASL_SSL "
             "(SCRAM-SHA-512 as 'admin'): authentication failed") in result.stderr
     assert "not-the-password" not in result.stderr + result.stdout
-
-
-def test_the_aiokafka_internals_voicebus_uses_exist():
-    check_aiokafka_internals()
 
 
 async def test_the_whole_pipeline_runs_on_sasl_ssl(secure_cluster):
@@ -257,3 +274,77 @@ async def test_the_speech_endpoint_speaks_as_an_agent_of_its_own_never_as_the_ed
     async with Publisher(publisher_settings(door), agent_id=door.speech_api_agent_id) as publisher:
         async with publisher.turn("s-door", "t1", language="en") as turn:
             await turn.token("Spoken through the door.")
+
+
+# --- a user deleted while its stage runs ----------------------------------------------------------
+
+
+async def test_running_stages_whose_users_are_deleted_say_so_and_heal_when_restored(reauth_cluster, caplog):
+    """Gate, worker and edge run, each as its own user; the three users are deleted. Each
+    stage's next connection is refused: the error is logged once per user (not once per retry),
+    each ``/healthz`` answers 503 naming the user, where and why; restoring the users makes every
+    stage healthy again without a restart."""
+    import contextlib
+
+    import aiohttp
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from voicebus.gate.app import GateWorker
+    from voicebus.players.edge import make_app
+    from voicebus.synthesis.worker import SynthesisWorker
+    from tests.pipeline.ops.scram_users import delete_user, set_password
+    from tests.waiting import eventually
+
+    cluster, roles = reauth_cluster, ("gate", "worker", "edge")
+    base = role_settings(cluster, "admin", edge_secret="a-real-secret", partitions=1)
+    await _grant(cluster, base, {})
+    as_role = {role: base.replace(kafka_sasl_username=role, kafka_sasl_password=cluster.security.password(role))
+               for role in roles}
+    ports = {role: free_port() for role in ("gate", "worker")}
+    admin = make_admin(base)
+    await admin.start()
+    caplog.set_level("INFO", logger="voicebus.credentials")
+    async with contextlib.AsyncExitStack() as stack:
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        gate = GateWorker(as_role["gate"], metrics_port=ports["gate"])
+        await gate.start()
+        stack.push_async_callback(gate.stop)
+        await stack.enter_async_context(SynthesisWorker(as_role["worker"], SynthesisEngine.tiny(seed=3),
+                                                        worker_id="w1", warm_up=False, metrics_port=ports["worker"]))
+        edge = await stack.enter_async_context(TestClient(TestServer(make_app(as_role["edge"]))))
+        stack.push_async_callback(admin.close)
+
+        async def health(role: str) -> tuple[int, dict]:
+            if role == "edge":
+                response = await edge.get("/healthz")
+                return response.status, await response.json()
+            async with http.get(f"http://{base.edge_host}:{ports[role]}/healthz") as response:
+                return response.status, await response.json()
+
+        async def every(status: int, refused: bool) -> dict | None:
+            answers = {role: await health(role) for role in roles}
+            ok = all(code == status and bool(body["credentials_refused"]) == refused
+                     for code, body in answers.values())
+            return {role: body for role, (_code, body) in answers.items()} if ok else None
+
+        await eventually(lambda: every(200, refused=False), timeout_s=60, what="every stage healthy")
+        for role in roles:
+            await delete_user(admin, role)
+        bodies = await eventually(lambda: every(503, refused=True), timeout_s=30,
+                                  what="every /healthz reporting its deleted user")
+        for role, body in bodies.items():
+            refusal = body["credentials_refused"]
+            assert refusal["user"] == role and refusal["where"] == cluster.bootstrap, body
+            assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in refusal["reason"]
+        await eventually(lambda: all(BUS_ACCESS.refusal(role).attempts >= 3 for role in roles),
+                         what="the clients retrying")
+        errors = [r.getMessage() for r in caplog.records if r.name == "voicebus.credentials" and r.levelname == "ERROR"]
+        assert sorted(e.split("credentials of ")[1].split(",")[0] for e in errors) == ["'edge'", "'gate'", "'worker'"]
+        assert all("which it had accepted" in e for e in errors), errors
+
+        for role in roles:
+            await set_password(admin, role, cluster.security.password(role))
+        await eventually(lambda: every(200, refused=False), timeout_s=30,
+                         what="every stage healthy once its user is restored")
+    assert sum("accepts the credentials of" in r.getMessage() for r in caplog.records) == 3
+    assert not any(cluster.security.password(role) in caplog.text for role in roles)

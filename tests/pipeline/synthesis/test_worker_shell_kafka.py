@@ -148,7 +148,8 @@ async def test_a_sentence_the_engine_cannot_speak_still_ends_its_sentence_and_tu
 def own_broker(tmp_path):
     """A broker of this test alone (it is stopped and started again mid-test; the session's
     broker is shared)."""
-    from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalKafka, fetch_jars, free_port
+    from voicebus.ops.broker import QUICK_START_JVM_OPTIONS, LocalKafka, fetch_jars
+    from voicebus.ops.daemon import free_port
     from voicebus.settings import Settings
 
     shared = Settings.from_env()
