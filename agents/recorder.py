@@ -24,7 +24,7 @@ from voicebus.agents.conversation_file import Conversation, ControlLine, Convers
 from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
 from voicebus.clock import now_us
 from voicebus.settings import Settings
-from voicebus.schemas.contract import ControlAction
+from voicebus.schemas.messages import ControlEvent, typed
 
 if TYPE_CHECKING:
     from voicebus.shell import ErrorCallback, RecordFailure
@@ -41,12 +41,12 @@ class RecordedRecord:
     """A decoded record as it came off the bus: its type, fields and consumption order."""
 
     message_type: str  # TextEvent or ControlEvent
-    value: dict[str, Any]
+    value: "dict[str, Any] | ControlEvent"  # a TextEvent's fields, or the ControlEvent
     order: int
 
     @property
     def at_us(self) -> int:
-        return self.value["produced_at_us"] if self.message_type == "TextEvent" else self.value["issued_at_us"]
+        return self.value.issued_at_us if isinstance(self.value, ControlEvent) else self.value["produced_at_us"]
 
 
 @dataclass
@@ -64,18 +64,18 @@ class TurnTracker:
         self._turns: dict[tuple[str, str], _TurnState] = {}
         self.finished: set[tuple[str, str]] = set()
 
-    def observe(self, message_type: str, value: dict[str, Any]) -> None:
-        if message_type == "ControlEvent":
-            if value.get("action") != ControlAction.CANCEL:
+    def observe(self, message_type: str, value: "dict[str, Any] | ControlEvent") -> None:
+        if isinstance(value, ControlEvent):
+            if not value.is_cancel:
                 return
             # No clocks compared (the canceller's and the agent's differ): a cancel names its
             # turn, or lists them (the gate's resolution), or, listing none, covers every turn of
             # the session seen so far, as every stage applies it (pipeline/cancel.py).
-            session = value["session_id"]
-            if value.get("turn_id") is not None:
-                named = [value["turn_id"]]
+            session = value.session_id
+            if value.turn_id is not None:
+                named = [value.turn_id]
             else:
-                named = list(value.get("turn_ids") or ()) or [t for s, t in self._turns if s == session]
+                named = list(value.turn_ids) or [t for s, t in self._turns if s == session]
             for turn_id in named:
                 self.finished.add((session, turn_id))
                 self._turns.setdefault((session, turn_id), _TurnState())
@@ -111,8 +111,8 @@ def to_conversation(records: list[RecordedRecord], title: str = "", description:
                 floor=v.get("floor"), priority=int(v.get("priority") or 0),
             ))
         else:
-            events.append(ControlLine(t_ms=t_ms, session_id=v["session_id"], turn_id=v.get("turn_id"),
-                                      action=v["action"], reason=v.get("reason") or "", source=v.get("source") or ""))
+            events.append(ControlLine(t_ms=t_ms, session_id=v.session_id, turn_id=v.turn_id, action=v.action,
+                                      reason=v.reason, source=v.source))
     return Conversation(events, title, description)
 
 
@@ -212,11 +212,11 @@ async def record(
                     decoded = accepted.message
                     if decoded.type not in ("TextEvent", "ControlEvent"):
                         continue
-                    record_ = RecordedRecord(decoded.type, decoded.value, len(records))
+                    record_ = RecordedRecord(decoded.type, typed(decoded.type, decoded.value), len(records))
                     if record_.at_us < since_us:
                         continue  # offsets_for_times works in ms; drop the sub-ms earlier ones
                     records.append(record_)
-                    tracker.observe(decoded.type, decoded.value)
+                    tracker.observe(decoded.type, record_.value)
     finally:
         await admin.close()
         await consumer.stop()

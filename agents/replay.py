@@ -96,7 +96,7 @@ def plan_replay(events: Sequence[ConversationEvent], sessions: int = 1, run_id: 
                 schedule.append(ScheduledEvent(e.t_ms, "TextEvent", value))
             elif isinstance(e, ControlLine):
                 value = cancel_event(session_id, e.turn_id, reason=e.reason, source=e.source or "replay",
-                                     issued_at_us=0)
+                                     issued_at_us=0).to_record()  # the schedule holds records
                 schedule.append(ScheduledEvent(e.t_ms, "ControlEvent", value))
         copies.append(ReplayCopy(index, mapping, schedule))
     return run_id, copies

@@ -40,7 +40,8 @@ from voicebus import tracing
 from voicebus.topics import text_topic
 from voicebus.tracing import LiveSpan, StageTracer, tracer_for
 from voicebus.schemas import contract
-from voicebus.schemas.contract import ControlAction, TextEventKind
+from voicebus.schemas.contract import TextEventKind
+from voicebus.schemas.messages import ControlEvent
 
 log = logging.getLogger(__name__)
 
@@ -164,20 +165,15 @@ def text_event(
 def cancel_event(
     session_id: str, turn_id: str | None = None, *, reason: str = "", source: str = "agent",
     issued_at_us: int | None = None, turn_ids: list[str] | tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """A CANCEL ControlEvent: one turn; or, with `turn_id=None`, the turns in `turn_ids`, or
-    (none listed) every turn of the session that each stage has seen when the cancel reaches it.
-    `issued_at_us` is for latency metrics only; no stage compares it with its own clock."""
-    return _check_contract("ControlEvent", {
-        "session_id": session_id,
-        "turn_id": turn_id,
-        "action": ControlAction.CANCEL,
-        "reason": reason,
-        "source": source,
-        "issued_at_us": now_us() if issued_at_us is None else issued_at_us,
-        "turn_ids": list(turn_ids),
-        "after_turn_id": None,
-    })
+) -> ControlEvent:
+    """A CANCEL `ControlEvent`, checked against the contract: one turn; or, with `turn_id=None`,
+    the turns in `turn_ids`, or (none listed) every turn of the session that each stage has seen
+    when the cancel reaches it. `issued_at_us` is for latency metrics only; no stage compares it
+    with its own clock."""
+    event = ControlEvent.cancel(session_id, turn_id, reason=reason, source=source, turn_ids=turn_ids,
+                                issued_at_us=now_us() if issued_at_us is None else issued_at_us)
+    _check_contract("ControlEvent", event.to_record())
+    return event
 
 
 class TurnEvents:
@@ -330,13 +326,16 @@ class Publisher(Owned):
         for key in [k for k in self._turn_spans if k[0] == session_id and turn_id in (None, k[1])]:
             self._turn_spans.pop(key).end(**{"voicebus.cancelled": True})
 
-    async def publish_control_event(self, event: dict[str, Any], *, wait: bool = True):
+    async def publish_control_event(self, event: "ControlEvent | dict[str, Any]", *, wait: bool = True):
         producer = self._require_producer()
         return await self._send(producer, self.settings.control_topic, "ControlEvent", event, wait)
 
-    async def _send(self, producer, topic: str, message_type: str, value: dict[str, Any], wait: bool,
+    async def _send(self, producer, topic: str, message_type: str, value: "ControlEvent | dict[str, Any]", wait: bool,
                     headers: list[tuple[str, bytes]] | None = None):
         from voicebus.topics import session_key
+
+        if isinstance(value, ControlEvent):
+            value = value.to_record()
 
         data = self.codec.encode(message_type, value, topic)
         if wait:

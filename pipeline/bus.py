@@ -24,6 +24,7 @@ from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, N
                              TopicAlreadyExistsError)
 
 from voicebus.codecs import CONFLUENT, Codec, Decoded
+from voicebus.schemas.messages import Message
 from voicebus.settings import Settings, reveal
 
 if TYPE_CHECKING:
@@ -454,10 +455,12 @@ async def cluster_durability(settings: Settings, admin: AIOKafkaAdminClient) -> 
     return durable
 
 
-async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str, value: Mapping[str, Any],
-                  headers: list[tuple[str, bytes]] | None = None) -> None:
-    """Encode `value` and send it keyed by its session id (with `headers`, e.g. a turn's trace
-    context); returns once the broker acked."""
+async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_type: str,
+                  value: "Message | Mapping[str, Any]", headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Encode `value` (a typed `Message` or a record dict) and send it keyed by its session id
+    (with `headers`, e.g. a turn's trace context); returns once the broker acked."""
+    if isinstance(value, Message):
+        value = value.to_record()
     await producer.send_and_wait(topic, codec.encode(message_type, value, topic), key=session_key(value["session_id"]),
                                  headers=headers)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from voicebus.schemas.contract import ControlAction
+from voicebus.schemas.messages import ControlEvent
 
 MAX_SESSIONS = 100_000
 MAX_TURNS_PER_SESSION = 64
@@ -65,11 +65,11 @@ class CancelRegistry:
         """This stage saw ``turn_id`` of ``session_id`` (a later whole-session cancel covers it)."""
         _remember(self._entry(session_id).seen, turn_id, self._max_turns)
 
-    def apply(self, event: dict) -> set[str]:
-        """Record a decoded ControlEvent; returns the turn ids it newly cancelled."""
-        if event.get("action") != ControlAction.CANCEL:
+    def apply(self, event: ControlEvent) -> set[str]:
+        """Record a ControlEvent; returns the turn ids it newly cancelled."""
+        if not event.is_cancel:
             return set()
-        return self.cancel(event["session_id"], event.get("turn_id"), event.get("turn_ids") or ())
+        return self.cancel(event.session_id, event.turn_id, event.turn_ids)
 
     def cancel(self, session_id: str, turn_id: str | None, turn_ids: tuple[str, ...] | list[str] = ()) -> set[str]:
         """Cancel one turn, the listed turns, or (neither) every turn seen of the session."""

@@ -44,6 +44,7 @@ from fastavro.schema import SchemaParseException, fingerprint, to_parsing_canoni
 from voicebus import schemas
 from voicebus.ratelimit import TokenBucket
 from voicebus.schemas import contract
+from voicebus.schemas.messages import Message
 
 if TYPE_CHECKING:
     from voicebus.registry import SchemaRegistry
@@ -216,10 +217,12 @@ class Codec:
         self._topic_ids[key] = schema_id
         return schema_id
 
-    def encode(self, message_type: str, value: Mapping[str, Any], topic: str | None = None) -> bytes:
-        """`value` encoded with the current schema of `message_type`, framed as this codec's
-        wire format says. The Confluent framing needs the `topic` (its subject names the
-        schema id); single-object encoding ignores it."""
+    def encode(self, message_type: str, value: "Message | Mapping[str, Any]", topic: str | None = None) -> bytes:
+        """`value` (a typed `Message` or a record dict) encoded with the current schema of
+        `message_type`, framed as this codec's wire format says. The Confluent framing needs the
+        `topic` (its subject names the schema id); single-object encoding ignores it."""
+        if isinstance(value, Message):
+            value = value.to_record()
         try:
             schema = self._readers[message_type]
         except KeyError:

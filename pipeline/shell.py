@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 from voicebus.bus import DecodedRecord, make_consumer, seek_to_beginning_quietly, topics_matching
 from voicebus.clock import now_us
 from voicebus.codecs import Codec, CodecError, deadletter_headers
+from voicebus.schemas.messages import typed
 from voicebus.settings import Settings
 
 if TYPE_CHECKING:
@@ -342,7 +343,8 @@ class ControlCatchUpError(RuntimeError):
 
 
 class ControlFollower:
-    """Every control event, to ``on_event``, for a stage that must see all of them.
+    """Every control event, to ``on_event`` as a typed `ControlEvent`, for a stage that must see
+    all of them.
 
     `start` assigns every control partition to a consumer of its own, seeks ``lookback_s`` back
     by timestamp (0: to the end), applies everything up to the end as of now, and only then
@@ -358,7 +360,7 @@ class ControlFollower:
         self,
         settings: Settings,
         policy: RecordPolicy,
-        on_event: Callable[[dict], Awaitable[Any] | Any],
+        on_event: Callable[[Any], Awaitable[Any] | Any],
         *,
         lookback_s: float = 0.0,
         catch_up_timeout_s: float = 15.0,
@@ -458,7 +460,7 @@ class ControlFollower:
     async def _apply(self, batch: dict) -> None:
         for tp, records in batch.items():
             for record in records:
-                if await self.policy.process(record, self.message_type, lambda d: self.on_event(d.message.value)):
+                if await self.policy.process(record, self.message_type, lambda d: self.on_event(typed(self.message_type, d.message.value))):
                     self.applied += 1
                 self._next[tp] = record.offset + 1
 

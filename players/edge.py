@@ -47,7 +47,8 @@ from voicebus.players.heard import HEARD_KINDS, Rendered
 from voicebus.players.metrics import EdgeMetrics
 from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
 from voicebus.players.shard import redirect_origins
-from voicebus.schemas.contract import ControlAction, PlaybackKind
+from voicebus.schemas.contract import PlaybackKind
+from voicebus.schemas.messages import ControlEvent
 
 log = logging.getLogger(__name__)
 
@@ -428,11 +429,9 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
         # anywhere). Knowing none, the list stays empty: each stage cancels the turns it has seen.
         turn_ids = router.known_turns(channel.session_id) if turn_id is None else []
         router.cancel(channel.session_id, turn_id, turn_ids, source="edge")  # locally at once
-        await _publish(link, channel, settings.control_topic, "ControlEvent", {
-            "session_id": channel.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
-            "reason": str(message.get("reason") or "barge-in")[:200], "source": "edge", "issued_at_us": now_us(),
-            "turn_ids": turn_ids,
-        })
+        await _publish(link, channel, settings.control_topic, "ControlEvent", ControlEvent.cancel(
+            channel.session_id, turn_id, reason=str(message.get("reason") or "barge-in")[:200], source="edge",
+            issued_at_us=now_us(), turn_ids=turn_ids))
     elif mtype == protocol.REPORT:
         report = {
             "session_id": channel.session_id, "turn_id": message["turn_id"], "client_id": channel.client_id,
@@ -499,7 +498,7 @@ def _trace_report(app: web.Application, report: dict) -> list[tuple[str, bytes]]
     return tracer.headers(context)
 
 
-async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, message_type: str, value: dict,
+async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, message_type: str, value: "ControlEvent | dict",
                    headers: list[tuple[str, bytes]] | None = None) -> None:
     """Publish for a client; a failure is told to that client (its connection stays up)."""
     if link is None:

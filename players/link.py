@@ -20,6 +20,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from voicebus.bus import farewell, make_consumer, seek_to_beginning_quietly
 from voicebus.clock import now_us
 from voicebus.codecs import codec_for
+from voicebus.schemas.messages import Message
 from voicebus.settings import Settings
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from voicebus.topics import edge_group_id, partition_of, session_key
@@ -452,7 +453,7 @@ class KafkaLink:
             return None
         return self.tracer.context_of(record.headers)
 
-    async def publish(self, topic: str, message_type: str, value: dict,
+    async def publish(self, topic: str, message_type: str, value: "Message | dict",
                       headers: list[tuple[str, bytes]] | None = None) -> None:
         from voicebus.bus import publish
 

@@ -45,7 +45,8 @@ from voicebus.players import protocol
 from voicebus.players.heard import HeardTracker
 from voicebus.players.metrics import EdgeMetrics
 from voicebus.ratelimit import TokenBucket
-from voicebus.schemas.contract import CANCEL_SOURCES, LIMITS, AudioEncoding, ControlAction, metric_label
+from voicebus.schemas.contract import CANCEL_SOURCES, LIMITS, AudioEncoding, metric_label
+from voicebus.schemas.messages import ControlEvent
 
 TIMELINE_FIELDS = (
     "first_token_at_us", "text_complete_at_us", "released_at_us", "request_received_at_us",
@@ -784,11 +785,11 @@ class SessionRouter:
             return 0
         return self._stop_turns(session, [t for t in hit if not self._stop_is_deferred(session_id, t.turn_id)])
 
-    def apply_control(self, event: dict) -> int:
-        if event.get("action") != ControlAction.CANCEL:
+    def apply_control(self, event: ControlEvent) -> int:
+        if not event.is_cancel:
             return 0
-        return self.cancel(event["session_id"], event.get("turn_id"), event.get("turn_ids") or (),
-                           source=event.get("source") or "bus", after_turn_id=event.get("after_turn_id"))
+        return self.cancel(event.session_id, event.turn_id, event.turn_ids, source=event.source or "bus",
+                           after_turn_id=event.after_turn_id)
 
     def stop_overdue(self) -> int:
         """Stop the turns whose preempting turn has not been heard within `DEFERRED_STOP_S` (its

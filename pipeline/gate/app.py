@@ -69,6 +69,7 @@ from voicebus import tracing
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.logs import add_log_level_argument, configure_logging
 from voicebus.schemas.contract import FloorEventKind
+from voicebus.schemas.messages import ControlEvent
 from voicebus.settings import Settings
 from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from voicebus.topics import fixed_topics, session_key, text_topic_pattern
@@ -674,12 +675,12 @@ class GateWorker:
     # --- one control record ---------------------------------------------------------------------
     async def _process_control(self, record: Any, partition: int) -> None:
         """(Under the lock.) One control record through the record policy, then its effects."""
-        effects: list[tuple[_Entry, str, list[dict], list[tuple[str, dict]]]] = []
+        effects: list[tuple[_Entry, str, list[dict], list[tuple[str, Any]]]] = []
         room = _Batch()  # a session this cancel makes room for: the evicted one's tombstone
 
         def handle(decoded: Any) -> None:
-            event = decoded.message.value
-            sid = event["session_id"]
+            event = ControlEvent.from_record(decoded.message.value)
+            sid = event.session_id
             if sid not in self._sessions and len(self._sessions) >= self.settings.gate_max_sessions:
                 # A cancel of a session the gate does not hold is remembered (its turns may come
                 # later), so it is a new session too, under the same bound as text's.
@@ -700,7 +701,7 @@ class GateWorker:
             await self._commit_effects(entry, sid, requests, self.clock_us(), controls)
 
     async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int,
-                              controls: list[tuple[str, dict]] = ()) -> None:
+                              controls: list[tuple[str, Any]] = ()) -> None:
         """(Under the lock.) Send the control events (the resolution of a whole-session cancel,
         the cancels of turns the floor cut) and the requests, then store the state (bounded) and
         positions."""
@@ -733,7 +734,7 @@ class GateWorker:
         self._sessions_evicted.inc()
         log.info("gate: session %s forgotten (idle) to make room for %s", oldest, sid)
 
-    def _session_controls(self, session: GateSession) -> list[dict]:
+    def _session_controls(self, session: GateSession) -> list[tuple[str, Any]]:
         """What `session`'s last call produced for the bus besides requests: its control events
         (resolutions, the floor's cuts) and its floor events (counted here), tagged with their
         message type for `_control_records`."""
@@ -749,10 +750,12 @@ class GateWorker:
         session.controls, session.floor_events = [], []
         return out
 
-    def _control_records(self, controls: list[tuple[str, dict]]) -> list[tuple]:
+    def _control_records(self, controls: list[tuple[str, Any]]) -> list[tuple]:
+        """The records of `_session_controls`' (type, ControlEvent or FloorEvent fields) pairs."""
         topics = {"ControlEvent": self.settings.control_topic, "FloorEvent": self.settings.floor_topic}
+        records = [(kind, value.to_record() if isinstance(value, ControlEvent) else value) for kind, value in controls]
         return [(topics[kind], session_key(value["session_id"]), self.codec.encode(kind, value, topics[kind]), None)
-                for kind, value in controls]
+                for kind, value in records]
 
     def _restored(self, sid: str, entry: _Entry) -> GateSession:
         """The session as last stored (the live object may hold a half-applied event)."""

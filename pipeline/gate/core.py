@@ -52,9 +52,10 @@ from voicebus.gate.evidence import (
 import json
 import re
 
+from voicebus.schemas.messages import ControlEvent
 from voicebus.settings import Settings
 from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LANGUAGES, LIMITS,
-                                       PHONEME_SPAN, SEGMENTER_LANGUAGE, SPAN_LABEL_EXCLUDED, ControlAction,
+                                       PHONEME_SPAN, SEGMENTER_LANGUAGE, SPAN_LABEL_EXCLUDED,
                                        InvalidVoice, TextEventKind, lexicon_problems, parse_voice, phoneme_span,
                                        voice_warnings)
 
@@ -331,7 +332,7 @@ class GateSession:
         # The ControlEvents the shell must publish after the last call that returned requests: the
         # gate's resolution of a whole-session cancel (the turns it cancelled), and the cancel of
         # each turn cut by a preempting one. Not part of the state.
-        self.controls: list[dict] = []
+        self.controls: list[ControlEvent] = []
         # The FloorEvents since the last call (granted, queued, preempting, cut, refused), for the
         # shell to publish on the floor topic and count. Not part of the state.
         self.floor_events: list[dict] = []
@@ -352,11 +353,11 @@ class GateSession:
         return cls(session_id, config, state)
 
     # --- input ---------------------------------------------------------------------------------
-    def apply(self, event: dict, now_us: int) -> list[dict]:
-        """A decoded TextEvent or ControlEvent (told apart by its fields)."""
+    def apply(self, event: "dict | ControlEvent", now_us: int) -> list[dict]:
+        """A decoded TextEvent (its fields) or a `ControlEvent`."""
         self._begin()
         self.last_event_us = max(self.last_event_us, now_us)
-        if "action" in event:
+        if isinstance(event, ControlEvent):
             return self._settle(self._apply_control(event, now_us), now_us)
         return self._settle(self._apply_text(event, now_us), now_us)
 
@@ -419,18 +420,19 @@ class GateSession:
             return out + self._drain(turn, now_us)
         raise GateInputError(f"unknown TextEvent kind {kind!r}")
 
-    def _apply_control(self, event: dict, now_us: int) -> list[dict]:
+    def _apply_control(self, event: ControlEvent, now_us: int) -> list[dict]:
         """A CANCEL for one turn (``turn_id``), for the turns listed in ``turn_ids``, or (turn_id
         null, no list) for every turn of the session the gate holds now. No clock is compared:
         a turn whose first event reaches the gate after the cancel is a new turn. For the last
         kind, `controls` gets the ControlEvent that names the turns cancelled, for the shell to
         publish so that later stages drop them even if they had not seen them yet. A cancelled
         turn that held the floor passes it on: the next turn's held requests are returned."""
-        self._check_session(event)
-        if event.get("action") != ControlAction.CANCEL:
+        if event.session_id != self.session_id:
+            raise GateInputError(f"event of session {event.session_id!r} given to {self.session_id!r}")
+        if not event.is_cancel:
             return []
-        turn_id = event.get("turn_id")
-        listed = list(event.get("turn_ids") or [])
+        turn_id = event.turn_id
+        listed = list(event.turn_ids)
         targets = [turn_id] if turn_id is not None else listed or list(self._turns)
         newly = []
         for target in targets:
@@ -443,13 +445,11 @@ class GateSession:
                 self._passed.extend(self._floor.close(target, now_us))
         del self._cancelled_turns[:-MAX_TURNS_KEPT]
         if turn_id is None and not listed and newly:
-            self.controls.append({
-                "session_id": self.session_id, "turn_id": None, "action": ControlAction.CANCEL,
-                "reason": f"resolved: {event.get('reason') or 'session cancel'}"[:200], "source": RESOLUTION_SOURCE,
-                # a ControlEvent lists at most LIMITS.max_turn_ids turns: the latest ones (a session
-                # with more live turns at once is beyond any real conversation)
-                "issued_at_us": now_us, "turn_ids": newly[-LIMITS.max_turn_ids:], "after_turn_id": None,
-            })
+            # a ControlEvent lists at most LIMITS.max_turn_ids turns: the latest ones (a session
+            # with more live turns at once is beyond any real conversation)
+            self.controls.append(ControlEvent.cancel(
+                self.session_id, None, reason=f"resolved: {event.reason or 'session cancel'}"[:200],
+                source=RESOLUTION_SOURCE, issued_at_us=now_us, turn_ids=newly[-LIMITS.max_turn_ids:]))
         return []
 
     def tick(self, now_us: int) -> list[dict]:
@@ -772,11 +772,8 @@ class GateSession:
         turn = self._turns.get(turn_id)
         if turn is not None:
             self._cancel(turn)
-        self.controls.append({
-            "session_id": self.session_id, "turn_id": turn_id, "action": ControlAction.CANCEL,
-            "reason": "preempted by a newer turn", "source": FLOOR_CANCEL_SOURCE,
-            "issued_at_us": now_us, "turn_ids": [], "after_turn_id": by,
-        })
+        self.controls.append(ControlEvent.cancel(self.session_id, turn_id, reason="preempted by a newer turn",
+                                                 source=FLOOR_CANCEL_SOURCE, issued_at_us=now_us, after_turn_id=by))
 
     def _refuse(self, turn: _Turn, now_us: int) -> list[dict]:
         """End a turn that will never get the floor: nothing of it was sent, so its end request is
@@ -800,15 +797,17 @@ class Gate:
             self.sessions[session_id] = GateSession(session_id, self.config)
         return self.sessions[session_id]
 
-    def apply(self, event: dict, now_us: int) -> list[dict]:
-        return self.session(event["session_id"]).apply(event, now_us)
+    def apply(self, event: "dict | ControlEvent", now_us: int) -> list[dict]:
+        sid = event.session_id if isinstance(event, ControlEvent) else event["session_id"]
+        return self.session(sid).apply(event, now_us)
 
     def tick(self, now_us: int) -> list[dict]:
         return [r for s in self.sessions.values() for r in s.tick(now_us)]
 
 
-def gate_sentences(events: Iterable[dict], settings: Settings | GateConfig, now_us: int | None = None) -> list[dict]:
-    """Run decoded TextEvent/ControlEvent dicts through a fresh gate; the synthesis requests.
+def gate_sentences(events: "Iterable[dict | ControlEvent]", settings: Settings | GateConfig,
+                   now_us: int | None = None) -> list[dict]:
+    """Run decoded TextEvents (dicts) and `ControlEvent`s through a fresh gate; the synthesis requests.
 
     Each event is applied at `now_us` when given, else at its own ``produced_at_us`` /
     ``issued_at_us`` (so hold timeouts follow the events' clock), with a tick before each one.
@@ -817,7 +816,12 @@ def gate_sentences(events: Iterable[dict], settings: Settings | GateConfig, now_
     gate = Gate(config)
     out: list[dict] = []
     for event in events:
-        at = now_us if now_us is not None else int(event.get("produced_at_us", event.get("issued_at_us", 0)))
+        if now_us is not None:
+            at = now_us
+        elif isinstance(event, ControlEvent):
+            at = event.issued_at_us
+        else:
+            at = int(event.get("produced_at_us", 0))
         out.extend(gate.tick(at))
         out.extend(gate.apply(event, at))
     return out

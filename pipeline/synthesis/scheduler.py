@@ -38,6 +38,7 @@ from voicebus.cancel import CancelRegistry
 from voicebus.clock import now_us
 from voicebus.audio_codec import AudioFormat
 from voicebus.schemas.contract import AudioEncoding
+from voicebus.schemas.messages import ControlEvent
 
 BYTES_PER_SAMPLE = 2  # PCM16LE mono
 
@@ -328,11 +329,11 @@ class SynthesisScheduler:
 
     # --- control -----------------------------------------------------------------------------
     @_notifies
-    def apply_control(self, event: dict) -> tuple[list[SynthesisJob], list[SynthesisJob]]:
+    def apply_control(self, event: ControlEvent) -> tuple[list[SynthesisJob], list[SynthesisJob]]:
         """Apply a ControlEvent. Returns (queued jobs purged, running jobs asked to stop); the
         purged ones are settled as CANCELLED here, the running ones when they `finish`."""
         self.cancels.apply(event)
-        session_id = event.get("session_id")
+        session_id = event.session_id
         purged: list[SynthesisJob] = []
         queue = self._queues.get(session_id)
         if queue:

@@ -73,7 +73,7 @@ from voicebus.synthesis.scheduler import (
 )
 from voicebus.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
 from voicebus.schemas import contract
-from voicebus.schemas.contract import ControlAction
+from voicebus.schemas.messages import ControlEvent
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -283,20 +283,20 @@ class SynthesisWorker(Owned):
                 f"{sorted(tp.partition for tp in self._data.paused()) if self._data is not None else []}")
 
     # --- control -----------------------------------------------------------------------------
-    def _apply_control(self, event: dict) -> None:
+    def _apply_control(self, event: ControlEvent) -> None:
         seen_at = self.clock_us()
         purged, stopped = self.scheduler.apply_control(event)
-        if event.get("action") != ControlAction.CANCEL:
+        if not event.is_cancel:
             return
         self.metrics.cancels_seen.inc()
-        observation = CancelObservation(event["session_id"], event.get("turn_id"), seen_at, len(purged), len(stopped))
+        observation = CancelObservation(event.session_id, event.turn_id, seen_at, len(purged), len(stopped))
         self.cancel_log.append(observation)
         for job in stopped:
             self._observations[job] = observation
         if not stopped:
             self.metrics.cancel_to_last_chunk.observe(0.0)
         log.info("cancel %s/%s seen: %d queued request(s) skipped, %d running stopped",
-                 event["session_id"], event.get("turn_id") or "*", len(purged), len(stopped))
+                 event.session_id, event.turn_id or "*", len(purged), len(stopped))
 
     # --- data --------------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:

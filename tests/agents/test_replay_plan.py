@@ -4,6 +4,7 @@ from voicebus.agents import corpus
 from voicebus.agents.conversation_file import load
 from voicebus.agents.recorder import RecordedRecord, TurnTracker, to_conversation
 from voicebus.agents.replay import ReplayError, plan_replay
+from voicebus.schemas.messages import ControlEvent, typed
 
 
 def test_copies_get_distinct_sessions_and_seq_per_agent_and_turn():
@@ -33,7 +34,7 @@ def test_recorded_records_become_the_conversation_they_came_from():
     for order, item in enumerate(reversed(copy.schedule)):  # consumption order need not be time order
         stamp = "produced_at_us" if item.message_type == "TextEvent" else "issued_at_us"
         value = {**item.value, stamp: base + round(item.t_ms * 1000)}
-        records.append(RecordedRecord(item.message_type, value, order))
+        records.append(RecordedRecord(item.message_type, typed(item.message_type, value), order))
     rebuilt = to_conversation(records).events
     shift = original[0].t_ms
     assert [(type(e), e.session_id, e.turn_id) for e in rebuilt] == [(type(e), e.session_id, e.turn_id) for e in original]
@@ -49,12 +50,12 @@ def test_turn_tracker_waits_for_pending_claims_and_counts_cancels():
         tracker.observe(item.message_type, {**item.value, "produced_at_us": 1})
     assert not tracker.finished  # c1 still pending after the speaker's end
     for item in copy.schedule[end_index + 1:]:
-        tracker.observe(item.message_type, {**item.value, "produced_at_us": 2})
+        tracker.observe(item.message_type, typed(item.message_type, {**item.value, "produced_at_us": 2}))
     assert tracker.finished == {("rag-1", "t1")}
 
     tracker = TurnTracker()
     tracker.observe("TextEvent", {"session_id": "s", "turn_id": "a", "kind": "TOKEN", "produced_at_us": 5})
-    tracker.observe("ControlEvent", {"session_id": "s", "turn_id": None, "action": "CANCEL", "issued_at_us": 9})
+    tracker.observe("ControlEvent", ControlEvent.cancel("s", issued_at_us=9))
     assert tracker.finished == {("s", "a")}
 
 
@@ -62,10 +63,8 @@ def test_a_whole_session_cancel_ends_the_turns_seen_or_listed_whatever_the_clock
     tracker = TurnTracker()
     tracker.observe("TextEvent", {"session_id": "s", "turn_id": "a", "kind": "TOKEN", "produced_at_us": 5_000})
     # the canceller's clock is behind the agent's: its cancel still ends the turn it follows
-    tracker.observe("ControlEvent", {"session_id": "s", "turn_id": None, "turn_ids": [], "action": "CANCEL",
-                                     "issued_at_us": 1_000})
+    tracker.observe("ControlEvent", ControlEvent.cancel("s", issued_at_us=1_000))
     assert tracker.finished == {("s", "a")}
     # the gate's resolution lists a turn the recorder has not seen yet: it is over too
-    tracker.observe("ControlEvent", {"session_id": "s", "turn_id": None, "turn_ids": ["b"], "action": "CANCEL",
-                                     "issued_at_us": 2_000, "source": "gate"})
+    tracker.observe("ControlEvent", ControlEvent.cancel("s", turn_ids=["b"], issued_at_us=2_000, source="gate"))
     assert tracker.finished == {("s", "a"), ("s", "b")}

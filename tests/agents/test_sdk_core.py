@@ -4,6 +4,7 @@ from voicebus.agents.sdk import (
     END_OF_TURN, EVIDENCE_PENDING, TOKEN, InvalidEventError, TurnEndedError, TurnEvents, cancel_event, text_event,
 )
 from voicebus.codecs import Codec
+from voicebus.schemas.messages import ControlEvent
 
 
 def test_turn_events_number_from_zero_and_refuse_events_after_the_end():
@@ -24,7 +25,8 @@ def test_events_encode_with_the_wire_codec():
     for event in (turn.make(EVIDENCE_PENDING, claim_id="c9"), turn.make(END_OF_TURN)):
         assert codec.decode(codec.encode("TextEvent", event), expect="TextEvent").value == event
     cancel = cancel_event("s1", None, reason="barge-in", source="edge")
-    assert codec.decode(codec.encode("ControlEvent", cancel), expect="ControlEvent").value == cancel
+    decoded = codec.decode(codec.encode("ControlEvent", cancel), expect="ControlEvent").value
+    assert decoded == cancel.to_record() and ControlEvent.from_record(decoded) == cancel
 
 
 def test_invalid_events_are_refused_with_a_clear_error():

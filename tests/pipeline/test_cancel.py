@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from voicebus.cancel import MAX_TURNS_PER_SESSION, CancelRegistry
+from voicebus.schemas.messages import ControlEvent
 
 
-def _cancel(session: str, turn: str | None = None, turn_ids=(), issued_at_us: int = 1) -> dict:
-    return {"session_id": session, "turn_id": turn, "action": "CANCEL", "reason": "", "source": "test",
-            "issued_at_us": issued_at_us, "turn_ids": list(turn_ids)}
+def _cancel(session: str, turn: str | None = None, turn_ids=(), issued_at_us: int = 1) -> ControlEvent:
+    return ControlEvent.cancel(session, turn, source="test", issued_at_us=issued_at_us, turn_ids=turn_ids)
 
 
 def test_a_flood_of_made_up_turn_ids_keeps_at_most_the_bound_per_session():

@@ -111,7 +111,7 @@ async def test_the_pipeline_reads_what_confluent_kafkas_avro_serializer_writes(m
          "claim_id": None, "language": "en", "voice": None, "floor": None, "priority": 0, "speed": None, "lexicon": None, "produced_at_us": 100 + i}
         for i, (kind, text) in enumerate([("TOKEN", "Bonjour"), ("TOKEN", "."), ("END_OF_TURN", "")])
     ]
-    cancel = cancel_event("s-9", "t-9", reason="barge-in", source="kafka-connect")
+    cancel = cancel_event("s-9", "t-9", reason="barge-in", source="kafka-connect").to_record()
 
     producer = Producer({"bootstrap.servers": settings.bootstrap})
     try:

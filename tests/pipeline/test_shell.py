@@ -153,7 +153,7 @@ async def test_the_control_follower_applies_the_lookback_before_start_returns_th
             await publish(producer, codec, settings.control_topic, "ControlEvent", control(f"before{i}"))
         await producer.send_and_wait(settings.control_topic, b"junk", key=b"before0")
         follower = ControlFollower(settings, RecordPolicy("test", settings, codec, producer),
-                                   lambda event: seen.append(event["session_id"]), lookback_s=60)
+                                   lambda event: seen.append(event.session_id), lookback_s=60)
         await follower.start()
         try:
             assert sorted(seen) == [f"before{i}" for i in range(6)]  # caught up before start returned
@@ -176,7 +176,7 @@ async def test_a_control_follower_whose_consumer_died_is_restarted_where_it_stop
     codec, seen = Codec(), []
     async with make_producer(settings) as producer:
         follower = ControlFollower(settings, RecordPolicy("test", settings, codec, producer),
-                                   lambda event: seen.append(event["session_id"]))
+                                   lambda event: seen.append(event.session_id))
         await follower.start()
         supervisor = Supervisor("test", min_backoff_s=0.01)
         try:

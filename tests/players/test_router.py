@@ -4,6 +4,7 @@ import pytest
 
 from voicebus.players.router import SessionRouter, UnroutableChunk
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.messages import ControlEvent
 
 
 def test_an_idle_client_is_not_taken_for_a_stalled_one():
@@ -262,11 +263,11 @@ def test_the_cancel_bucket_allows_a_burst_then_its_rate():
 YEAR_US = 365 * 24 * 3600 * 1_000_000
 
 
-def whole_session_cancel(session_id: str, turn_ids=(), issued_at_us: int = 0, source: str = "agent") -> dict:
+def whole_session_cancel(session_id: str, turn_ids=(), issued_at_us: int = 0, source: str = "agent") -> ControlEvent:
     from voicebus.clock import now_us
 
-    return {"session_id": session_id, "turn_id": None, "turn_ids": list(turn_ids), "action": "CANCEL",
-            "reason": "test", "source": source, "issued_at_us": issued_at_us or now_us()}
+    return ControlEvent.cancel(session_id, None, turn_ids=turn_ids, reason="test", source=source,
+                               issued_at_us=issued_at_us or now_us())
 
 
 def test_a_whole_session_cancel_from_the_far_future_stops_the_turns_seen_and_mutes_nothing_later():
@@ -411,8 +412,7 @@ def _order(channel) -> list[str]:
 
 
 def floor_cut(session, cut, by):
-    return {"session_id": session, "turn_id": cut, "action": "CANCEL", "reason": "preempted", "source": "floor",
-            "issued_at_us": 0, "turn_ids": [], "after_turn_id": by}
+    return ControlEvent.cancel(session, cut, reason="preempted", source="floor", issued_at_us=0, after_turn_id=by)
 
 
 def test_a_preempted_turn_plays_on_until_its_preempter_s_first_audio_then_stops_ahead_of_it():

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from voicebus.gate.core import FAILURE_NOTICES, Gate, GateConfig, GateInputError, GateSession, gate_sentences
 from voicebus.schemas.contract import SEGMENTER_LANGUAGE
 from voicebus.settings import Settings, SettingsError
+from voicebus.schemas.messages import ControlEvent
 
 S = 1_000_000
 # The requests of the segmenter and evidence rules, one per sentence: speculation off (its own
@@ -48,8 +49,7 @@ class Turn:
 
 
 def cancel(session="s1", turn=None, at=0, turn_ids=()):
-    return {"session_id": session, "turn_id": turn, "action": "CANCEL", "reason": "barge-in", "source": "test",
-            "issued_at_us": at, "turn_ids": list(turn_ids)}
+    return ControlEvent.cancel(session, turn, reason="barge-in", source="test", issued_at_us=at, turn_ids=turn_ids)
 
 
 def run(events, config=CONFIG):
@@ -218,8 +218,8 @@ def test_a_whole_session_cancel_is_resolved_into_the_turns_it_cancelled():
         assert session.controls == []
     session.apply(cancel(at=1), 10**12)
     [resolution] = session.controls
-    assert resolution["turn_ids"] == ["t1", "t2"] and resolution["turn_id"] is None
-    assert resolution["source"] == "gate"
+    assert resolution.turn_ids == ("t1", "t2") and resolution.turn_id is None
+    assert resolution.source == "gate"
     session.apply(cancel(at=2), 10**12)  # nothing new to cancel: no resolution to publish
     assert session.controls == []
 

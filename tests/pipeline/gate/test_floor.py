@@ -105,7 +105,7 @@ def test_preempt_cuts_the_speaker_when_the_new_turn_has_its_first_sentence():
     out = run(session, expert.tokens(" now. More", size=100))
     assert spoken(out) == [("e", "Stop now.")]
     [cut] = session.controls
-    assert (cut["turn_id"], cut["source"], cut["action"]) == ("h", "floor", "CANCEL")
+    assert (cut.turn_id, cut.source, cut.action) == ("h", "floor", "CANCEL")
     assert [e["event"] for e in session.floor_events] == [CUT, GRANTED]
     assert run(session, host.tokens("Four. ", size=6) + [host.end()]) == []  # the cut turn is silent
     assert session.is_cancelled("h")
@@ -119,7 +119,7 @@ def test_preempt_also_cuts_a_turn_whose_text_ended_but_whose_audio_may_still_pla
     controls = []
     out = run(session, expert.tokens("Let me add. More", size=5), controls=controls)
     assert spoken(out) == [("e", "Let me add.")]
-    assert [(c["turn_id"], c["source"]) for c in controls] == [("h", "floor")]
+    assert [(c.turn_id, c.source) for c in controls] == [("h", "floor")]
     # a queued (default) turn after it cuts nothing
     third = Turn("q", agent="third")
     controls = []
@@ -139,7 +139,7 @@ def test_a_preempter_still_cuts_a_speaker_whose_text_ended_before_its_first_sent
     controls = []
     out = run(session, expert.tokens(" me. More", size=4), controls=controls)
     assert spoken(out) == [("e", "Let me.")]
-    assert [(c["turn_id"], c["after_turn_id"]) for c in controls] == [("h", "e")]
+    assert [(c.turn_id, c.after_turn_id) for c in controls] == [("h", "e")]
 
 
 def test_a_higher_priority_agent_preempts_and_an_equal_one_queues():
@@ -151,7 +151,7 @@ def test_a_higher_priority_agent_preempts_and_an_equal_one_queues():
     assert run(session, peer.tokens("Me too. ", size=8) + [peer.end()]) == []
     controls = []
     out = run(session, alert.tokens("Fire alarm. ", size=12) + [alert.end()], controls=controls)
-    assert [(c["turn_id"], c["source"]) for c in controls] == [("h", "floor")]
+    assert [(c.turn_id, c.source) for c in controls] == [("h", "floor")]
     # The alert cut the host and spoke; the queued peer follows it, whole.
     assert spoken(out) == [("a", "Fire alarm."), ("p", "Me too.")]
     assert session.is_cancelled("h") and not session.is_cancelled("p")

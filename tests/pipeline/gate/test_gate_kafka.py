@@ -16,10 +16,16 @@ from voicebus.bus import end_offsets, ensure_topics, make_consumer, make_produce
 from voicebus.codecs import Codec
 from voicebus.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess, stored_positions
 from voicebus.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
+from voicebus.schemas.messages import ControlEvent
 from voicebus.topics import text_topic
 from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
 from tests.waiting import eventually
+
+
+def session_of(event) -> str:
+    return event.session_id if isinstance(event, ControlEvent) else event["session_id"]
+
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
 
@@ -238,7 +244,7 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         assert [x[3] for x in sessions[s]] == [False] * (len(sessions[s]) - 1) + [True], s
     # The pure core gives the same for the sessions whose outcome does not depend on timing.
     core = by_session(gate_sentences([ev for agent, ev in phase1 + phase2
-                                      if agent != "raw" and ev["session_id"] not in ("sx", "sy")],
+                                      if agent != "raw" and session_of(ev) not in ("sx", "sy")],
                                      GateConfig.from_settings(settings.replace(hold_timeout_s=3600))))
     for s in ("sa", "sb", "sc"):
         assert sessions[s] == core[s], s

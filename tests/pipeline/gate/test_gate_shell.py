@@ -25,6 +25,7 @@ from voicebus.agents.sdk import Publisher
 from voicebus.bus import committed_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
 from voicebus.codecs import Codec
 from voicebus.gate.app import POSITIONS_KEY, GateStartError, GateWorker
+from voicebus.schemas.messages import ControlEvent
 from voicebus.topics import session_key, text_topic
 from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
@@ -104,7 +105,7 @@ async def send(settings, agent, events):
     codec = Codec()
     async with make_producer(settings) as producer:
         for event in events:
-            if "action" in event:
+            if isinstance(event, ControlEvent):
                 await publish(producer, codec, settings.control_topic, "ControlEvent", event)
             else:
                 await publish(producer, codec, text_topic(settings, agent), "TextEvent", event)
@@ -601,8 +602,8 @@ async def test_cancels_of_sessions_the_gate_does_not_hold_stay_under_its_session
     await ensure_topics(settings)
     await ensure_topics(settings, [text_topic(settings, "llm")])
     gate = await workers(settings)
-    flood = [{"session_id": f"ghost-{i}", "turn_id": None, "action": "CANCEL", "reason": "flood", "source": "agent",
-              "issued_at_us": 0, "turn_ids": [f"t{i}"], "after_turn_id": None} for i in range(12)]
+    flood = [ControlEvent.cancel(f"ghost-{i}", None, reason="flood", source="agent", issued_at_us=0, turn_ids=[f"t{i}"])
+             for i in range(12)]
     await send(settings, "llm", flood)
     await eventually(lambda: (gate.registry.get_sample_value("voicebus_gate_control_events_total") or 0) >= 12,
                      what="the gate applied every cancel", detail=lambda: f"sessions {sorted(gate._sessions)}")

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from voicebus.codecs import Codec
+from voicebus.schemas.messages import ControlEvent
 from voicebus.synthesis.scheduler import (
     ChunkAssembler,
     OffsetTracker,
@@ -32,9 +33,9 @@ def request(session="s1", turn="t1", seq=0, text="Hello there.", last=False, fir
     }
 
 
-def cancel(session="s1", turn="t1", issued_at_us=5_000):
-    return {"session_id": session, "turn_id": turn, "action": "CANCEL", "reason": "barge-in", "source": "test",
-            "issued_at_us": issued_at_us}
+def cancel(session="s1", turn="t1", issued_at_us=5_000, turn_ids=()):
+    return ControlEvent.cancel(session, turn, reason="barge-in", source="test", issued_at_us=issued_at_us,
+                               turn_ids=turn_ids)
 
 
 class Recorder:
@@ -114,12 +115,12 @@ def test_session_wide_cancel_covers_the_turns_seen_so_far_and_the_gate_resolutio
     sched = SynthesisScheduler(max_in_flight=8)
     sched.submit(request("s1", "old", 0, first_token_at_us=1_000))
     # a far-future timestamp compares with no clock (it used to mute every later turn)
-    purged, _ = sched.apply_control({**cancel("s1", None, issued_at_us=2**62), "turn_ids": []})
+    purged, _ = sched.apply_control(cancel("s1", None, issued_at_us=2**62))
     assert [j.key.turn_id for j in purged] == ["old"]
     sched.submit(request("s1", "new", 0, first_token_at_us=9_000))
     assert sched.next_job().key.turn_id == "new"
     # the gate's resolution names a turn this worker had not seen yet: its requests are skipped
-    sched.apply_control({**cancel("s1", None), "source": "gate", "turn_ids": ["late"]})
+    sched.apply_control(ControlEvent.cancel("s1", None, source="gate", turn_ids=["late"], issued_at_us=5_000))
     late = sched.submit(request("s1", "late", 0))
     assert sched.is_cancelled(late)
 

@@ -1,0 +1,63 @@
+"""Typed messages: checked against their `.avsc`, and the same record on the wire as a dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+
+from voicebus.codecs import Codec
+from voicebus.schemas.contract import ControlAction
+from voicebus.schemas.messages import ControlEvent, Message, SchemaDrift, check_against_schemas, typed
+
+
+def test_a_control_event_goes_through_the_codec_unchanged():
+    codec = Codec()
+    event = ControlEvent.cancel("s1", None, reason="barge-in", source="edge", issued_at_us=7, turn_ids=["a", "b"])
+    decoded = codec.decode(codec.encode("ControlEvent", event), expect="ControlEvent")
+    back = typed(decoded.type, decoded.value)
+    assert back == event and back.action is ControlAction.CANCEL and back.turn_ids == ("a", "b")
+    assert back.is_cancel and back.after_turn_id is None
+
+
+def test_a_record_without_the_later_fields_takes_their_defaults():
+    event = ControlEvent.from_record({"session_id": "s", "action": "CANCEL", "issued_at_us": 1, "turn_id": "t"})
+    assert (event.turn_ids, event.after_turn_id, event.reason) == ((), None, "")
+
+
+def test_types_without_a_class_stay_dicts():
+    value = {"session_id": "s", "turn_id": "t"}
+    assert typed("TurnHeard", value) is value
+
+
+def test_a_class_that_does_not_follow_its_schema_is_refused():
+    @dataclass(frozen=True, slots=True)
+    class Stale(Message):  # ControlEvent before after_turn_id was added
+        MESSAGE_TYPE: ClassVar[str] = "ControlEvent"
+        session_id: str
+        action: str
+        issued_at_us: int
+        turn_id: str | None = None
+        reason: str = ""
+        source: str = ""
+        turn_ids: tuple[str, ...] = ()
+
+    with pytest.raises(SchemaDrift, match="after_turn_id"):
+        check_against_schemas({"ControlEvent": Stale})
+
+    @dataclass(frozen=True, slots=True)
+    class Redefaulted(Message):
+        MESSAGE_TYPE: ClassVar[str] = "ControlEvent"
+        session_id: str
+        action: str
+        issued_at_us: int
+        turn_id: str | None = None
+        reason: str = "barge-in"
+        source: str = ""
+        turn_ids: tuple[str, ...] = ()
+        after_turn_id: str | None = None
+
+    with pytest.raises(SchemaDrift, match="reason"):
+        check_against_schemas({"ControlEvent": Redefaulted})
+    check_against_schemas()
