@@ -104,6 +104,9 @@ class Plan:
     rounds: int = 1  # hostile rounds after the clean run
     scale: int = 1  # multiplies the count of each hostile input
     token_ms: float = 15.0
+    # the cases' memory method: warm-up replays, then a control replay before each case. Off (a
+    # test of what the cases observe, not of their memory), each case's growth is its raw growth.
+    memory: bool = True
 
 
 QUICK = Plan(sessions=2, turns=2, rounds=2, scale=1)

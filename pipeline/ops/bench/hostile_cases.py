@@ -648,7 +648,7 @@ async def run_cases(stack, publisher, plan, clean, names: list[str], ctx: CaseCo
     normal_sessions, affected = ctx.helpers.normal_sessions, ctx.helpers.affected
     out: dict[str, dict] = {}
     warm: dict = {}
-    if names:
+    if names and plan.memory:
         progress("cases: a warm-up replay at the normal pace, then one all at once (not measured)")
         before = stack.rss_mb()
         heard = await normal_sessions(stack, publisher, plan, "warm-up")
@@ -663,9 +663,11 @@ async def run_cases(stack, publisher, plan, clean, names: list[str], ctx: CaseCo
         if name in PREPARE:
             progress(f"case {name}: preparing")
             await PREPARE[name](ctx)
-        progress(f"case {name}: control replay")
         rss_control = stack.rss_mb()
-        control_heard = await normal_sessions(stack, publisher, plan, f"k-{name}")
+        control_heard = []
+        if plan.memory:
+            progress(f"case {name}: control replay")
+            control_heard = await normal_sessions(stack, publisher, plan, f"k-{name}")
         rss_before = stack.rss_mb()
         control = growth(rss_control, rss_before)
         progress(f"case {name}: {description}")
