@@ -41,7 +41,7 @@ from voicebus.topics import text_topic
 from voicebus.tracing import LiveSpan, StageTracer, tracer_for
 from voicebus.schemas import contract
 from voicebus.schemas.contract import TextEventKind
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import ControlEvent, FloorEvent
 
 log = logging.getLogger(__name__)
 
@@ -552,7 +552,7 @@ class HeardFollower(Owned):
                 if inspect.isawaitable(result):
                     await result
             except Exception:  # noqa: BLE001 - an agent's callback must not stop the follower
-                log.exception("%s callback failed for %s/%s", self.name, record["session_id"], record["turn_id"])
+                log.exception("%s callback failed for %s", self.name, "/".join(map(str, key)))
 
     def heard(self, session_id: str, turn_id: str) -> dict | None:
         """The TurnHeard of a turn if it was seen already, else None."""
@@ -599,9 +599,10 @@ class FloorFollower(HeardFollower):
         async with Publisher(settings, agent_id="expert") as agent, FloorFollower(agent) as floor:
             async with agent.turn("s1") as turn:
                 granted = await floor.wait(turn.session_id, turn.turn_id, "GRANTED", timeout_s=30)
-                granted["waited_us"], granted["warnings"]  # e.g. a voice of another language
+                granted.waited_us, granted.warnings  # e.g. a voice of another language
 
-    ``on_event`` (or `add_callback`) is called with every FloorEvent. The same plumbing as
+    Each event is a `voicebus.schemas.messages.FloorEvent`. ``on_event`` (or `add_callback`) is
+    called with every one. The same plumbing as
     `HeardFollower`: a consumer of its own, ``lookback_s`` back at start, no consumer group."""
 
     topic_setting = "floor_topic"
@@ -613,16 +614,16 @@ class FloorFollower(HeardFollower):
         super().__init__(publisher, on_heard=on_event, lookback_s=lookback_s, keep=keep)
 
     @staticmethod
-    def _key(record: dict) -> tuple:
+    def _key(record: FloorEvent) -> tuple:  # type: ignore[override]
         # Kept and waited on per (session, turn, event kind): a turn is queued, then granted.
-        return (record["session_id"], record["turn_id"], str(record["event"]))
+        return (record.session_id, record.turn_id, str(record.event))
 
-    def events(self, session_id: str, turn_id: str) -> dict[str, dict]:
+    def events(self, session_id: str, turn_id: str) -> dict[str, FloorEvent]:
         """The floor events seen for a turn, by kind (``GRANTED``, ``QUEUED``, ...)."""
         return {k[2]: e for k, e in self._heard.items() if k[:2] == (session_id, turn_id)}
 
     async def wait(self, session_id: str, turn_id: str, event: str = "GRANTED",  # type: ignore[override]
-                   timeout_s: float = 10.0) -> dict:
+                   timeout_s: float = 10.0) -> FloorEvent:
         """The turn's floor event of kind `event`: at once if seen already, else when it comes;
         `FloorTimeout` after `timeout_s`."""
         return await self._wait_for((session_id, turn_id, str(event)), timeout_s, lambda: FloorTimeout(

@@ -12,7 +12,8 @@ messages with the classes and publish them as they are (`voicebus.codecs.Codec.e
 `Message` or a dict).
 
 Defined here: `ControlEvent` (cancels, published by the edge, the SDK and the gate, applied by
-the gate, the workers, the edge and the recorder).
+the gate, the workers, the edge and the recorder) and `FloorEvent` (what happened to a turn on
+its session's floor, published by the gate, followed by agents: `FloorFollower`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, TypeVar
 
 from voicebus import schemas
-from voicebus.schemas.contract import ControlAction
+from voicebus.schemas.contract import ControlAction, FloorEventKind
 
 M = TypeVar("M", bound="Message")
 
@@ -93,7 +94,26 @@ class ControlEvent(Message):
         return self.action == ControlAction.CANCEL
 
 
-MESSAGES: Mapping[str, type[Message]] = {cls.MESSAGE_TYPE: cls for cls in (ControlEvent,)}
+@dataclass(frozen=True, slots=True)
+class FloorEvent(Message):
+    """What happened to a turn on its session's floor, published by the gate: `event` GRANTED
+    (after `waited_us`), QUEUED, PREEMPTING, CUT or REFUSED (with a `reason`), and the turn's
+    `warnings` about how it is spoken."""
+
+    MESSAGE_TYPE: ClassVar[str] = "FloorEvent"
+    ENUMS: ClassVar[Mapping[str, type[enum.Enum]]] = {"event": FloorEventKind}
+
+    session_id: str
+    turn_id: str
+    agent_id: str
+    event: FloorEventKind
+    at_us: int
+    waited_us: int = 0
+    reason: str = ""
+    warnings: tuple[str, ...] = ()
+
+
+MESSAGES: Mapping[str, type[Message]] = {cls.MESSAGE_TYPE: cls for cls in (ControlEvent, FloorEvent)}
 
 
 def typed(message_type: str, value: Mapping[str, Any]) -> Any:

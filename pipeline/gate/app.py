@@ -69,7 +69,7 @@ from voicebus import tracing
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.logs import add_log_level_argument, configure_logging
 from voicebus.schemas.contract import FloorEventKind
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import ControlEvent, FloorEvent
 from voicebus.settings import Settings
 from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from voicebus.topics import fixed_topics, session_key, text_topic_pattern
@@ -734,28 +734,27 @@ class GateWorker:
         self._sessions_evicted.inc()
         log.info("gate: session %s forgotten (idle) to make room for %s", oldest, sid)
 
-    def _session_controls(self, session: GateSession) -> list[tuple[str, Any]]:
+    def _session_controls(self, session: GateSession) -> list[tuple[str, ControlEvent | FloorEvent]]:
         """What `session`'s last call produced for the bus besides requests: its control events
         (resolutions, the floor's cuts) and its floor events (counted here), tagged with their
         message type for `_control_records`."""
         for event in session.floor_events:
-            self._floor_events.labels(event["event"].lower()).inc()
-            if event["event"] == FloorEventKind.GRANTED:
-                self._floor_wait.observe(event["waited_us"] / 1e6)
-                for warning in event["warnings"]:  # once per turn: a turn is granted once
+            self._floor_events.labels(event.event.lower()).inc()
+            if event.event == FloorEventKind.GRANTED:
+                self._floor_wait.observe(event.waited_us / 1e6)
+                for warning in event.warnings:  # once per turn: a turn is granted once
                     self._turn_warnings.labels(warning.partition(":")[0]).inc()
             log.debug("gate: session %s turn %s floor %s (waited %.3f s) %s", session.session_id,
-                      event["turn_id"], event["event"], event["waited_us"] / 1e6, event["reason"])
+                      event.turn_id, event.event, event.waited_us / 1e6, event.reason)
         out = [("ControlEvent", c) for c in session.controls] + [("FloorEvent", e) for e in session.floor_events]
         session.controls, session.floor_events = [], []
         return out
 
     def _control_records(self, controls: list[tuple[str, Any]]) -> list[tuple]:
-        """The records of `_session_controls`' (type, ControlEvent or FloorEvent fields) pairs."""
+        """The records of `_session_controls`' (type, ControlEvent or FloorEvent) pairs."""
         topics = {"ControlEvent": self.settings.control_topic, "FloorEvent": self.settings.floor_topic}
-        records = [(kind, value.to_record() if isinstance(value, ControlEvent) else value) for kind, value in controls]
-        return [(topics[kind], session_key(value["session_id"]), self.codec.encode(kind, value, topics[kind]), None)
-                for kind, value in records]
+        return [(topics[kind], session_key(message.session_id), self.codec.encode(kind, message, topics[kind]), None)
+                for kind, message in controls]
 
     def _restored(self, sid: str, entry: _Entry) -> GateSession:
         """The session as last stored (the live object may hold a half-applied event)."""

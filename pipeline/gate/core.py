@@ -52,7 +52,7 @@ from voicebus.gate.evidence import (
 import json
 import re
 
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import ControlEvent, FloorEvent
 from voicebus.settings import Settings
 from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LANGUAGES, LIMITS,
                                        PHONEME_SPAN, SEGMENTER_LANGUAGE, SPAN_LABEL_EXCLUDED,
@@ -335,7 +335,7 @@ class GateSession:
         self.controls: list[ControlEvent] = []
         # The FloorEvents since the last call (granted, queued, preempting, cut, refused), for the
         # shell to publish on the floor topic and count. Not part of the state.
-        self.floor_events: list[dict] = []
+        self.floor_events: list[FloorEvent] = []
 
     # --- state ---------------------------------------------------------------------------------
     def to_state(self) -> dict:
@@ -376,11 +376,10 @@ class GateSession:
             self._cut(turn_id, by, now_us)
         for event in self._floor.take_events():
             turn = self._turns.get(event["turn_id"])
-            self.floor_events.append({"session_id": self.session_id, "turn_id": event["turn_id"],
-                                      "agent_id": turn.agent_id if turn is not None else "unknown",
-                                      "event": event["event"], "waited_us": event["waited_us"],
-                                      "reason": event["reason"][:LIMITS.max_label_chars], "at_us": event["at_us"],
-                                      "warnings": turn.voice_warnings if turn is not None else []})
+            self.floor_events.append(FloorEvent(
+                self.session_id, event["turn_id"], turn.agent_id if turn is not None else "unknown", event["event"],
+                event["at_us"], event["waited_us"], event["reason"][:LIMITS.max_label_chars],
+                tuple(turn.voice_warnings) if turn is not None else ()))
         return out
 
     def _apply_text(self, event: dict, now_us: int) -> list[dict]:

@@ -61,3 +61,13 @@ def test_a_class_that_does_not_follow_its_schema_is_refused():
     with pytest.raises(SchemaDrift, match="reason"):
         check_against_schemas({"ControlEvent": Redefaulted})
     check_against_schemas()
+
+
+def test_a_floor_event_goes_through_the_codec_unchanged():
+    from voicebus.schemas.contract import FloorEventKind
+    from voicebus.schemas.messages import FloorEvent
+
+    codec = Codec()
+    event = FloorEvent("s1", "t1", "expert", FloorEventKind.GRANTED, 9, waited_us=5, warnings=("voice-unknown: x",))
+    decoded = codec.decode(codec.encode("FloorEvent", event), expect="FloorEvent")
+    assert typed(decoded.type, decoded.value) == event

@@ -108,7 +108,7 @@ async def _round(stack, host, expert, floor, policy: str, token_s: float, offset
     if policy == "queue":
         expert_start, _ = playback(second.frames, rate, busy_until_us=host_end)
         spliced = bool(first.frames and second.frames and max(f[0] for f in first.frames) > min(f[0] for f in second.frames))
-        return {"gap_ms": (expert_start - host_end) / 1000, "floor_wait_ms": granted["waited_us"] / 1000,
+        return {"gap_ms": (expert_start - host_end) / 1000, "floor_wait_ms": granted.waited_us / 1000,
                 "spliced": spliced}
     stopped = min(host_end, first.stopped_at_us or host_end)
     expert_start, _ = playback(second.frames, rate, busy_until_us=stopped)

@@ -63,13 +63,13 @@ def test_a_queued_turn_goes_out_the_moment_the_speaker_ends_and_its_wait_is_repo
     for i, e in enumerate(expert.tokens("Waiting here. Done. ", size=4) + [expert.end()]):
         assert session.apply(e, 6_000 * S + i) == []  # everything held while the host speaks
         events += session.floor_events
-    assert [e["event"] for e in events] == [QUEUED]
+    assert [e.event for e in events] == [QUEUED]
     out = session.apply(host.end(), 7_000 * S)
     # the host's last sentence (its end was certain only at END_OF_TURN), then the whole queued turn
     assert spoken(out) == [("h", "First part."), ("e", "Waiting here."), ("e", "Done.")]
     assert out[0]["is_last_in_turn"] and out[-1]["is_last_in_turn"]
-    [granted] = [e for e in session.floor_events if e["event"] == GRANTED]
-    assert granted["turn_id"] == "e" and granted["waited_us"] == 7_000 * S - 6_000 * S
+    [granted] = [e for e in session.floor_events if e.event == GRANTED]
+    assert granted.turn_id == "e" and granted.waited_us == 7_000 * S - 6_000 * S
 
 
 def test_a_turn_whose_voice_speaks_another_language_is_told_so_on_every_floor_event():
@@ -81,15 +81,15 @@ def test_a_turn_whose_voice_speaks_another_language_is_told_so_on_every_floor_ev
                           + [expert.end(), host.end()]):
         session.apply(e, 6_000 * S + i)
         events += session.floor_events
-    by_turn = {(e["turn_id"], e["event"]): e["warnings"] for e in events}
-    assert by_turn[("h", GRANTED)] == []
-    mismatch = ["voice-language-mismatch: ff_siwis is a French voice; the turn is American English"]
+    by_turn = {(e.turn_id, e.event): e.warnings for e in events}
+    assert by_turn[("h", GRANTED)] == ()
+    mismatch = ("voice-language-mismatch: ff_siwis is a French voice; the turn is American English",)
     assert by_turn[("e", QUEUED)] == by_turn[("e", GRANTED)] == mismatch
     # British English text with an American voice is one language: no warning
     other = GateSession("s2", CONFIG)
     british = Turn("b", session="s2", language="en-gb", voice="af_heart").tokens("Hello there. ")
     other.apply(british[0], 6_000 * S)
-    assert [e["warnings"] for e in other.floor_events] == [[]]
+    assert [e.warnings for e in other.floor_events] == [()]
 
 
 def test_preempt_cuts_the_speaker_when_the_new_turn_has_its_first_sentence():
@@ -99,14 +99,14 @@ def test_preempt_cuts_the_speaker_when_the_new_turn_has_its_first_sentence():
     assert spoken(out) == [("h", "One.")]
     out = session.apply(expert.tokens("Stop", size=4)[0], 6_000 * S)
     assert out == [] and session.controls == []  # nothing to say yet: the host goes on
-    assert [e["event"] for e in session.floor_events] == [PREEMPTING]
+    assert [e.event for e in session.floor_events] == [PREEMPTING]
     out = run(session, host.tokens("Three. ", size=7))
     assert spoken(out) == [("h", "Two.")]
     out = run(session, expert.tokens(" now. More", size=100))
     assert spoken(out) == [("e", "Stop now.")]
     [cut] = session.controls
     assert (cut.turn_id, cut.source, cut.action) == ("h", "floor", "CANCEL")
-    assert [e["event"] for e in session.floor_events] == [CUT, GRANTED]
+    assert [e.event for e in session.floor_events] == [CUT, GRANTED]
     assert run(session, host.tokens("Four. ", size=6) + [host.end()]) == []  # the cut turn is silent
     assert session.is_cancelled("h")
 
@@ -190,7 +190,7 @@ def test_a_turn_beyond_the_waiting_bound_is_refused_with_an_end_and_a_reason():
     out = session.apply(late.tokens("Too late. ", size=10)[0], 6_000 * S)
     assert [(r["turn_id"], r["sentence_seq"], r["text"], r["is_last_in_turn"]) for r in out] == [("t3", 0, "", True)]
     [refused] = session.floor_events
-    assert refused["event"] == REFUSED and "limit 2" in refused["reason"]
+    assert refused.event == REFUSED and "limit 2" in refused.reason
     assert run(session, late.tokens("More. ", size=6) + [late.end()]) == []  # later events ignored
 
 

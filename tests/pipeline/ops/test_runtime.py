@@ -180,11 +180,11 @@ async def test_two_agents_overlapping_in_a_session_are_heard_one_whole_turn_afte
     assert sorted({s for _, s, _, _ in second.frames}) == [0, 1, 2, 3]
     assert not first.stopped and not second.stopped
     assert max(f[0] for f in first.frames) < min(f[0] for f in second.frames), "the two turns were spliced"
-    assert host_granted["waited_us"] == 0 and queued["agent_id"] == "expert"
-    assert granted["waited_us"] > 1_000_000  # the host's four sentences of text took ~1.7 s
-    assert host_granted["warnings"] == []
-    assert queued["warnings"] == granted["warnings"] == [
-        "voice-language-mismatch: jf_alpha is a Japanese voice; the turn is American English"]
+    assert host_granted.waited_us == 0 and queued.agent_id == "expert"
+    assert granted.waited_us > 1_000_000  # the host's four sentences of text took ~1.7 s
+    assert host_granted.warnings == ()
+    assert queued.warnings == granted.warnings == (
+        "voice-language-mismatch: jf_alpha is a Japanese voice; the turn is American English",)
 
 
 async def test_a_preempting_turn_cuts_the_speaker_at_its_first_sentence(make_settings, engine):
