@@ -37,11 +37,12 @@ from tests.conftest import distinct_free_ports
 pytestmark = pytest.mark.kafka
 
 
-@pytest.fixture(scope="module")
-def secure_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+def _secured_cluster(root: Path, jars: Path, extra_config: dict[str, str] | None = None):
+    """A started one-node secured broker, stopped when the generator closes; a broker that does
+    not start fails the test saying why."""
     port, controller_port = distinct_free_ports(2)
-    cluster = LocalCluster(tmp_path_factory.mktemp("kafka-secure"), kafka_jars, ports=[(port, controller_port)],
-                           jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True, secure=True)
+    cluster = LocalCluster(root, jars, ports=[(port, controller_port)], jvm_options=QUICK_START_JVM_OPTIONS,
+                           die_with_parent=True, secure=True, extra_config=extra_config)
     try:
         cluster.start(timeout=120)
     except BrokerError as exc:
@@ -51,6 +52,11 @@ def secure_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
+    yield from _secured_cluster(tmp_path_factory.mktemp("kafka-secure"), kafka_jars)
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +64,8 @@ def reauth_cluster(kafka_jars: Path, tmp_path_factory: pytest.TempPathFactory):
     """A secured broker that ends each client's SASL session after 3 s (``connections.max.reauth.ms``,
     as managed clusters set it): aiokafka does not re-authenticate, so its connections are closed
     and opened again, and a user deleted meanwhile is refused within seconds."""
-    port, controller_port = distinct_free_ports(2)
-    cluster = LocalCluster(tmp_path_factory.mktemp("kafka-reauth"), kafka_jars, ports=[(port, controller_port)],
-                           jvm_options=QUICK_START_JVM_OPTIONS, die_with_parent=True, secure=True,
-                           extra_config={"connections.max.reauth.ms": "3000"})
-    try:
-        cluster.start(timeout=120)
-    except BrokerError as exc:
-        cluster.stop()
-        pytest.fail(f"the secured Kafka broker did not start: {exc}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from _secured_cluster(tmp_path_factory.mktemp("kafka-reauth"), kafka_jars,
+                                {"connections.max.reauth.ms": "3000"})
 
 
 def role_settings(cluster: LocalCluster, role: str = "admin", **overrides) -> Settings:
