@@ -19,6 +19,7 @@ fails at start saying why (`voicebus.bus.diagnose_connection`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -41,10 +42,6 @@ class Refusal:
     reason: str
     since_us: int
     attempts: int = 1
-
-    def as_json(self) -> dict[str, Any]:
-        return {"user": self.user, "where": self.where, "reason": self.reason, "since_us": self.since_us,
-                "attempts": self.attempts}
 
 
 class BusAccess:
@@ -101,7 +98,7 @@ class BusAccess:
         if not settings.kafka_security_protocol.startswith("SASL_"):
             return None  # TLS or plaintext: no credentials a broker checks again on reconnection
         refusal = self.refusal(settings.kafka_sasl_username)
-        return refusal.as_json() if refusal is not None else None
+        return dataclasses.asdict(refusal) if refusal is not None else None
 
 
 # One per process: aiokafka's connections are opened below any one client, so the report cannot

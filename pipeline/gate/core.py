@@ -383,7 +383,7 @@ class GateSession:
         return out
 
     def _apply_text(self, event: dict, now_us: int) -> list[dict]:
-        self._check_session(event)
+        self._check_session(event.get("session_id"))
         kind = event["kind"]
         turn_id, agent_id, seq = event["turn_id"], event["agent_id"], int(event["seq"])
         guard = f"{agent_id}\x1f{turn_id}"
@@ -426,8 +426,7 @@ class GateSession:
         kind, `controls` gets the ControlEvent that names the turns cancelled, for the shell to
         publish so that later stages drop them even if they had not seen them yet. A cancelled
         turn that held the floor passes it on: the next turn's held requests are returned."""
-        if event.session_id != self.session_id:
-            raise GateInputError(f"event of session {event.session_id!r} given to {self.session_id!r}")
+        self._check_session(event.session_id)
         if not event.is_cancel:
             return []
         turn_id = event.turn_id
@@ -562,9 +561,9 @@ class GateSession:
                 and not self._floor.waiting and not self._floor.held)
 
     # --- internals -----------------------------------------------------------------------------
-    def _check_session(self, event: dict) -> None:
-        if event.get("session_id") != self.session_id:
-            raise GateInputError(f"event of session {event.get('session_id')!r} given to {self.session_id!r}")
+    def _check_session(self, session_id: str | None) -> None:
+        if session_id != self.session_id:
+            raise GateInputError(f"event of session {session_id!r} given to {self.session_id!r}")
 
     @staticmethod
     def _claim_id(event: dict) -> str:
