@@ -28,7 +28,7 @@ def test_a_record_without_the_later_fields_takes_their_defaults():
 
 def test_types_without_a_class_stay_dicts():
     value = {"session_id": "s", "turn_id": "t"}
-    assert typed("TurnHeard", value) is value
+    assert typed("NoSuchType", value) is value
 
 
 def test_a_class_that_does_not_follow_its_schema_is_refused():
@@ -44,7 +44,7 @@ def test_a_class_that_does_not_follow_its_schema_is_refused():
         turn_ids: tuple[str, ...] = ()
 
     with pytest.raises(SchemaDrift, match="after_turn_id"):
-        check_against_schemas({"ControlEvent": Stale})
+        check_against_schemas((Stale,))
 
     @dataclass(frozen=True, slots=True)
     class Redefaulted(Message):
@@ -59,7 +59,7 @@ def test_a_class_that_does_not_follow_its_schema_is_refused():
         after_turn_id: str | None = None
 
     with pytest.raises(SchemaDrift, match="reason"):
-        check_against_schemas({"ControlEvent": Redefaulted})
+        check_against_schemas((Redefaulted,))
     check_against_schemas()
 
 
@@ -71,3 +71,41 @@ def test_a_floor_event_goes_through_the_codec_unchanged():
     event = FloorEvent("s1", "t1", "expert", FloorEventKind.GRANTED, 9, waited_us=5, warnings=("voice-unknown: x",))
     decoded = codec.decode(codec.encode("FloorEvent", event), expect="FloorEvent")
     assert typed(decoded.type, decoded.value) == event
+
+
+def test_every_message_type_of_the_contract_has_its_class():
+    from voicebus import schemas
+    from voicebus.schemas.messages import CLASSES
+
+    assert {cls.MESSAGE_TYPE for cls in CLASSES} == set(schemas.CURRENT)
+
+
+def test_nested_records_are_objects_and_go_through_the_codec_unchanged():
+    from voicebus.schemas.contract import AudioEncoding, TextEventKind
+    from voicebus.schemas.messages import AudioChunk, LexiconEntry, TextEvent, WordTiming
+
+    codec = Codec()
+    event = TextEvent(session_id="s", turn_id="t", agent_id="a", seq=0, kind=TextEventKind.TOKEN, text="SQL ",
+                      lexicon=(LexiconEntry(match="SQL", say="sequel"),), produced_at_us=5)
+    back = TextEvent.from_record(codec.decode(codec.encode("TextEvent", event), expect="TextEvent").value)
+    assert back == event and isinstance(back.lexicon[0], LexiconEntry) and back.kind is TextEventKind.TOKEN
+    chunk = AudioChunk(session_id="s", turn_id="t", sentence_seq=1, chunk_seq=0, is_last_chunk=True, pcm=b"\0\0",
+                       words=(WordTiming(text="hi", start=0, end=1),))
+    back = AudioChunk.from_record(codec.decode(codec.encode("AudioChunk", chunk), expect="AudioChunk").value)
+    assert back == chunk and back.encoding is AudioEncoding.PCM16LE and back.words[0].text == "hi"
+
+
+def test_a_nested_record_that_does_not_follow_its_schema_is_refused():
+    from voicebus.schemas.messages import AudioChunk, Record
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class OldTiming(Record):  # a word timing without its end
+        text: str
+        start: int
+
+    @dataclass(frozen=True, slots=True, kw_only=True)
+    class Chunk(AudioChunk):
+        RECORDS: ClassVar = {"words": OldTiming}
+
+    with pytest.raises(SchemaDrift, match="OldTiming"):
+        check_against_schemas((Chunk,))
