@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
 from voicebus.agents.sdk import Publisher, new_turn_id
+from voicebus.schemas.messages import TurnHeard
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,7 @@ class Conversation:
         self.speak_options = speak_options
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
 
-    async def reply(self, user_text: str) -> tuple[AdapterResult, dict | None]:
+    async def reply(self, user_text: str) -> tuple[AdapterResult, TurnHeard | None]:
         """One exchange; returns the adapter's result and the TurnHeard (None without one)."""
         from voicebus.agents.sdk import HeardTimeout
 
@@ -351,8 +352,8 @@ class Conversation:
                 heard = await self.heard.wait(result.session_id, result.turn_id, self.heard_timeout_s)
             except HeardTimeout as exc:
                 log.warning("%s; the conversation keeps the generated text", exc)
-        if heard is not None and heard["interrupted"]:
-            text = heard["heard_text"]
+        if heard is not None and heard.interrupted:
+            text = heard.heard_text
         if text:
             self.messages.append({"role": "assistant", "content": text})
         return result, heard

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from voicebus.agents.conversation_file import ControlLine, ConversationEvent, TextLine
 from voicebus.agents.sdk import Publisher, cancel_event, text_event
 from voicebus.clock import now_us
+from voicebus.schemas.messages import TurnHeard
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -179,20 +180,20 @@ class HeardCollector:
     def __init__(self, turns: Sequence[tuple[str, str]], since_us: int) -> None:
         self.turns = list(dict.fromkeys(turns))
         self.since_us = since_us
-        self.heard: dict[tuple[str, str], dict] = {}
+        self.heard: dict[tuple[str, str], TurnHeard] = {}
         self._all = asyncio.Event()
         if not self.turns:
             self._all.set()
 
-    def __call__(self, record: dict) -> None:
-        key = (record["session_id"], record["turn_id"])
-        if key in self.turns and int(record.get("published_at_us") or 0) >= self.since_us:
+    def __call__(self, record: TurnHeard) -> None:
+        key = (record.session_id, record.turn_id)
+        if key in self.turns and record.published_at_us >= self.since_us:
             self.heard[key] = record
             if len(self.heard) == len(self.turns):
                 self._all.set()
 
-    async def wait(self, timeout_s: float) -> dict[tuple[str, str], dict]:
-        """The TurnHeard records collected once every turn has one or ``timeout_s`` passed."""
+    async def wait(self, timeout_s: float) -> dict[tuple[str, str], TurnHeard]:
+        """The TurnHeard collected for each turn once every turn has one or ``timeout_s`` passed."""
         try:
             await asyncio.wait_for(self._all.wait(), timeout_s)
         except asyncio.TimeoutError:
@@ -200,7 +201,8 @@ class HeardCollector:
         return dict(self.heard)
 
 
-def describe_heard(turns: Sequence[tuple[str, str]], heard: dict[tuple[str, str], dict], timeout_s: float) -> list[str]:
+def describe_heard(turns: Sequence[tuple[str, str]], heard: dict[tuple[str, str], TurnHeard],
+                   timeout_s: float) -> list[str]:
     """One line per turn: what its listeners heard (TurnHeard), or that no player reported it."""
     lines = []
     for session_id, turn_id in turns:
@@ -209,9 +211,9 @@ def describe_heard(turns: Sequence[tuple[str, str]], heard: dict[tuple[str, str]
             lines.append(f"  {session_id} {turn_id}: no TurnHeard within {timeout_s:g} s "
                          "(no player on the session, or none that reports what it rendered)")
             continue
-        unheard = list(record.get("unheard_words") or [])
-        how = "interrupted, heard" if record.get("interrupted") else "heard whole"
+        unheard = list(record.unheard_words)
+        how = "interrupted, heard" if record.interrupted else "heard whole"
         tail = (f" ({len(unheard)} words not heard: {' '.join(unheard[:8])}{' ...' if len(unheard) > 8 else ''})"
                 if unheard else "")
-        lines.append(f"  {session_id} {turn_id}: {how}: {record.get('heard_text', '')!r}{tail}")
+        lines.append(f"  {session_id} {turn_id}: {how}: {record.heard_text!r}{tail}")
     return lines

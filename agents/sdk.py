@@ -41,7 +41,7 @@ from voicebus.topics import text_topic
 from voicebus.tracing import LiveSpan, StageTracer, tracer_for
 from voicebus.schemas import contract
 from voicebus.schemas.contract import TextEventKind
-from voicebus.schemas.messages import ControlEvent, FloorEvent
+from voicebus.schemas.messages import ControlEvent, FloorEvent, Message, TurnHeard
 
 log = logging.getLogger(__name__)
 
@@ -472,9 +472,10 @@ class HeardFollower(Owned):
             async with agent.turn("s1") as turn:
                 ...
             result = await heard.wait(turn.session_id, turn.turn_id, timeout_s=10)
-            result["heard_text"], result["interrupted"], result["unheard_words"]
+            result.heard_text, result.interrupted, result.unheard_words
 
-    ``on_heard`` (or `add_callback`) is called with every TurnHeard (sync or async). It uses the
+    Each is a `voicebus.schemas.messages.TurnHeard` (``unheard_words`` a tuple). ``on_heard`` (or
+    `add_callback`) is called with every TurnHeard (sync or async). It uses the
     publisher's producer (for dead letters: a record that cannot be decoded is dead-lettered
     like any stage's) and a consumer of its own on every partition, ``lookback_s`` back at start
     (so a turn that ended just before is still found), with no consumer group. Records it has
@@ -493,7 +494,7 @@ class HeardFollower(Owned):
         self.lookback_s = lookback_s
         self.keep = keep
         self._callbacks: list[Any] = [on_heard] if on_heard is not None else []
-        self._heard: "OrderedDict[tuple[str, str], dict]" = OrderedDict()
+        self._heard: "OrderedDict[tuple, Message]" = OrderedDict()
         self._waiters: dict[tuple[str, str], list] = {}
         self._follower = None
         self._task = None
@@ -533,11 +534,11 @@ class HeardFollower(Owned):
         self._waiters.clear()
 
     @staticmethod
-    def _key(record: dict) -> tuple:
+    def _key(record: TurnHeard) -> tuple:
         """What a record is kept and waited on by: here (session, turn)."""
-        return (record["session_id"], record["turn_id"])
+        return (record.session_id, record.turn_id)
 
-    async def _on_record(self, record: dict) -> None:
+    async def _on_record(self, record: Message) -> None:
         key = self._key(record)
         self._heard[key] = record
         self._heard.move_to_end(key)
@@ -554,18 +555,18 @@ class HeardFollower(Owned):
             except Exception:  # noqa: BLE001 - an agent's callback must not stop the follower
                 log.exception("%s callback failed for %s", self.name, "/".join(map(str, key)))
 
-    def heard(self, session_id: str, turn_id: str) -> dict | None:
+    def heard(self, session_id: str, turn_id: str) -> TurnHeard | None:
         """The TurnHeard of a turn if it was seen already, else None."""
         return self._heard.get((session_id, turn_id))
 
-    async def wait(self, session_id: str, turn_id: str, timeout_s: float = 10.0) -> dict:
+    async def wait(self, session_id: str, turn_id: str, timeout_s: float = 10.0) -> TurnHeard:
         """The TurnHeard of a turn: at once if seen already, else when it comes; `HeardTimeout`
         after `timeout_s` (no player reported the turn: nobody listened, or a player that
         does not send heard reports)."""
         return await self._wait_for((session_id, turn_id), timeout_s, lambda: HeardTimeout(
             f"no TurnHeard for {session_id}/{turn_id} within {timeout_s:g} s"))
 
-    async def _wait_for(self, key: tuple, timeout_s: float, timeout_error) -> dict:
+    async def _wait_for(self, key: tuple, timeout_s: float, timeout_error) -> Any:
         """The record kept under `key`: at once if seen already, else when it comes;
         ``timeout_error()`` raised after `timeout_s`."""
         if self._follower is None:

@@ -48,7 +48,7 @@ from voicebus.players.metrics import EdgeMetrics
 from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
 from voicebus.players.shard import redirect_origins
 from voicebus.schemas.contract import PlaybackKind
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import ControlEvent, Message, PlaybackReport
 
 log = logging.getLogger(__name__)
 
@@ -433,26 +433,26 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
             channel.session_id, turn_id, reason=str(message.get("reason") or "barge-in")[:200], source="edge",
             issued_at_us=now_us(), turn_ids=turn_ids))
     elif mtype == protocol.REPORT:
-        report = {
-            "session_id": channel.session_id, "turn_id": message["turn_id"], "client_id": channel.client_id,
-            "kind": message["kind"], "sentence_seq": int(message.get("sentence_seq") or 0),
-            "audible_at_us": int(message.get("audible_at_us") or 0), "reported_at_us": now_us(),
-            "detail": str(message.get("detail") or "")[:500],
-        }
-        router.metrics.reports.labels(report["kind"]).inc()
-        started = router.turn_started_at(channel.session_id, report["turn_id"])
-        if report["kind"] == PlaybackKind.AUDIBLE_START and started and report["audible_at_us"] > started:
-            router.metrics.stage_latency.labels("first_token_to_audible").observe((report["audible_at_us"] - started) / 1e6)
-        if report["kind"] == PlaybackKind.AUDIBLE_START:
-            router.heard.audible(channel.session_id, report["turn_id"], report["audible_at_us"])
+        report = PlaybackReport(
+            session_id=channel.session_id, turn_id=message["turn_id"], client_id=channel.client_id,
+            kind=PlaybackKind(message["kind"]), sentence_seq=int(message.get("sentence_seq") or 0),
+            audible_at_us=int(message.get("audible_at_us") or 0), reported_at_us=now_us(),
+            detail=str(message.get("detail") or "")[:500],
+        )
+        router.metrics.reports.labels(report.kind).inc()
+        started = router.turn_started_at(channel.session_id, report.turn_id)
+        if report.kind == PlaybackKind.AUDIBLE_START and started and report.audible_at_us > started:
+            router.metrics.stage_latency.labels("first_token_to_audible").observe((report.audible_at_us - started) / 1e6)
+        if report.kind == PlaybackKind.AUDIBLE_START:
+            router.heard.audible(channel.session_id, report.turn_id, report.audible_at_us)
         app[REPORTS_KEY].append(report)
         heard = None
-        if report["kind"] in HEARD_KINDS and "rendered_sentence_seq" in message:
+        if report.kind in HEARD_KINDS and "rendered_sentence_seq" in message:
             rendered = Rendered(channel.client_id, int(message["rendered_sentence_seq"]),
-                                int(message.get("rendered_samples") or 0), report["kind"] == PlaybackKind.STOPPED,
-                                report["audible_at_us"] or report["reported_at_us"])
-            heard = router.heard.report(channel.session_id, report["turn_id"], rendered,
-                                        router.players_of_turn(channel.session_id, report["turn_id"]), now_us())
+                                int(message.get("rendered_samples") or 0), report.kind == PlaybackKind.STOPPED,
+                                report.audible_at_us or report.reported_at_us)
+            heard = router.heard.report(channel.session_id, report.turn_id, rendered,
+                                        router.players_of_turn(channel.session_id, report.turn_id), now_us())
         if heard is not None and link is not None:
             await link.publish_heard(heard)  # first: an agent waits on it, the playback record does not
         headers = _trace_report(app, report) if app[TRACER_KEY].enabled else None
@@ -480,25 +480,25 @@ def _trace_sent(app: web.Application, channel: ClientChannel, frame: OutFrame, s
         sent.popitem(last=False)
 
 
-def _trace_report(app: web.Application, report: dict) -> list[tuple[str, bytes]] | None:
+def _trace_report(app: web.Application, report: PlaybackReport) -> list[tuple[str, bytes]] | None:
     """Tracing on: the headers of a playback report. AUDIBLE_START closes its sentence's trace
     with an ``audible`` span (sent .. the player heard it, mapped to the server clock); other
     reports carry the sentence's ``edge.send`` context."""
     tracer, sent = app[TRACER_KEY], app[SENT_TRACES_KEY]
-    key = (report["client_id"], report["turn_id"], report["sentence_seq"])
+    key = (report.client_id, report.turn_id, report.sentence_seq)
     found = sent.get(key)
     if found is None:
         return None
     context, sent_at_us = found
-    if report["kind"] == PlaybackKind.AUDIBLE_START and report["audible_at_us"]:
+    if report.kind == PlaybackKind.AUDIBLE_START and report.audible_at_us:
         del sent[key]
-        context = tracer.record(tracing.AUDIBLE, context, sent_at_us, report["audible_at_us"],
-                                **{tracing.SESSION: report["session_id"], tracing.TURN: report["turn_id"],
-                                   tracing.SENTENCE: report["sentence_seq"], tracing.CLIENT: report["client_id"]})
+        context = tracer.record(tracing.AUDIBLE, context, sent_at_us, report.audible_at_us,
+                                **{tracing.SESSION: report.session_id, tracing.TURN: report.turn_id,
+                                   tracing.SENTENCE: report.sentence_seq, tracing.CLIENT: report.client_id})
     return tracer.headers(context)
 
 
-async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, message_type: str, value: "ControlEvent | dict",
+async def _publish(link: KafkaLink | None, channel: ClientChannel, topic: str, message_type: str, value: "Message | dict",
                    headers: list[tuple[str, bytes]] | None = None) -> None:
     """Publish for a client; a failure is told to that client (its connection stays up)."""
     if link is None:

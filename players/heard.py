@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from voicebus.schemas.contract import PlaybackKind
+from voicebus.schemas.messages import TurnHeard
 
 HEARD_KINDS = frozenset({PlaybackKind.PLAYBACK_END, PlaybackKind.STOPPED})
 
@@ -94,9 +95,10 @@ class HeardTracker:
         turn = self._turns.get((session_id, turn_id))
         return dict(turn.sentences) if turn else {}
 
-    def report(self, session_id: str, turn_id: str, rendered: Rendered, players: Iterable[str], now_us: int) -> dict | None:
+    def report(self, session_id: str, turn_id: str, rendered: Rendered, players: Iterable[str],
+               now_us: int) -> TurnHeard | None:
         """A player's heard report. `players`: the ids of the session's players the turn was sent
-        to. Returns the TurnHeard record when this report completes the turn, else None."""
+        to. Returns the turn's `TurnHeard` when this report completes the turn, else None."""
         if (session_id, turn_id) in self._published:
             return None
         turn = self._turn(session_id, turn_id)
@@ -110,8 +112,8 @@ class HeardTracker:
             return self._publish(turn, now_us)
         return None
 
-    def due(self, now_us: int) -> list[dict]:
-        """TurnHeard records of the turns whose wait for more reports is over."""
+    def due(self, now_us: int) -> list[TurnHeard]:
+        """The `TurnHeard` of each turn whose wait for more reports is over."""
         ready = [t for t in self._turns.values() if t.reports and t.deadline_us is not None and t.deadline_us <= now_us]
         return [self._publish(t, now_us) for t in ready]
 
@@ -119,7 +121,7 @@ class HeardTracker:
         deadlines = [t.deadline_us for t in self._turns.values() if t.reports and t.deadline_us is not None]
         return min(deadlines, default=None)
 
-    def _publish(self, turn: _TurnWords, now_us: int) -> dict:
+    def _publish(self, turn: _TurnWords, now_us: int) -> TurnHeard:
         furthest = max(turn.reports.values(), key=lambda r: (r.key(), -r.at_us))
         heard: list[str] = []
         unheard: list[str] = []
@@ -134,11 +136,11 @@ class HeardTracker:
         self._published[key] = None
         while len(self._published) > self.max_turns:
             self._published.popitem(last=False)
-        return {
-            "session_id": turn.session_id, "turn_id": turn.turn_id, "heard_text": " ".join(heard),
-            "interrupted": bool(furthest.stopped or unheard), "unheard_words": unheard,
-            "sentence_seq": furthest.sentence_seq, "rendered_samples": furthest.samples,
-            "client_id": furthest.client_id, "reports": len(turn.reports), "started_at_us": turn.started_us,
-            "stopped_at_us": furthest.at_us,
-            "published_at_us": now_us,
-        }
+        return TurnHeard(
+            session_id=turn.session_id, turn_id=turn.turn_id, heard_text=" ".join(heard),
+            interrupted=bool(furthest.stopped or unheard), unheard_words=tuple(unheard),
+            sentence_seq=furthest.sentence_seq, rendered_samples=furthest.samples,
+            client_id=furthest.client_id, reports=len(turn.reports), started_at_us=turn.started_us,
+            stopped_at_us=furthest.at_us,
+            published_at_us=now_us,
+        )

@@ -20,7 +20,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from voicebus.bus import farewell, make_consumer, seek_to_beginning_quietly
 from voicebus.clock import now_us
 from voicebus.codecs import codec_for
-from voicebus.schemas.messages import Message
+from voicebus.schemas.messages import Message, TurnHeard
 from voicebus.settings import Settings
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from voicebus.topics import edge_group_id, partition_of, session_key
@@ -459,7 +459,7 @@ class KafkaLink:
 
         await publish(self.producer, self.codec, topic, message_type, value, headers)
 
-    async def publish_heard(self, heard: dict) -> None:
+    async def publish_heard(self, heard: TurnHeard) -> None:
         """Publish one TurnHeard; a failure is logged (the report it came from is on the
         playback topic, so what was heard can still be rebuilt)."""
         from aiokafka.errors import KafkaError
@@ -469,7 +469,7 @@ class KafkaLink:
         try:
             await self.publish(self.settings.heard_topic, "TurnHeard", heard)
         except (KafkaError, CodecError) as exc:
-            log.warning("could not publish TurnHeard of %s/%s: %s", heard["session_id"], heard["turn_id"], exc)
+            log.warning("could not publish TurnHeard of %s/%s: %s", heard.session_id, heard.turn_id, exc)
 
     async def _heard_loop(self) -> None:
         """Publish the turns whose wait for more players' heard reports is over."""

@@ -48,6 +48,7 @@ from voicebus.players.router import ClientClosed, ConnectionRefused, SessionRout
 from voicebus.players.tap import SessionTap, TapAudio, TapTurnEnd, TapTurnStart
 from voicebus.ratelimit import TokenBucket
 from voicebus.schemas.contract import PlaybackKind, is_valid_id
+from voicebus.schemas.messages import PlaybackReport
 from voicebus.settings import ENV_PREFIX, Settings
 
 log = logging.getLogger(__name__)
@@ -673,14 +674,14 @@ class PhoneCall:
             except Exception:  # noqa: BLE001 - a report is not worth the call
                 log.exception("telephony: a report of stream %s failed", self.stream_sid)
 
-    async def _report(self, kind: str, turn_id: str, sentence_seq: int, at_us: int,
+    async def _report(self, kind: PlaybackKind, turn_id: str, sentence_seq: int, at_us: int,
                       rendered: tuple[int, int] | None) -> None:
         """What `_handle_client_message` of the edge does with a player's report: metrics, the
         audible start, the heard report (TurnHeard), the PlaybackReport on the playback topic."""
         router, session_id, client_id = self.router, self.tap.session_id, self.tap.client_id
-        report = {"session_id": session_id, "turn_id": turn_id, "client_id": client_id, "kind": kind,
-                  "sentence_seq": sentence_seq, "audible_at_us": at_us, "reported_at_us": now_us(),
-                  "detail": self.dialect.provider}
+        report = PlaybackReport(session_id=session_id, turn_id=turn_id, client_id=client_id, kind=kind,
+                                sentence_seq=sentence_seq, audible_at_us=at_us, reported_at_us=now_us(),
+                                detail=self.dialect.provider)
         router.metrics.reports.labels(kind).inc()
         if kind == PlaybackKind.AUDIBLE_START:
             started = router.turn_started_at(session_id, turn_id)

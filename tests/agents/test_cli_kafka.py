@@ -79,13 +79,14 @@ def test_replay_of_the_interrupted_conversation_prints_what_was_heard(make_setti
     """`voicebus replay interrupted` waits for each turn's TurnHeard (here published as the edge
     would, once the replayed turn is on the bus) and prints it; a TurnHeard of the same session
     and turn from before the replay (an earlier run) is not taken for this one."""
+    import dataclasses
     import threading
 
     from tests.agents.test_heard_kafka import publish_heard, turn_heard
 
     settings = make_settings()
-    asyncio.run(publish_heard(settings, *({**turn_heard("barge-1", t, "an earlier run", True, []), "published_at_us": 1}
-                                         for t in ("t1", "t2"))))
+    asyncio.run(publish_heard(settings, *(dataclasses.replace(turn_heard("barge-1", t, "an earlier run", True, []),
+                                                              published_at_us=1) for t in ("t1", "t2"))))
     codes = []
     command = threading.Thread(target=lambda: codes.append(_run(
         settings, "replay", "interrupted", "--keep-session-ids", "--speed", "5", "--heard-timeout", "60")))

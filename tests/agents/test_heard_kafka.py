@@ -12,6 +12,7 @@ from voicebus.agents.sdk import HeardFollower, HeardTimeout, Publisher
 from voicebus.bus import ensure_topics, make_producer, publish
 from voicebus.clock import now_us
 from voicebus.codecs import Codec
+from voicebus.schemas.messages import TurnHeard
 from tests.agents.fake_openai import FakeChatServer, Script
 
 pytestmark = pytest.mark.kafka
@@ -19,13 +20,13 @@ pytestmark = pytest.mark.kafka
 TOKENS = ["Sure", ".", " The", " office", " opens", " at", " nine", "."]
 
 
-def turn_heard(session_id: str, turn_id: str, text: str, interrupted: bool, unheard: list[str]) -> dict:
-    return {"session_id": session_id, "turn_id": turn_id, "heard_text": text, "interrupted": interrupted,
-            "unheard_words": unheard, "sentence_seq": 1, "rendered_samples": 4800, "client_id": "c1", "reports": 1,
-            "started_at_us": 0, "stopped_at_us": now_us(), "published_at_us": now_us()}
+def turn_heard(session_id: str, turn_id: str, text: str, interrupted: bool, unheard: list[str]) -> TurnHeard:
+    return TurnHeard(session_id=session_id, turn_id=turn_id, heard_text=text, interrupted=interrupted,
+                     unheard_words=tuple(unheard), sentence_seq=1, rendered_samples=4800, client_id="c1", reports=1,
+                     started_at_us=0, stopped_at_us=now_us(), published_at_us=now_us())
 
 
-async def publish_heard(settings, *records: dict) -> None:
+async def publish_heard(settings, *records: TurnHeard) -> None:
     await ensure_topics(settings, [settings.heard_topic])
     producer = make_producer(settings)
     await producer.start()
@@ -65,7 +66,7 @@ async def test_after_a_barge_in_the_conversation_keeps_only_what_was_heard(make_
                 settings, turn_heard("s1", "t-1", "Sure. The office", True, ["opens", "at", "nine."])))
             result, got = await chat.reply("When do you open?")
             await barge_in
-            assert result.text == "".join(TOKENS) and got["interrupted"]
+            assert result.text == "".join(TOKENS) and got.interrupted
             assert chat.messages[-1] == {"role": "assistant", "content": "Sure. The office"}
             chat.speak_options["turn_id"] = "t-2"
             await publish_heard(settings, turn_heard("s1", "t-2", "Sure. The office opens at nine.", False, []))

@@ -149,7 +149,7 @@ async def test_ping_pong_and_playback_reports_are_recorded():
                                       "sentence_seq": 0, "audible_at_us": int(time.time() * 1e6)}))
         await eventually(lambda: app[REPORTS_KEY], timeout_s=5, interval_s=0.01, what="the report reached the edge")
         report = app[REPORTS_KEY][-1]
-        assert report["kind"] == "AUDIBLE_START" and report["client_id"] == ready["client_id"]
+        assert report.kind == "AUDIBLE_START" and report.client_id == ready["client_id"]
         metrics = (await (await client.get("/metrics")).text())
         assert 'voicebus_stage_latency_seconds_count{stage="first_token_to_audible"} 1.0' in metrics
         assert "voicebus_edge_clients 1.0" in metrics

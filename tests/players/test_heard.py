@@ -22,10 +22,10 @@ def tracker(**kw) -> HeardTracker:
 
 def test_a_stop_mid_second_sentence_hears_the_first_and_the_words_started_before_it():
     heard = tracker().report("s", "t", Rendered("c1", 1, 1500, True, 7), ["c1"], now_us=10)
-    assert heard["heard_text"] == "Hello there, friend. How are"  # "are" was in progress: heard
-    assert heard["unheard_words"] == ["you?"] and heard["interrupted"]
-    assert (heard["sentence_seq"], heard["rendered_samples"], heard["client_id"]) == (1, 1500, "c1")
-    assert (heard["stopped_at_us"], heard["published_at_us"], heard["reports"]) == (7, 10, 1)
+    assert heard.heard_text == "Hello there, friend. How are"  # "are" was in progress: heard
+    assert heard.unheard_words == ("you?",) and heard.interrupted
+    assert (heard.sentence_seq, heard.rendered_samples, heard.client_id) == (1, 1500, "c1")
+    assert (heard.stopped_at_us, heard.published_at_us, heard.reports) == (7, 10, 1)
 
 
 def test_the_turn_started_when_the_first_player_heard_it():
@@ -34,28 +34,28 @@ def test_the_turn_started_when_the_first_player_heard_it():
     t.audible("s", "t", 500)  # another player (or a later sentence's report, out of order)
     t.audible("s", "t", 0)  # no time given: ignored
     heard = t.report("s", "t", Rendered("c1", 1, 3000, False, 7), ["c1"], now_us=10)
-    assert heard["started_at_us"] == 500
-    assert tracker().report("s", "t", Rendered("c1", 1, 3000, False, 7), ["c1"], now_us=10)["started_at_us"] == 0
+    assert heard.started_at_us == 500
+    assert tracker().report("s", "t", Rendered("c1", 1, 3000, False, 7), ["c1"], now_us=10).started_at_us == 0
 
 
 def test_a_word_whose_start_was_not_rendered_is_not_heard():
     heard = tracker().report("s", "t", Rendered("c1", 1, 1000, True, 7), ["c1"], now_us=10)
-    assert heard["heard_text"] == "Hello there, friend. How"
+    assert heard.heard_text == "Hello there, friend. How"
     nothing = tracker().report("s", "t", Rendered("c1", 0, 0, True, 7), ["c1"], now_us=10)
-    assert nothing["heard_text"] == "" and len(nothing["unheard_words"]) == 6
+    assert nothing.heard_text == "" and len(nothing.unheard_words) == 6
 
 
 def test_played_to_the_end_is_not_interrupted():
     heard = tracker().report("s", "t", Rendered("c1", 1, 3000, False, 7), ["c1"], now_us=10)
-    assert heard["heard_text"] == "Hello there, friend. How are you?" and not heard["interrupted"]
-    assert heard["unheard_words"] == []
+    assert heard.heard_text == "Hello there, friend. How are you?" and not heard.interrupted
+    assert heard.unheard_words == ()
 
 
 def test_with_several_players_the_furthest_report_counts_once_all_reported():
     t = tracker()
     assert t.report("s", "t", Rendered("c1", 0, 2500, True, 5), ["c1", "c2"], now_us=10) is None
     heard = t.report("s", "t", Rendered("c2", 1, 500, True, 6), ["c1", "c2"], now_us=20)
-    assert heard["client_id"] == "c2" and heard["heard_text"] == "Hello there, friend. How" and heard["reports"] == 2
+    assert heard.client_id == "c2" and heard.heard_text == "Hello there, friend. How" and heard.reports == 2
     assert t.report("s", "t", Rendered("c1", 1, 3000, False, 9), ["c1", "c2"], now_us=30) is None  # published once
 
 
@@ -65,7 +65,7 @@ def test_a_player_that_never_reports_holds_the_turn_up_only_for_the_wait():
     assert t.next_deadline_us() == 1010
     assert t.due(1009) == []
     [heard] = t.due(1010)
-    assert heard["heard_text"] == "Hello there," and heard["reports"] == 1
+    assert heard.heard_text == "Hello there," and heard.reports == 1
     assert t.due(5000) == [] and t.next_deadline_us() is None
 
 

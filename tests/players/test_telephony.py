@@ -25,6 +25,7 @@ from voicebus.players.edge import LINK_KEY, ROUTER_KEY, make_app
 from voicebus.players.router import SessionRouter
 from voicebus.players.tap import SessionTap
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.messages import Message, PlaybackReport, TurnHeard
 from tests.players.edge_helpers import SECRET, edge_settings
 from tests.waiting import eventually
 
@@ -151,21 +152,21 @@ class FakeLink:
 
     def __init__(self, owner: str | None = None) -> None:
         self.owner = owner
-        self.published: list[tuple[str, str, dict]] = []
-        self.heard: list[dict] = []
+        self.published: list[tuple[str, str, Message | dict]] = []
+        self.heard: list[TurnHeard] = []
 
     async def owner_url(self, session_id: str) -> str | None:
         return self.owner
 
-    async def publish(self, topic: str, message_type: str, value: dict, headers=None) -> None:
+    async def publish(self, topic: str, message_type: str, value: Message | dict, headers=None) -> None:
         self.published.append((topic, message_type, value))
 
-    async def publish_heard(self, heard: dict) -> None:
+    async def publish_heard(self, heard: TurnHeard) -> None:
         self.heard.append(heard)
 
-    def reports(self, turn_id: str | None = None) -> list[dict]:
+    def reports(self, turn_id: str | None = None) -> list[PlaybackReport]:
         return [v for _, kind, v in self.published
-                if kind == "PlaybackReport" and (turn_id is None or v["turn_id"] == turn_id)]
+                if kind == "PlaybackReport" and (turn_id is None or v.turn_id == turn_id)]
 
 
 @contextlib.asynccontextmanager
@@ -231,7 +232,7 @@ async def test_a_turn_reaches_the_call_as_20_ms_mulaw_frames_at_real_time_pace()
         kinds = [m["event"] for _, m in call.received]
         assert kinds[0] == "media" and kinds[1] == "mark"
         assert kinds.count("mark") >= 1 + len(chunks)
-        await eventually(lambda: [r for r in app[LINK_KEY].reports("t1") if r["kind"] == "PLAYBACK_END"], timeout_s=5,
+        await eventually(lambda: [r for r in app[LINK_KEY].reports("t1") if r.kind == "PLAYBACK_END"], timeout_s=5,
                          what="the turn reported played to its end")
         await call.close()
 
@@ -249,28 +250,28 @@ async def test_mark_echoes_make_the_turn_heard_and_a_call_that_never_echoes_hear
             chunks, words[session] = worded_turn(session, "t1", sentences=2, chunks=2)
             for chunk in chunks:
                 router.route(chunk)
-        [heard] = await eventually(lambda: [h for h in link.heard if h["session_id"] == "heard-1"], timeout_s=10,
+        [heard] = await eventually(lambda: [h for h in link.heard if h.session_id == "heard-1"], timeout_s=10,
                                    what="TurnHeard of the call that played the turn")
-        assert heard["heard_text"] == " ".join(text for _, text in words["heard-1"])
-        assert not heard["interrupted"] and heard["unheard_words"] == []
-        assert heard["turn_id"] == "t1" and heard["client_id"] == router.clients_of("heard-1")[0].client_id
+        assert heard.heard_text == " ".join(text for _, text in words["heard-1"])
+        assert not heard.interrupted and heard.unheard_words == ()
+        assert heard.turn_id == "t1" and heard.client_id == router.clients_of("heard-1")[0].client_id
         last_echo_us = listening.echoed[-1][0]
-        assert heard["published_at_us"] >= last_echo_us  # on the last mark's echo: the audio had played
-        kinds = [r["kind"] for r in link.reports("t1") if r["session_id"] == "heard-1"]
+        assert heard.published_at_us >= last_echo_us  # on the last mark's echo: the audio had played
+        kinds = [r.kind for r in link.reports("t1") if r.session_id == "heard-1"]
         assert kinds == ["AUDIBLE_START", "PLAYBACK_END"]
-        started = next(r for r in link.reports("t1") if r["kind"] == "AUDIBLE_START")
-        assert started["audible_at_us"] <= listening.echoed[0][0] and started["detail"] == "twilio"
+        started = next(r for r in link.reports("t1") if r.kind == "AUDIBLE_START")
+        assert started.audible_at_us <= listening.echoed[0][0] and started.detail == "twilio"
 
         # The deaf call got every frame and mark, but nothing says it played: it heard nothing.
         await eventually(lambda: deaf.frames >= 30 and deaf.received[-1][1]["event"] == "mark", timeout_s=10,
                          what="the deaf call's frames and last mark")
-        assert not [h for h in link.heard if h["session_id"] == "heard-2"]
+        assert not [h for h in link.heard if h.session_id == "heard-2"]
         await deaf.hang_up()  # Twilio's stop: the call ends cleanly
         assert deaf.close_code == 1000
-        [nothing] = await eventually(lambda: [h for h in link.heard if h["session_id"] == "heard-2"], timeout_s=5,
+        [nothing] = await eventually(lambda: [h for h in link.heard if h.session_id == "heard-2"], timeout_s=5,
                                      what="TurnHeard of the call that hung up")
-        assert nothing["heard_text"] == "" and nothing["interrupted"]
-        assert nothing["unheard_words"] == [text for _, text in words["heard-2"]]
+        assert nothing.heard_text == "" and nothing.interrupted
+        assert nothing.unheard_words == tuple(text for _, text in words["heard-2"])
         await eventually(lambda: not router.clients_of("heard-2"), timeout_s=5, what="the hung-up call left")
         await listening.close()
 
@@ -294,7 +295,7 @@ async def test_a_cancel_mid_turn_clears_the_call_and_no_frame_of_that_turn_follo
         after, _ = worded_turn("barge-1", "t2", sentences=1, chunks=2)
         for chunk in after:
             router.route(chunk)
-        await eventually(lambda: [h for h in link.heard if h["turn_id"] == "t2"], timeout_s=10,
+        await eventually(lambda: [h for h in link.heard if h.turn_id == "t2"], timeout_s=10,
                          what="the next turn heard to its end")
         assert len(call.payloads(since=cleared_at + 1)) == 2 * CHUNK // 3 // telephony.FRAME_BYTES  # 15: t2's only
         marks_after = [m["mark"]["name"] for _, m in call.received[cleared_at + 1:] if m["event"] == "mark"]
@@ -302,13 +303,13 @@ async def test_a_cancel_mid_turn_clears_the_call_and_no_frame_of_that_turn_follo
 
         # What was heard of t1 is what the call played before the clear (to a chunk's precision),
         # not the marks Twilio returned when it dropped the rest.
-        [heard] = [h for h in link.heard if h["turn_id"] == "t1"]
-        assert heard["interrupted"] and heard["unheard_words"]
-        position = heard["sentence_seq"] * 3 * CHUNK + heard["rendered_samples"]
+        [heard] = [h for h in link.heard if h.turn_id == "t1"]
+        assert heard.interrupted and heard.unheard_words
+        position = heard.sentence_seq * 3 * CHUNK + heard.rendered_samples
         # (its marks come after each chunk, 150 ms; an echo may be on the wire when the clear goes)
         assert played_s * 24000 - CHUNK - 2400 <= position <= played_s * 24000 + 480
-        assert heard["heard_text"] == " ".join(text for start, text in words if start < position)
-        assert [r["kind"] for r in link.reports("t1")] == ["AUDIBLE_START", "STOPPED"]
+        assert heard.heard_text == " ".join(text for start, text in words if start < position)
+        assert [r.kind for r in link.reports("t1")] == ["AUDIBLE_START", "STOPPED"]
         await call.close()
 
 
@@ -376,12 +377,12 @@ async def test_a_telnyx_call_hears_the_turn_and_its_marks_say_what_was_heard():
         chunks, words = worded_turn("tx-01", "t1", sentences=1, chunks=3)
         for chunk in chunks:
             router.route(chunk)
-        await eventually(lambda: [r for r in link.reports("t1") if r["kind"] == "PLAYBACK_END"], timeout_s=10,
+        await eventually(lambda: [r for r in link.reports("t1") if r.kind == "PLAYBACK_END"], timeout_s=10,
                          what="the Telnyx call's end of playback")
         assert len(call.payloads()) == 23 and all(len(p) == telephony.FRAME_BYTES for p in call.payloads()[:-1])
-        [heard] = [h for h in link.heard if h["turn_id"] == "t1"]
-        assert heard["heard_text"] == " ".join(text for _, text in words) and not heard["interrupted"]
-        assert [r["detail"] for r in link.reports("t1")] == ["telnyx", "telnyx"]
+        [heard] = [h for h in link.heard if h.turn_id == "t1"]
+        assert heard.heard_text == " ".join(text for _, text in words) and not heard.interrupted
+        assert [r.detail for r in link.reports("t1")] == ["telnyx", "telnyx"]
         await call.close()
         refused = await FakeTelnyx.dial(client, "tx-02", token=issue_token("not-the-secret", "tx-02", 86_400))
         await asyncio.wait_for(refused._task, 5)

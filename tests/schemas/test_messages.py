@@ -73,6 +73,21 @@ def test_a_floor_event_goes_through_the_codec_unchanged():
     assert typed(decoded.type, decoded.value) == event
 
 
+def test_what_players_reported_and_heard_are_handed_as_objects():
+    from voicebus.schemas.contract import PlaybackKind
+    from voicebus.schemas.messages import PlaybackReport, TurnHeard
+
+    codec = Codec()
+    report = PlaybackReport(session_id="s1", turn_id="t1", client_id="c1", kind=PlaybackKind.STOPPED,
+                            sentence_seq=1, audible_at_us=8, reported_at_us=9)
+    heard = TurnHeard(session_id="s1", turn_id="t1", heard_text="Hello", interrupted=True,
+                      unheard_words=("there.",), published_at_us=9)
+    for message in (report, heard):
+        decoded = codec.decode(codec.encode(message.MESSAGE_TYPE, message), expect=message.MESSAGE_TYPE)
+        assert typed(decoded.type, decoded.value) == message
+    assert typed("PlaybackReport", report.to_record()).kind is PlaybackKind.STOPPED
+
+
 def test_every_message_type_of_the_contract_has_its_class():
     from voicebus import schemas
     from voicebus.schemas.messages import CLASSES

@@ -52,6 +52,7 @@ from voicebus.ops.bench import oneshot as oneshot_bench
 from voicebus.ops.bench.cli import add_stage_log_level, bootstrap_given
 from voicebus.settings import Settings
 from voicebus.schemas.contract import PlaybackKind
+from voicebus.schemas.messages import PlaybackReport
 
 SENTENCES = [
     "Thanks for waiting, I found your order.",
@@ -300,7 +301,7 @@ class _Bench:
         self.console = console
         self.browser = browser
 
-    async def _report(self, session_id: str, turn_id: str, kind: str, timeout: float) -> dict | None:
+    async def _report(self, session_id: str, turn_id: str, kind: str, timeout: float) -> PlaybackReport | None:
         """The player report `kind` the edge recorded for the session's turn (None on timeout)."""
         from voicebus.players.edge import REPORTS_KEY
 
@@ -308,7 +309,7 @@ class _Bench:
         deadline = time.monotonic() + timeout
         while True:
             for r in reversed(reports):
-                if r["session_id"] == session_id and r["turn_id"] == turn_id and r["kind"] == kind:
+                if r.session_id == session_id and r.turn_id == turn_id and r.kind == kind:
                     return r
             if time.monotonic() > deadline:
                 return None
@@ -364,7 +365,7 @@ class _Bench:
                             audible = await self._report(sid, tid, PlaybackKind.AUDIBLE_START, AUDIBLE_TIMEOUT_S)
                         await listener.cancel(tid, reason="bench: first audio measured")
                     out.append(self._sample(mode, length, sessions, turn, produced_us,
-                                            audible["audible_at_us"] if audible else None))
+                                            audible.audible_at_us if audible else None))
         finally:
             for listener in listeners:
                 await listener.stop()
@@ -457,7 +458,7 @@ class _Bench:
         between render quanta and reports the frame it stopped at; the page maps that frame to
         the server clock (the same mapping as its audible start) and sends a STOPPED report."""
         stopped = await self._report(session_id, turn_id, PlaybackKind.STOPPED, 10.0)
-        out: dict = {"cancel_to_page_silence_ms": (stopped["audible_at_us"] - sent_at_us) / 1000 if stopped else None}
+        out: dict = {"cancel_to_page_silence_ms": (stopped.audible_at_us - sent_at_us) / 1000 if stopped else None}
         try:  # 40 render quanta (~210 ms) after the stop: nothing may have been rendered loud
             await page.wait_for_function("window.voicebusPlayer.stats.stops >= 1 && "
                                          "window.voicebusPlayer.stats.quantaSinceStop >= 40", timeout=10000)
