@@ -11,6 +11,15 @@ names the variable and the allowed values), bounds; ``VOICEBUS_TRACING=ture`` is
 "off". A ``VOICEBUS_*`` variable that names no field is warned about with the closest field's
 variable. Secrets are `SecretStr`: never shown by ``repr``, `voicebus settings` or an error.
 Each field's docstring is its documentation (`field_docs`, `voicebus settings`).
+
+Every field is in one group (`SETTING_GROUPS`: bus, security, tracing, local tools, and one per
+role), declared once in a table that is checked at import to name each field exactly once; the
+class declares them in that order, one section per group. `fields_of(role)` gives what one kind
+of process reads (`ROLES`: the shared groups, its own, and a few fields of others). The reference
+in docs/settings.md is generated from the groups and the docstrings (`voicebus.settings_cli`).
+
+Size: about 710 lines, most of them the field declarations with their documentation (the
+settings reference is generated from them), then the groups that sort them per role.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -56,26 +66,33 @@ class Settings(BaseModel):
     # given the file, never the value
     _secret_files: dict[str, str] = PrivateAttr(default_factory=dict)
 
+    # Each section is one group of `SETTING_GROUPS` (below), in the same order.
+
     # --- bus -------------------------------------------------------------------------------
     bootstrap: str = "127.0.0.1:9092"
-    """Kafka bootstrap servers (``VOICEBUS_BOOTSTRAP``)."""
+    """Kafka bootstrap servers, ``HOST:PORT[,HOST:PORT...]`` (the command line's ``--bootstrap``
+    overrides it)."""
     partitions: int = Field(24, ge=1)
-    """Partitions of each topic voicebus creates (a session stays in one partition: its key). Edges,
-    gate workers and synthesis workers each scale up to this many; 24 shares evenly among 1, 2, 3,
-    4, 6, 8 and 12 (docs/edge.md, "Capacity"). Topics that exist keep their count, and text topics
-    must match it: a deployment created with another count sets that count here, or grows its
-    topics while drained (``voicebus topics grow``, docs/kafka.md, "Adding partitions")."""
+    """Partitions of each topic voicebus creates; topics that exist keep their count, and text
+    topics must match it (a session stays in one partition: its key). Edges, gate workers and
+    synthesis workers each scale up to this many; 24 shares evenly among 1, 2, 3, 4, 6, 8 and 12
+    (docs/edge.md, "Capacity"). A deployment created with another count sets that count here, or
+    grows its topics while drained (``voicebus topics grow``, docs/kafka.md, "Adding partitions")."""
     replication_factor: int = Field(0, ge=0)
-    """Replicas of each topic voicebus creates. 0 (default): min(3, brokers the cluster reports
-    when the topic is created), so 1 on the demo's single broker and 3 on a 3-broker cluster
-    (`voicebus.topics.durability`; the cluster is asked because a bootstrap list often names
-    only some of its brokers)."""
+    """Replicas of each topic voicebus creates; 0 (default): min(3, brokers the cluster reports
+    when the topic is created) (docs/kafka.md, "Durability: replication, acks, retention"). So 1
+    on the demo's single broker and 3 on a 3-broker cluster (`voicebus.topics.durability`; the
+    cluster is asked because a bootstrap list often names only some of its brokers)."""
     min_insync_replicas: int = Field(0, ge=0)
     """``min.insync.replicas`` of each topic voicebus creates: how many replicas must have a
-    record before an acks=all produce succeeds. 0 (default): replication - 1 when replication
+    record before an acks=all produce succeeds; 0 (default): replication - 1 when replication
     >= 2, else 1."""
     text_topic_prefix: str = "voicebus.text."
     """Agents publish to ``<prefix><agent_id>``; the gate subscribes to the prefix by pattern."""
+    agents_topic: str = "voicebus.agents"
+    """The registry of agent text topics (compacted, key agent id): the SDK writes a record when
+    it creates or first uses its topic; every gate worker follows it and starts reading the new
+    topic within milliseconds (docs/gate.md)."""
     control_topic: str = "voicebus.control"
     """Cancels (barge-in) for every stage, keyed by session."""
     synthesis_topic: str = "voicebus.synthesis"
@@ -96,7 +113,8 @@ class Settings(BaseModel):
     """The edge directory (compacted, keyed by edge id): each edge's public URL and the partitions it
     owns, written and read on partition 0 only so the latest claim of a partition is the last one."""
     gate_changelog_topic: str = "voicebus-gate-gate_sessions-changelog"
-    """The changelog of the gate's session table (compacted, keyed by session)."""
+    """The gate's changelog (compacted): each session's state, keyed by session, and the positions
+    of the text partitions the gate has applied."""
     max_text_bytes: int = LIMITS.max_text_bytes
     """A text field longer than this many UTF-8 bytes (16384) is rejected as oversized: the SDK
     refuses to publish it and a consumer dead-letters a record carrying one."""
@@ -113,7 +131,7 @@ class Settings(BaseModel):
     returns as soon as a record is appended) but each expiry is a round trip: 5 ms made every idle
     consumer cost the broker and the client CPU that the model needs (docs/benchmarks.md)."""
 
-    # --- bus security (docs/kafka.md, "A secured cluster"): the same for every client ------------
+    # --- security: the bus (docs/kafka.md, "A secured cluster"), the same for every client ------
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     """How every Kafka client (producers, consumers, admin; every stage, the CLI and the SDK)
     connects: ``PLAINTEXT``, ``SSL`` (TLS, optionally with a client certificate), ``SASL_PLAINTEXT``
@@ -126,7 +144,7 @@ class Settings(BaseModel):
     """The SASL password (or ``VOICEBUS_KAFKA_SASL_PASSWORD_FILE``: a file holding it, e.g. a
     mounted secret). Never printed, logged or put in an error message."""
     kafka_ssl_cafile: Path | None = None
-    """PEM file of the CA(s) that signed the brokers' certificates (``SSL``, ``SASL_SSL``). Empty:
+    """PEM file of the CA(s) that signed the brokers' certificates (``SSL``, ``SASL_SSL``); empty:
     the system's trust store."""
     kafka_ssl_certfile: Path | None = None
     """PEM client certificate for mutual TLS (with ``kafka_ssl_keyfile``)."""
@@ -135,10 +153,7 @@ class Settings(BaseModel):
     kafka_ssl_key_password: SecretStr = SecretStr("")
     """The password of an encrypted ``kafka_ssl_keyfile`` (or ``VOICEBUS_KAFKA_SSL_KEY_PASSWORD_FILE``)."""
 
-    show_library_warnings: bool = False
-    """Show the known torch/kokoro warnings that the CLI hides (pipeline/cli.py)."""
-
-    # --- wire format and schema registry (docs/kafka.md) -----------------------------------
+    # --- security: wire format and schema registry (docs/kafka.md) -------------------------
     wire_format: Literal["single-object", "confluent"] = "single-object"
     """What writers produce: ``single-object`` (Avro single-object encoding, no registry) or
     ``confluent`` (byte 0, a 4-byte schema id, the body: what Kafka Connect, ksqlDB and the
@@ -171,32 +186,38 @@ class Settings(BaseModel):
     """The ``service.name`` resource attribute of the exported spans (the stage is a span
     attribute, ``voicebus.stage`` on the instrumentation scope)."""
 
-    # --- local broker (voicebus kafka start|status|stop) -----------------------------------
-    cache_dir: Path = Field(default_factory=_default_cache_dir)
+    # --- local tools: the local broker (voicebus kafka start|status|stop) ------------------
+    cache_dir: Path = Field(default_factory=_default_cache_dir,
+                            json_schema_extra={"shown_default": "$XDG_CACHE_HOME/voicebus"})
     """Kafka jars, local broker data and Kokoro weights (default ``$XDG_CACHE_HOME/voicebus``)."""
     kafka_version: str = "4.4.0"
     """The Apache Kafka version `voicebus kafka fetch|start` runs (jars from Maven Central)."""
     kafka_port: int = Field(9092, ge=0, le=65535)
-    """The local broker's client port (`voicebus kafka start --port`). Every other command connects
+    """The local broker's client port (`voicebus kafka start --port`); every other command connects
     to ``bootstrap``, which does not follow this port: set ``VOICEBUS_BOOTSTRAP`` to match."""
     kafka_controller_port: int = Field(9093, ge=0, le=65535)
     """The local broker's KRaft controller port (`voicebus kafka start --controller-port`)."""
 
-    # --- local schema registry (voicebus registry fetch|start|status|stop) -----------------
+    # --- local tools: the local schema registry (voicebus registry fetch|start|status|stop) --
     registry_version: str = "3.3.3"
     """Apicurio Registry version fetched from Maven Central (needs a Java 21+ runtime)."""
     registry_port: int = Field(8081, ge=0, le=65535)
     """Loopback port of the local registry's API (its management port is picked free at start)."""
+
+    # --- local tools: the command line --------------------------------------------------------
+    show_library_warnings: bool = False
+    """Show the known torch/kokoro warnings that the CLI hides (pipeline/cli.py)."""
 
     # --- gate ----------------------------------------------------------------------------------
     gate_app_id: str = "voicebus-gate"
     """The gate's app id: its consumer group and the prefix of its changelog topic."""
     gate_mode: Literal["incremental", "buffered"] = "incremental"
     """``incremental``: each sentence goes to synthesis as soon as it is released (the point of
-    voicebus). ``buffered``: the gate waits for the end of the turn and sends the whole answer
+    voicebus); ``buffered``: the gate waits for the end of the turn and sends the whole answer
     as one request (the hand-off voicebus replaces; kept for the TTFA benchmark's comparison)."""
     default_language: Language = "en"
-    """Language of a turn that names none (``en``, ``es``, ``pt``)."""
+    """Language of a turn that names none: one the engine speaks (``en``, ``es``, ``pt``, ``fr``,
+    ``it``, ``hi``, ``ja``, ``zh``; `voicebus.schemas.contract.LANGUAGES`)."""
     default_voice: str = "af_heart"
     """Kokoro voice of a turn that names none."""
     default_speed: float = Field(1.0, gt=0)
@@ -217,17 +238,14 @@ class Settings(BaseModel):
     """What happens to text held behind a pending evidence mark when the hold times out:
     ``release`` or ``drop``."""
     floor_policy: Literal["queue", "preempt"] = "queue"
-    """How a session's turns share its floor (docs/protocol.md, "The floor"): ``queue``: one turn
+    """How a session's turns share its floor (docs/protocol.md, "The floor: several agents in one
+    session"): ``queue``: one turn
     speaks at a time, in the order the turns started, a later turn waiting until the earlier one
     ends or is cancelled; ``preempt``: a new turn cuts the one speaking. A turn may override it
     (its first event's ``floor``), and a turn of higher ``priority`` always preempts."""
     floor_max_waiting_turns: int = Field(4, ge=1, le=64)
     """How many turns of one session may wait for the floor; a turn beyond it is refused (ended
     at once, nothing spoken, with a warning in the gate's log and its floor event)."""
-    agents_topic: str = "voicebus.agents"
-    """The registry of agent text topics (compacted, key agent id): the SDK writes a record when
-    it creates or first uses its topic; every gate worker follows it and starts reading the new
-    topic within milliseconds (docs/gate.md)."""
     topic_discovery_interval_s: float = 2.0
     """How often a gate worker lists the broker's topics for text topics matching the prefix that
     were never registered (producers other than the SDK)."""
@@ -238,11 +256,12 @@ class Settings(BaseModel):
     """The most one session's gate state may take (JSON bytes); past it the session's oldest
     live turns are ended early. Below ``max_message_bytes``: the state is one changelog record."""
     gate_max_sessions: int = Field(100_000, ge=1)
-    """The most sessions one gate worker holds in memory. A new session past it takes the place of
-    the least recently active idle session (nothing buffered, held or waiting: it is forgotten, as
-    on idle expiry); with none idle, the new session's events are refused (each dead-lettered as
-    ``gate-full`` and counted in ``voicebus_gate_sessions_refused_total``): nothing of it is spoken,
-    and every session the gate holds goes on."""
+    """The most sessions one gate worker holds in memory; past it a new session takes the place of
+    the least recently active idle session, or is refused (``gate-full``) when none is idle. An idle
+    session (nothing buffered, held or waiting) is forgotten, as on idle expiry; a refused session's
+    events are each dead-lettered as ``gate-full`` and counted in
+    ``voicebus_gate_sessions_refused_total``: nothing of it is spoken, and every session the gate
+    holds goes on."""
     gate_session_idle_s: float = 3600.0
     """A session with no event for this long is expired by the gate: its open turns are ended
     and its state is deleted (a tombstone on the changelog)."""
@@ -251,7 +270,8 @@ class Settings(BaseModel):
     weights_path: Path | None = None
     """An explicit local Kokoro weights directory (config.json, kokoro-v1_0.pth, voices/)."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$")
-    """``auto`` (cuda when available, else cpu), ``cpu`` or ``cuda``."""
+    """The torch device of the synthesis: ``auto`` (cuda when available, else cpu), ``cpu``, ``cuda``
+    or ``cuda:N``."""
     weights_hub: Literal["auto", "cache", "off"] = "auto"
     """Hugging Face hub use: ``auto`` (cache, then the hub when it answers a quick check),
     ``cache`` (cache only) or ``off`` (straight to the offline pack)."""
@@ -274,7 +294,7 @@ class Settings(BaseModel):
     max_lead_silence_ms: int = 20
     """Silence kept before the sound of each synthesized piece (ms); see ``max_trail_silence_ms``."""
     max_trail_silence_ms: int = 250
-    """Silence kept before and after the sound of each synthesized piece. Kokoro pads each
+    """Silence kept after the sound of each synthesized piece (ms). Kokoro pads each
     forward pass with ~270 ms before and ~600 ms after; the lead delays the turn's first audible
     sample and the sum is the pause between sentences. 20 + 250 ms: docs/worker.md."""
     windowed_decoding: bool = True
@@ -316,6 +336,30 @@ class Settings(BaseModel):
     worker_publish_max_backoff_s: float = 5.0
     """The longest wait between two tries of a worker's failed send or commit."""
 
+    # --- edge ----------------------------------------------------------------------------------
+    edge_host: str = "127.0.0.1"
+    """The edge's listen address (and that of a gate's or worker's ``--metrics-port``); anything
+    but a loopback address needs a real ``edge_secret``: the edge refuses to start there with the
+    default or an empty one (docs/edge.md)."""
+    edge_port: int = Field(8765, ge=0, le=65535)
+    """The edge's listen port (web player, ``/ws``, ``/healthz``)."""
+    edge_secret: SecretStr = SecretStr(DEFAULT_EDGE_SECRET)
+    """The HMAC key of player tokens and of the edge directory's records. The default is public:
+    fine on loopback only. Empty is refused."""
+    token_ttl_s: int = 3600
+    """How long a token from `voicebus token` stays valid (seconds)."""
+    client_queue_frames: int = 256
+    """Audio frames queued per player connection before the oldest queued sentence is skipped."""
+    edge_metrics_port: int = Field(0, ge=0, le=65535)
+    """Where the edge serves ``/metrics``: 0, on the player port to loopback clients only (others
+    get 403); a port, there, on ``edge_metrics_host``, and not on the player port."""
+    edge_metrics_host: str = "127.0.0.1"
+    """The listen address of the metrics port (used when ``edge_metrics_port`` is set)."""
+    edge_allowed_origins: str = ""
+    """Comma-separated browser origins (``https://app.example.com``) allowed to open ``/ws``;
+    empty: the edge's own origin and loopback origins only; ``*``: any. A request without an
+    ``Origin`` header (not a browser) is not checked. Refused: close 4403 ``origin-not-allowed``."""
+
     # --- edge: hard limits (docs/edge.md, "Bounds") -------------------------------------------
     edge_max_clients: int = 1000
     """Player connections one edge serves at once; one more is refused with close 1013 ``edge-full``."""
@@ -348,20 +392,20 @@ class Settings(BaseModel):
     # --- edge: sharding (docs/edge.md, "Sharded edges") -------------------------------------------
     edge_group_id: str = ""
     """The consumer group of the edges that share one audio topic (they own its partitions, and
-    so its sessions, between them). Empty: ``voicebus-edge.<audio_topic>``."""
+    so its sessions, between them); empty: ``voicebus-edge.<audio_topic>``."""
     edge_id: str = ""
-    """This edge's name in the edge directory. Empty: ``<host name>-<pid>-<random>``, new each start."""
+    """This edge's name in the edge directory; empty: ``<host name>-<pid>-<random>``, new each start."""
     edge_public_url: str = ""
     """Where players reach this edge's ``/ws``, as redirects name it: an absolute ``ws://`` or
     ``wss://`` URL, or a path (``/edge-1/ws``) the player resolves against its page's origin (an
-    edge behind a proxy). Empty: ``ws://<edge_host>:<edge_port>/ws``."""
+    edge behind a proxy); empty: ``ws://<edge_host>:<edge_port>/ws``."""
     edge_redirect_origins: str = ""
     """Comma-separated origins (``https://edge-3.example.com``) of the edges a player may be sent
-    to: a player follows a redirect, or an edge its edge listed, only to its page's own origin or
-    to one of these (so a deployment whose edges have their own host names lists them all here).
-    An edge-directory record naming one of these origins is believed even without the shared
-    ``edge_secret`` signature. Empty (default): players stay on their page's origin, and only
-    signed directory records are believed."""
+    to besides its page's own origin; an edge-directory record naming one of them is believed even
+    without the shared ``edge_secret`` signature. A player follows a redirect, or an edge its edge
+    listed, only to its page's own origin or to one of these (so a deployment whose edges have
+    their own host names lists them all here). Empty (default): players stay on their page's
+    origin, and only signed directory records are believed."""
     edge_session_timeout_ms: int = 10_000
     """Consumer-group session timeout of the edges: how soon a dead edge's sessions move to the
     others (the broker's minimum is 6000 by default)."""
@@ -372,34 +416,12 @@ class Settings(BaseModel):
     """A hello for a session whose partition no edge owns right now (a rebalance) waits this long
     for an owner, then is refused with close 1013 ``no-owner``."""
 
-    # --- edge ----------------------------------------------------------------------------------
-    edge_host: str = "127.0.0.1"
-    """The edge's listen address. Anything but a loopback address needs a real ``edge_secret``:
-    the edge refuses to start there with the default or an empty one (docs/edge.md)."""
-    edge_port: int = Field(8765, ge=0, le=65535)
-    """The edge's listen port (web player, ``/ws``, ``/healthz``)."""
-    edge_secret: SecretStr = SecretStr(DEFAULT_EDGE_SECRET)
-    """The HMAC key of player tokens. The default is public: fine on loopback only. Empty is refused."""
-    token_ttl_s: int = 3600
-    """How long a token from `voicebus token` stays valid (seconds)."""
-    client_queue_frames: int = 256
-    """Audio frames queued per player connection before the oldest queued sentence is skipped."""
-    edge_metrics_port: int = Field(0, ge=0, le=65535)
-    """0: ``/metrics`` is served on the player port to loopback clients only (others get 403).
-    A port: ``/metrics`` is served there, on ``edge_metrics_host``, and not on the player port."""
-    edge_metrics_host: str = "127.0.0.1"
-    """The listen address of the metrics port (used when ``edge_metrics_port`` is set)."""
-    edge_allowed_origins: str = ""
-    """Comma-separated browser origins (``https://app.example.com``) allowed to open ``/ws``.
-    Empty: the edge's own origin and loopback origins only; ``*``: any. A request without an
-    ``Origin`` header (not a browser) is not checked. Refused: close 4403 ``origin-not-allowed``."""
-
     # --- agents --------------------------------------------------------------------------------
     sse_max_line_bytes: int = 1024 * 1024
     """The longest Server-Sent Events line (and event) the OpenAI adapter buffers: 1048576 bytes.
     A chat-completion chunk is a few hundred bytes; a longer line breaks the stream (the turn ends)."""
 
-    # --- demo console (players/console.py, docs/edge.md) ----------------------------------------
+    # --- agents: the demo console (players/console.py, docs/edge.md) ----------------------------
     console_token_ms: float = 30.0
     """The console streams typed text as LLM-like tokens, one every this many milliseconds."""
     console_max_text_chars: int = 2000
@@ -413,8 +435,8 @@ class Settings(BaseModel):
     is a one-shot turn of agent ``speech_api_agent_id`` through the gate and the workers."""
     api_keys: SecretStr = SecretStr("")
     """Bearer keys of the speech endpoint, comma-separated (or ``VOICEBUS_API_KEYS_FILE``: a file of
-    them, one per line or comma-separated). A request without one of them gets 401. Empty: the
-    endpoint answers loopback clients only (the demo), and 401 to any other."""
+    them, one per line or comma-separated); empty: the endpoint answers loopback clients only (the
+    demo), and 401 to any other. A request without one of them gets 401."""
     speech_api_agent_id: str = "openai-speech"
     """The agent id (and so the text topic) the speech endpoint's turns are published as."""
     speech_api_kafka_username: str = ""
@@ -539,6 +561,121 @@ def field_docs() -> dict[str, str]:
     """Each field's docstring (pydantic keeps it as the field's description), whitespace folded;
     ``""`` for a field without one."""
     return {name: " ".join((f.description or "").split()) for name, f in Settings.model_fields.items()}
+
+
+@dataclass(frozen=True)
+class SettingGroup:
+    """The settings of one role, or of one concern (the bus, security, tracing, local tools), as
+    the reference shows them."""
+
+    title: str
+    doc: str  # the page of docs/ that explains them (with an anchor where it helps), "" for none
+    fields: tuple[str, ...]  # in declaration order
+
+
+# Every field in exactly one group (checked below, at import); the groups and their fields are in
+# the order the class declares them (the settings tests check it), one section of the class per group.
+SETTING_GROUPS: dict[str, SettingGroup] = {
+    "bus": SettingGroup("Bus and topics", "", (
+        "bootstrap", "partitions", "replication_factor", "min_insync_replicas", "text_topic_prefix",
+        "agents_topic", "control_topic", "synthesis_topic", "audio_topic", "playback_topic", "heard_topic",
+        "floor_topic", "deadletter_topic", "edges_topic", "gate_changelog_topic", "max_text_bytes",
+        "deadletter_attempts", "deadletter_timeout_s", "max_message_bytes", "fetch_max_wait_ms")),
+    "security": SettingGroup("Security, wire format, registry", "kafka.md#a-secured-cluster", (
+        "kafka_security_protocol", "kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password",
+        "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile", "kafka_ssl_key_password", "wire_format",
+        "registry_url", "registry_timeout_s", "registry_username", "registry_password", "registry_ssl_cafile")),
+    "tracing": SettingGroup("Tracing", "tracing.md", (
+        "tracing", "otlp_endpoint", "otlp_protocol", "otlp_service_name")),
+    "local-tools": SettingGroup("Local tools", "", (
+        "cache_dir", "kafka_version", "kafka_port", "kafka_controller_port", "registry_version",
+        "registry_port", "show_library_warnings")),
+    "gate": SettingGroup("Gate", "gate.md", (
+        "gate_app_id", "gate_mode", "default_language", "default_voice", "default_speed", "speculative_release",
+        "first_clause_min_words", "hold_timeout_s", "hold_timeout_policy", "floor_policy",
+        "floor_max_waiting_turns", "topic_discovery_interval_s", "gate_max_buffer_chars",
+        "gate_max_session_state_bytes", "gate_max_sessions", "gate_session_idle_s")),
+    "synthesis": SettingGroup("Synthesis worker", "worker.md", (
+        "weights_path", "device", "weights_hub", "worker_max_in_flight", "chunk_ms", "audio_encoding",
+        "opus_bitrate", "opus_frame_ms", "opening_clause_min_words", "max_lead_silence_ms",
+        "max_trail_silence_ms", "windowed_decoding", "shorten_inner_pauses", "synthesis_precision",
+        "synthesis_threads", "worker_cancel_lookback_s", "worker_session_timeout_ms",
+        "worker_publish_backoff_s", "worker_speak_attempts", "worker_publish_max_backoff_s")),
+    "edge": SettingGroup("Edge", "edge.md", (
+        "edge_host", "edge_port", "edge_secret", "token_ttl_s", "client_queue_frames", "edge_metrics_port",
+        "edge_metrics_host", "edge_allowed_origins", "edge_max_clients", "edge_max_clients_per_session",
+        "edge_replay_max_bytes", "edge_session_grace_s", "edge_cancel_rate_per_s", "edge_cancel_burst",
+        "edge_message_rate_per_s", "edge_message_burst", "edge_heard_wait_ms", "edge_cancel_lookback_s",
+        "edge_group_id", "edge_id", "edge_public_url", "edge_redirect_origins", "edge_session_timeout_ms",
+        "edge_resume_lookback_s", "edge_owner_wait_s")),
+    "agents": SettingGroup("Agents and demo", "", (
+        "sse_max_line_bytes", "console_token_ms", "console_max_text_chars", "console_max_sessions")),
+    "speech-api": SettingGroup("The OpenAI-compatible speech endpoint", "openai.md", (
+        "speech_api", "api_keys", "speech_api_agent_id", "speech_api_kafka_username",
+        "speech_api_kafka_password", "speech_api_max_input_chars", "speech_api_timeout_s")),
+}
+SHARED_GROUPS = ("bus", "security", "tracing")  # read by every role's process
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one kind of process reads: the shared groups, its own groups, and a few fields of
+    other groups (``also``)."""
+
+    groups: tuple[str, ...]
+    also: tuple[str, ...] = ()
+
+
+ROLES: dict[str, Role] = {  # `voicebus settings --role`
+    # the gate's and the worker's ``--metrics-port`` listens on ``edge_host``
+    "gate": Role(("gate",), also=("edge_host",)),
+    # the worker warms up with the default voice and finds its weights under ``cache_dir``
+    "worker": Role(("synthesis",), also=("cache_dir", "show_library_warnings", "default_language",
+                                         "default_voice", "edge_host")),
+    # the edge serves the speech endpoint, which names voices of the default language
+    "edge": Role(("edge", "speech-api"), also=("default_language",)),
+    # the framework adapters (Pipecat, LiveKit) listen through the edge with a token they sign
+    "agent": Role(("agents",), also=("edge_host", "edge_port", "edge_secret")),
+    "speech-api": Role(("speech-api",), also=("default_language",)),
+}
+
+
+def group_of(name: str) -> str:
+    """The group of field `name`."""
+    return _GROUP_OF[name]
+
+
+def fields_of(role: str) -> tuple[str, ...]:
+    """The fields `role`'s process reads (a key of `ROLES`), in declaration order: the shared
+    groups' (bus, security, tracing), its own groups' and its ``also``."""
+    if role not in ROLES:
+        raise ValueError(f"{role!r} is no role: {', '.join(ROLES)}")
+    groups = {*SHARED_GROUPS, *ROLES[role].groups}
+    wanted = {name for name in Settings.model_fields if _GROUP_OF[name] in groups} | set(ROLES[role].also)
+    return tuple(name for name in Settings.model_fields if name in wanted)
+
+
+def _check_groups() -> dict[str, str]:
+    """Field -> group, once every field is in exactly one group and every role names real ones."""
+    group_of: dict[str, str] = {}
+    twice = []
+    for key, group in SETTING_GROUPS.items():
+        for name in group.fields:
+            if name in group_of:
+                twice.append(name)
+            group_of[name] = key
+    unknown = sorted(set(group_of) - set(Settings.model_fields))
+    ungrouped = [name for name in Settings.model_fields if name not in group_of]
+    if twice or unknown or ungrouped:
+        raise RuntimeError(f"SETTING_GROUPS must name every Settings field once: in more than one group {twice}, "
+                           f"no field {unknown}, in no group {ungrouped}")
+    for role in ROLES.values():
+        if not set(role.groups) <= SETTING_GROUPS.keys() or not set(role.also) <= group_of.keys():
+            raise RuntimeError(f"a role names an unknown group or field: {role}")
+    return group_of
+
+
+_GROUP_OF = _check_groups()
 
 
 def _secret_fields() -> list[str]:

@@ -114,3 +114,45 @@ def test_a_plain_secret_variable_wins_over_its_file(tmp_path):
     assert reveal(s.kafka_sasl_password) == "plain"
     with pytest.raises(SettingsError, match="VOICEBUS_REGISTRY_PASSWORD_FILE: cannot read"):
         Settings.from_env({"VOICEBUS_REGISTRY_PASSWORD_FILE": str(tmp_path / "missing")})
+
+
+def test_every_field_is_in_exactly_one_group_in_declaration_order():
+    from voicebus.settings import SETTING_GROUPS, group_of
+
+    listed = [name for group in SETTING_GROUPS.values() for name in group.fields]
+    assert listed == list(Settings.model_fields)  # once each, and the class's sections are the groups
+    assert group_of("partitions") == "bus" and group_of("edge_host") == "edge" and group_of("api_keys") == "speech-api"
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda fields: fields[1:], "in no group ['bootstrap']"),
+    (lambda fields: (*fields, "gate_mode"), "in more than one group ['gate_mode']"),
+    (lambda fields: (*fields, "no_such_field"), "no field ['no_such_field']"),
+])
+def test_a_field_in_no_group_or_in_two_is_an_error_at_import(monkeypatch, change, named):
+    import dataclasses
+
+    from voicebus import settings as module
+
+    bus = module.SETTING_GROUPS["bus"]
+    monkeypatch.setitem(module.SETTING_GROUPS, "bus", dataclasses.replace(bus, fields=change(bus.fields)))
+    with pytest.raises(RuntimeError) as caught:
+        module._check_groups()
+    assert named in str(caught.value)
+
+
+def test_a_role_reads_the_shared_groups_its_own_and_the_few_others_it_uses():
+    from voicebus.settings import ROLES, SETTING_GROUPS, SHARED_GROUPS, fields_of, group_of
+
+    shared = {name for key in SHARED_GROUPS for name in SETTING_GROUPS[key].fields}
+    for role, spec in ROLES.items():
+        fields = fields_of(role)
+        assert list(fields) == [name for name in Settings.model_fields if name in fields]  # declaration order
+        assert shared <= set(fields)
+        assert {group_of(name) for name in fields} - {*SHARED_GROUPS, *spec.groups} == {group_of(n) for n in spec.also}
+    gate, worker = set(fields_of("gate")), set(fields_of("worker"))
+    assert {"gate_mode", "floor_policy", "edge_host"} <= gate and not {"weights_path", "edge_port"} & gate
+    assert {"weights_path", "device", "default_voice", "cache_dir"} <= worker and "gate_mode" not in worker
+    assert {"speech_api", "api_keys"} <= set(fields_of("edge"))  # the edge serves the speech endpoint
+    with pytest.raises(ValueError, match="no role"):
+        fields_of("broker")
