@@ -18,13 +18,13 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from voicebus.agents.conversation_file import Conversation, ControlLine, ConversationEvent, TextLine
 from voicebus.agents.sdk import END_OF_TURN, EVIDENCE_FAILED, EVIDENCE_PENDING, EVIDENCE_READY
 from voicebus.clock import now_us
 from voicebus.settings import Settings
-from voicebus.schemas.messages import ControlEvent, typed
+from voicebus.schemas.messages import ControlEvent, TextEvent, typed
 
 if TYPE_CHECKING:
     from voicebus.shell import ErrorCallback, RecordFailure
@@ -38,15 +38,15 @@ class RecordError(ValueError):
 
 @dataclass(frozen=True)
 class RecordedRecord:
-    """A decoded record as it came off the bus: its type, fields and consumption order."""
+    """A decoded record as it came off the bus: its type, typed message and consumption order."""
 
     message_type: str  # TextEvent or ControlEvent
-    value: "dict[str, Any] | ControlEvent"  # a TextEvent's fields, or the ControlEvent
+    value: TextEvent | ControlEvent
     order: int
 
     @property
     def at_us(self) -> int:
-        return self.value.issued_at_us if isinstance(self.value, ControlEvent) else self.value["produced_at_us"]
+        return self.value.issued_at_us if isinstance(self.value, ControlEvent) else self.value.produced_at_us
 
 
 @dataclass
@@ -64,7 +64,7 @@ class TurnTracker:
         self._turns: dict[tuple[str, str], _TurnState] = {}
         self.finished: set[tuple[str, str]] = set()
 
-    def observe(self, message_type: str, value: "dict[str, Any] | ControlEvent") -> None:
+    def observe(self, message_type: str, value: TextEvent | ControlEvent) -> None:
         if isinstance(value, ControlEvent):
             if not value.is_cancel:
                 return
@@ -80,15 +80,15 @@ class TurnTracker:
                 self.finished.add((session, turn_id))
                 self._turns.setdefault((session, turn_id), _TurnState())
             return
-        key = (value["session_id"], value["turn_id"])
+        key = (value.session_id, value.turn_id)
         state = self._turns.get(key)
         if state is None:
-            state = self._turns[key] = _TurnState(first_at_us=value["produced_at_us"])
-        kind = value["kind"]
+            state = self._turns[key] = _TurnState(first_at_us=value.produced_at_us)
+        kind = value.kind
         if kind == EVIDENCE_PENDING:
-            state.pending.add(value["claim_id"])
+            state.pending.add(value.claim_id)
         elif kind in (EVIDENCE_READY, EVIDENCE_FAILED):
-            state.pending.discard(value["claim_id"])
+            state.pending.discard(value.claim_id)
         elif kind == END_OF_TURN:
             state.ended = True
         if state.ended and not state.pending:
@@ -104,11 +104,11 @@ def to_conversation(records: list[RecordedRecord], title: str = "", description:
     for r in ordered:
         v = r.value
         t_ms = (r.at_us - origin) / 1000.0
-        if r.message_type == "TextEvent":
+        if isinstance(v, TextEvent):
             events.append(TextLine(
-                t_ms=t_ms, agent_id=v["agent_id"], session_id=v["session_id"], turn_id=v["turn_id"], kind=v["kind"],
-                text=v.get("text") or "", claim_id=v.get("claim_id"), language=v.get("language"), voice=v.get("voice"),
-                floor=v.get("floor"), priority=int(v.get("priority") or 0),
+                t_ms=t_ms, agent_id=v.agent_id, session_id=v.session_id, turn_id=v.turn_id, kind=str(v.kind),
+                text=v.text or "", claim_id=v.claim_id, language=v.language, voice=v.voice,
+                floor=v.floor, priority=int(v.priority or 0),
             ))
         else:
             events.append(ControlLine(t_ms=t_ms, session_id=v.session_id, turn_id=v.turn_id, action=v.action,

@@ -14,13 +14,13 @@ import asyncio
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 from voicebus.agents.conversation_file import ControlLine, ConversationEvent, TextLine
 from voicebus.agents.sdk import Publisher, cancel_event, text_event
 from voicebus.clock import now_us
-from voicebus.schemas.messages import TurnHeard
+from voicebus.schemas.messages import ControlEvent, TextEvent, TurnHeard
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class ScheduledEvent:
 
     t_ms: float
     message_type: str  # "TextEvent" or "ControlEvent"
-    value: dict[str, Any]  # the record without its timestamp, which is stamped on send
+    value: TextEvent | ControlEvent  # its timestamp (0 here) is stamped on send
 
 
 @dataclass
@@ -97,7 +97,7 @@ def plan_replay(events: Sequence[ConversationEvent], sessions: int = 1, run_id: 
                 schedule.append(ScheduledEvent(e.t_ms, "TextEvent", value))
             elif isinstance(e, ControlLine):
                 value = cancel_event(session_id, e.turn_id, reason=e.reason, source=e.source or "replay",
-                                     issued_at_us=0).to_record()  # the schedule holds records
+                                     issued_at_us=0)
                 schedule.append(ScheduledEvent(e.t_ms, "ControlEvent", value))
         copies.append(ReplayCopy(index, mapping, schedule))
     return run_id, copies
@@ -132,8 +132,8 @@ async def _run(publisher: Publisher, copies: list[ReplayCopy], run_id: str, spee
                on_send: Callable[[int, ScheduledEvent, int], None] | None) -> ReplayReport:
     # Create every agent topic before the clock starts, so the first send is not late by a
     # topic creation.
-    for agent_id in dict.fromkeys(e.value["agent_id"] for c in copies for e in c.schedule
-                                  if e.message_type == "TextEvent"):
+    for agent_id in dict.fromkeys(e.value.agent_id for c in copies for e in c.schedule
+                                  if isinstance(e.value, TextEvent)):
         await publisher.ensure_agent_topic(agent_id)
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -147,11 +147,11 @@ async def _run(publisher: Publisher, copies: list[ReplayCopy], run_id: str, spee
             if delay > 0:
                 await asyncio.sleep(delay)
             sent_at_us = now_us()
-            if item.message_type == "TextEvent":
-                value = {**item.value, "produced_at_us": sent_at_us}
+            if isinstance(item.value, TextEvent):
+                value = replace(item.value, produced_at_us=sent_at_us)
                 deliveries.append(await publisher.publish_text_event(value, wait=False))
             else:
-                value = {**item.value, "issued_at_us": sent_at_us}
+                value = replace(item.value, issued_at_us=sent_at_us)
                 deliveries.append(await publisher.publish_control_event(value, wait=False))
             report.lateness_ms.append((loop.time() - deadline) * 1000.0)
             report.events_sent += 1
@@ -169,8 +169,8 @@ async def _run(publisher: Publisher, copies: list[ReplayCopy], run_id: str, spee
 
 def replayed_turns(copies: Sequence[ReplayCopy]) -> list[tuple[str, str]]:
     """(session id as published, turn id) of every turn of every copy, in the order they start."""
-    return list(dict.fromkeys((e.value["session_id"], e.value["turn_id"]) for c in copies for e in c.schedule
-                              if e.value.get("turn_id")))
+    return list(dict.fromkeys((e.value.session_id, e.value.turn_id) for c in copies for e in c.schedule
+                              if e.value.turn_id))
 
 
 class HeardCollector:

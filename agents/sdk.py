@@ -10,10 +10,10 @@ them. A few lines stream a turn:
         # END_OF_TURN is published when the block exits
 
 Pure core: `TurnEvents` numbers a turn's events (`seq` from 0) and refuses events after the end
-of the turn; it builds the record dicts without touching Kafka. Thin shell: `Publisher` (an async
-context manager that owns one producer) sends them, each agent to its own topic
-(`voicebus.topics.text_topic`, created on first use), keyed by session id. One `Publisher` can
-speak for several agents at once (`agent_id=` on `turn` / `evidence_source`).
+of the turn; it builds the `TextEvent`s (`voicebus.schemas.messages`) without touching Kafka.
+Thin shell: `Publisher` (an async context manager that owns one producer) sends them, each agent
+to its own topic (`voicebus.topics.text_topic`, created on first use), keyed by session id. One
+`Publisher` can speak for several agents at once (`agent_id=` on `turn` / `evidence_source`).
 
 `seq` counts per (agent, session, turn): each agent numbers only the events it produces, so a
 retrieval agent that resolves a claim of the assistant's turn has its own sequence from 0.
@@ -21,6 +21,10 @@ retrieval agent that resolves a claim of the assistant's turn has its own sequen
 Tracing (``VOICEBUS_TRACING``, `voicebus.tracing`): a turn's first event opens its trace (the
 root span ``voicebus.turn``) and every event of the turn carries its W3C context in the record
 headers; END_OF_TURN (or a cancel) ends the root span.
+
+Size: about 630 lines: the agent-facing API in one module (publisher, turns, evidence, and the
+followers of what was heard and of the floor), so an agent imports one thing; the pure cores
+(`TurnEvents`) are separate classes in it.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from voicebus.topics import text_topic
 from voicebus.tracing import LiveSpan, StageTracer, tracer_for
 from voicebus.schemas import contract
 from voicebus.schemas.contract import TextEventKind
-from voicebus.schemas.messages import ControlEvent, FloorEvent, Message, TurnHeard
+from voicebus.schemas.messages import ControlEvent, FloorEvent, Message, TextEvent, TurnHeard
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +133,9 @@ def text_event(
     speed: float | None = None,
     lexicon: "Sequence[Mapping[str, Any]] | None" = None,
     produced_at_us: int | None = None,
-) -> dict[str, Any]:
-    """A TextEvent record (schemas/text_event.avsc), checked for what its kind needs.
+) -> TextEvent:
+    """A `TextEvent` (schemas/text_event.avsc), checked for what its kind needs and against the
+    contract.
 
     `floor` (``queue`` or ``preempt``; None: the gate's policy) and `priority` say how the turn
     takes the session's floor when another turn is speaking (docs/protocol.md, "The floor");
@@ -144,7 +149,7 @@ def text_event(
         raise InvalidEventError(f"{kind} carries no text (got {text!r})")
     if seq < 0:
         raise InvalidEventError(f"seq must be >= 0, got {seq}")
-    return _check_contract("TextEvent", {
+    return TextEvent.from_record(_check_contract("TextEvent", {
         "session_id": session_id,
         "turn_id": turn_id,
         "agent_id": agent_id,
@@ -159,7 +164,7 @@ def text_event(
         "speed": None if speed is None else float(speed),
         "lexicon": lexicon_entries(lexicon),
         "produced_at_us": now_us() if produced_at_us is None else produced_at_us,
-    })
+    }))
 
 
 def cancel_event(
@@ -199,7 +204,7 @@ class TurnEvents:
         self.ended = False
 
     def make(self, kind: str, text: str = "", claim_id: str | None = None,
-             produced_at_us: int | None = None) -> dict[str, Any]:
+             produced_at_us: int | None = None) -> TextEvent:
         if self.ended:
             raise TurnEndedError(
                 f"turn {self.turn_id} of session {self.session_id} (agent {self.agent_id}) already ended; "
@@ -294,31 +299,37 @@ class Publisher(Owned):
             self._ready_topics.add(topic)
         return topic
 
-    async def publish_text_event(self, event: dict[str, Any], *, wait: bool = True):
-        """Send one TextEvent record to its agent's topic, keyed by its session id.
+    async def publish_text_event(self, event: "TextEvent | Mapping[str, Any]", *, wait: bool = True):
+        """Send one `TextEvent` (or its record, a dict) to its agent's topic, keyed by its session id.
 
         `wait=True` returns once the broker acked; `wait=False` returns the delivery future once
         the record is queued (per-partition order is kept either way)."""
+        if not isinstance(event, TextEvent):
+            record = _check_contract("TextEvent", dict(event))
+            try:
+                event = TextEvent.from_record(record)
+            except (TypeError, ValueError) as exc:  # a field missing, a kind no schema has
+                raise InvalidEventError(f"TextEvent: {exc}") from None
         producer = self._require_producer()
-        topic = await self.ensure_agent_topic(event["agent_id"])
+        topic = await self.ensure_agent_topic(event.agent_id)
         headers = self._trace_headers(event) if self.tracer.enabled else None
         return await self._send(producer, topic, "TextEvent", event, wait, headers)
 
-    def _trace_headers(self, event: dict[str, Any]) -> list[tuple[str, bytes]] | None:
+    def _trace_headers(self, event: TextEvent) -> list[tuple[str, bytes]] | None:
         """The turn's trace context for one of its events: the turn's root span starts at its
         first event (any agent's, through this publisher) and ends with its END_OF_TURN."""
-        key = (event["session_id"], event["turn_id"])
+        key = (event.session_id, event.turn_id)
         span = self._turn_spans.get(key)
         if span is None:
             span = self._turn_spans[key] = self.tracer.start(
-                tracing.TURN_SPAN, None, event["produced_at_us"], root=True,
-                **{tracing.SESSION: key[0], tracing.TURN: key[1], tracing.AGENT: event["agent_id"]})
+                tracing.TURN_SPAN, None, event.produced_at_us, root=True,
+                **{tracing.SESSION: key[0], tracing.TURN: key[1], tracing.AGENT: event.agent_id})
             while len(self._turn_spans) > MAX_TRACED_TURNS:  # turns that never ended (an agent died)
                 self._turn_spans.popitem(last=False)[1].end()
         headers = self.tracer.headers(span.context)
-        if event["kind"] == END_OF_TURN:
+        if event.kind == END_OF_TURN:
             self._turn_spans.pop(key)
-            span.end(event["produced_at_us"], **{"voicebus.events": event["seq"] + 1})
+            span.end(event.produced_at_us, **{"voicebus.events": event.seq + 1})
         return headers
 
     def _end_turn_spans(self, session_id: str, turn_id: str | None) -> None:
@@ -330,11 +341,11 @@ class Publisher(Owned):
         producer = self._require_producer()
         return await self._send(producer, self.settings.control_topic, "ControlEvent", event, wait)
 
-    async def _send(self, producer, topic: str, message_type: str, value: "ControlEvent | dict[str, Any]", wait: bool,
+    async def _send(self, producer, topic: str, message_type: str, value: "Message | dict[str, Any]", wait: bool,
                     headers: list[tuple[str, bytes]] | None = None):
         from voicebus.topics import session_key
 
-        if isinstance(value, ControlEvent):
+        if isinstance(value, Message):
             value = value.to_record()
 
         data = self.codec.encode(message_type, value, topic)
@@ -378,18 +389,18 @@ class EvidenceSource:
         self._publisher = publisher
         self.events = events
 
-    async def _emit(self, kind: str, claim_id: str) -> dict[str, Any]:
+    async def _emit(self, kind: str, claim_id: str) -> TextEvent:
         event = self.events.make(kind, claim_id=claim_id)
         await self._publisher.publish_text_event(event)
         return event
 
-    async def evidence_pending(self, claim_id: str) -> dict[str, Any]:
+    async def evidence_pending(self, claim_id: str) -> TextEvent:
         return await self._emit(EVIDENCE_PENDING, claim_id)
 
-    async def evidence_ready(self, claim_id: str) -> dict[str, Any]:
+    async def evidence_ready(self, claim_id: str) -> TextEvent:
         return await self._emit(EVIDENCE_READY, claim_id)
 
-    async def evidence_failed(self, claim_id: str) -> dict[str, Any]:
+    async def evidence_failed(self, claim_id: str) -> TextEvent:
         return await self._emit(EVIDENCE_FAILED, claim_id)
 
 
@@ -425,14 +436,14 @@ class Turn(EvidenceSource):
             log.exception("could not publish END_OF_TURN for %s/%s after %s",
                           self.session_id, self.turn_id, exc_type.__name__)
 
-    async def token(self, text: str) -> dict[str, Any] | None:
+    async def token(self, text: str) -> TextEvent | None:
         """Publish one token (a word piece with its spaces). Empty text is ignored: streaming
         APIs often send empty deltas."""
         if not text:
             return None
         return await self._emit_text(text)
 
-    async def _emit_text(self, text: str) -> dict[str, Any]:
+    async def _emit_text(self, text: str) -> TextEvent:
         event = self.events.make(TOKEN, text=text)
         await self._publisher.publish_text_event(event)
         return event
@@ -448,7 +459,7 @@ class Turn(EvidenceSource):
                 sent += await self.token(piece) is not None
         return sent
 
-    async def end(self) -> dict[str, Any]:
+    async def end(self) -> TextEvent:
         event = self.events.make(END_OF_TURN)
         await self._publisher.publish_text_event(event)
         return event

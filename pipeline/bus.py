@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
@@ -198,21 +197,24 @@ async def ensure_topics(settings: Settings, names: Iterable[str] | None = None, 
     the metadata) is retried with a fresh client for up to `retry_s` seconds; no broker answering
     at all still fails at once (aiokafka's `KafkaConnectionError`).
     """
+    from voicebus.retry import retrying
+    from tenacity import wait_incrementing
+
+    def retried(exc: BaseException, attempt: int, _wait_s: float) -> None:
+        log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)
+
     names = list(names) if names is not None else fixed_topics(settings)
-    deadline = time.monotonic() + retry_s
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            await _ensure_topics_once(settings, names, partitions)
-            # inside the retries: its admin listing, too, may reach a broker just killed
-            await _await_leaders(settings, names)
-            return
-        except (*RETRIABLE_ADMIN_ERRORS, _RetriableTopicError) as exc:
-            if time.monotonic() >= deadline:
-                raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
-            log.warning("creating topics: %r (a broker is down?); retrying (attempt %d)", exc, attempt + 1)
-            await asyncio.sleep(min(1.0, 0.1 * attempt))
+    retriable = (*RETRIABLE_ADMIN_ERRORS, _RetriableTopicError)
+    try:
+        # waits of 0.1 s, 0.2 s, ... up to 1 s: a broker just killed leaves the metadata soon
+        async for attempt in retrying(wait=wait_incrementing(start=0.1, increment=0.1, max=1.0), retry_on=retriable,
+                                      deadline_s=retry_s, on_retry=retried):
+            with attempt:
+                await _ensure_topics_once(settings, names, partitions)
+                # inside the retries: its admin listing, too, may reach a broker just killed
+                await _await_leaders(settings, names)
+    except retriable as exc:
+        raise TopicCreationError(f"topics not created within {retry_s:.0f} s: {exc!r}") from exc
 
 
 # How long `ensure_topics` waits for the leaders of its topics' partitions to serve requests.
@@ -371,20 +373,20 @@ async def await_group_coordinator(settings: Settings, group_id: str, timeout_s: 
     consumer retry (and log) as usual."""
     from aiokafka.errors import KafkaError
 
-    deadline = time.monotonic() + timeout_s
+    from voicebus.retry import retrying
+
+    attempts = retrying(wait=0.2, retry_on=(KafkaError, asyncio.TimeoutError), deadline_s=timeout_s,
+                        retry_if=lambda exc: getattr(exc, "retriable", isinstance(exc, asyncio.TimeoutError)))
     admin = make_admin(settings, request_timeout_ms=ADMIN_REQUEST_TIMEOUT_MS)
     await admin.start()
     try:
-        while True:
-            try:
+        async for attempt in attempts:
+            with attempt:
                 await admin.find_coordinator(group_id)
-                return True
-            except (KafkaError, asyncio.TimeoutError) as exc:
-                if not getattr(exc, "retriable", isinstance(exc, asyncio.TimeoutError)) \
-                        or time.monotonic() >= deadline:
-                    log.info("no coordinator for group %s yet (%r): the consumer will retry", group_id, exc)
-                    return False
-                await asyncio.sleep(0.2)
+        return True
+    except (KafkaError, asyncio.TimeoutError) as exc:  # not retriable, or past the deadline
+        log.info("no coordinator for group %s yet (%r): the consumer will retry", group_id, exc)
+        return False
     finally:
         await admin.close()
 

@@ -11,7 +11,10 @@ first token was produced (all clocks are this machine's wall clock, epoch µs):
 from __future__ import annotations
 
 import statistics
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from voicebus.schemas.messages import SynthesisRequest, TextEvent
 
 STAGES = [
     ("sentence complete", "text_complete_at_us"),
@@ -72,7 +75,8 @@ def summary(values: Iterable[float]) -> dict[str, float]:
     }
 
 
-def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], settings=None) -> list[float]:
+def release_latencies_ms(events: Sequence[TextEvent], requests: Sequence[SynthesisRequest],
+                         settings=None) -> list[float]:
     """Release latency of each sentence of one turn: from the moment the text
     event that released the sentence was produced (``produced_at_us``; the event the gate's pure
     core releases the sentence on, found by replaying the turn's events offline through
@@ -83,13 +87,13 @@ def release_latencies_ms(events: Sequence[dict], requests: Sequence[dict], setti
     differs from the gate's), withdrawn ones and empty end-of-turn requests are left out."""
     from voicebus.gate.core import GateConfig, GateSession
 
-    ordered = sorted(events, key=lambda e: e["seq"])
+    ordered = sorted(events, key=lambda e: e.seq)
     if not ordered:
         return []
     config = GateConfig() if settings is None else GateConfig.from_settings(settings)
-    core = GateSession(ordered[0]["session_id"], config)
-    released_by = _releases((event["produced_at_us"], r) for event in ordered for r in core.apply(event, 0))
-    sent = _releases((r["released_at_us"], r) for r in sorted(requests, key=lambda r: r["released_at_us"]))
+    core = GateSession(ordered[0].session_id, config)
+    released_by = _releases((event.produced_at_us, r) for event in ordered for r in core.apply(event, 0))
+    sent = _releases((r.released_at_us, r) for r in sorted(requests, key=lambda r: r.released_at_us))
     out = []
     for seq in sorted(released_by):
         produced_us, text = released_by[seq]
@@ -104,9 +108,9 @@ def _releases(stamped) -> dict[int, tuple[int, str]]:
     not tentative) keeps the tentative release; a withdrawal (no text, tentative) removes it."""
     out: dict[int, tuple[int, str]] = {}
     for at, request in stamped:
-        seq, text = request["sentence_seq"], request["text"]
+        seq, text = request.sentence_seq, request.text
         if text:
             out[seq] = (at, text)
-        elif request.get("tentative"):
+        elif request.tentative:
             out.pop(seq, None)
     return out

@@ -28,6 +28,10 @@
   periodic listing of the broker's topics for producers that do not register.
 
 Layering: stages -> shell -> bus, codecs -> voicebus.schemas.contract, settings.
+
+Size: about 620 lines: the plumbing every stage shares (record policy, supervisor, control
+follower, topic discovery) is kept in one module on purpose, so that gate, worker and edge have one
+mechanism for each, not one each.
 """
 
 from __future__ import annotations
@@ -190,7 +194,8 @@ class RecordPolicy:
         ``deadletter_attempts`` times, each within ``deadletter_timeout_s``; then the record is
         skipped and counted, and the stage goes on. True once the dead letter is written."""
         from aiokafka.errors import KafkaError
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+        from voicebus.retry import Backoff, retrying
 
         record = failure.record
         if self.producer is None:
@@ -202,9 +207,8 @@ class RecordPolicy:
         headers.append(("voicebus.error.stage", self.stage.encode()))
         key, value, cut = capped_copy(record.key, record.value, s.max_message_bytes)
         try:
-            async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(s.deadletter_attempts), wait=wait_exponential(multiplier=0.1, max=2.0),
-                    retry=retry_if_exception_type((KafkaError, asyncio.TimeoutError)), reraise=True):
+            async for attempt in retrying(wait=Backoff(0.1, 2.0), retry_on=(KafkaError, asyncio.TimeoutError),
+                                          attempts=s.deadletter_attempts):
                 with attempt:
                     await asyncio.wait_for(self.producer.send_and_wait(s.deadletter_topic, value, key=key,
                                                                        headers=headers + cut), s.deadletter_timeout_s)
@@ -261,7 +265,12 @@ class Supervisor:
         self._tasks[name] = asyncio.create_task(self._run(name, factory, health), name=f"{self.stage}-{name}")
 
     async def _run(self, name: str, factory: Callable[[], Awaitable[None]], health: TaskHealth) -> None:
-        backoff = self.min_backoff_s
+        # Not one operation retried but a task restarted for the stage's life, whose deaths in a
+        # row set the wait and a long run starts the doubling again: it counts them itself and
+        # takes each wait from `Backoff`, the policy the retried operations use.
+        from voicebus.retry import Backoff
+
+        backoff, deaths = Backoff(self.min_backoff_s, self.max_backoff_s), 0
         while True:
             started = self.clock()
             health.running = True
@@ -279,12 +288,13 @@ class Supervisor:
                 health.last_error = f"{type(exc).__name__}: {exc}"
                 health.last_error_at_us = now_us()
                 self._restarts.labels(self.stage, name).inc()
+                if self.clock() - started > 10 * self.max_backoff_s:
+                    deaths = 0  # it had been running well: start the backoff again
+                deaths += 1
+                wait_s = backoff.after(deaths)
                 log.error("%s: task %s died (restart %d in %.1f s)", self.stage, name, health.restarts,
-                          backoff, exc_info=exc)
-            if self.clock() - started > 10 * self.max_backoff_s:
-                backoff = self.min_backoff_s  # it had been running well: start the backoff again
-            await self.sleep(backoff)
-            backoff = min(self.max_backoff_s, backoff * 2)
+                          wait_s, exc_info=exc)
+            await self.sleep(wait_s)
 
     def health(self) -> dict[str, dict[str, Any]]:
         return {n: {"running": h.running, "restarts": h.restarts, "last_error": h.last_error,

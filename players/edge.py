@@ -19,6 +19,9 @@ secret (or an empty one) beyond loopback (`InsecureEdgeConfig`); ``/metrics`` an
 clients only unless it has its own port (`Settings.edge_metrics_port`); a browser page of another
 origin than the edge's own (or a loopback one) cannot open ``/ws`` unless
 `Settings.edge_allowed_origins` lists it.
+
+Size: about 520 lines, most of it `make_app` and the socket writer: the WebSocket shell. Routing is
+in `voicebus.players.router`, the Kafka side in `voicebus.players.link`.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from voicebus.players.keys import (CLIENTS_KEY, HELLO_TIMEOUT_KEY, LINK_KEY, MET
                                    ROUTER_KEY, SENT_TRACES_KEY, SETTINGS_KEY, TRACER_KEY)
 from voicebus.players.heard import HEARD_KINDS, Rendered
 from voicebus.players.metrics import EdgeMetrics
-from voicebus.players.router import ClientChannel, ClientClosed, ConnectionRefused, OutFrame, SessionRouter
+from voicebus.players.channel import ClientChannel, ClientClosed, OutFrame
+from voicebus.players.router import ConnectionRefused, SessionRouter
 from voicebus.players.shard import redirect_origins
 from voicebus.schemas.contract import PlaybackKind
 from voicebus.schemas.messages import ControlEvent, Message, PlaybackReport

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from voicebus.schemas.contract import PlaybackKind
-from voicebus.schemas.messages import TurnHeard
+from voicebus.schemas.messages import TurnHeard, WordTiming
 
 HEARD_KINDS = frozenset({PlaybackKind.PLAYBACK_END, PlaybackKind.STOPPED})
 
@@ -49,7 +49,7 @@ class Rendered:
 class _TurnWords:
     session_id: str
     turn_id: str
-    sentences: dict[int, list[dict]] = field(default_factory=dict)  # sentence_seq -> words by start
+    sentences: dict[int, list[WordTiming]] = field(default_factory=dict)  # sentence_seq -> words by start
     expected: frozenset[str] = frozenset()  # the players the turn was sent to when the first report came
     reports: dict[str, Rendered] = field(default_factory=dict)
     deadline_us: int | None = None
@@ -73,15 +73,15 @@ class HeardTracker:
                 self._turns.popitem(last=False)
         return turn
 
-    def add_words(self, session_id: str, turn_id: str, sentence_seq: int, words: Iterable[dict]) -> None:
-        """Words of one chunk (records with text, start, end); a copy already seen is ignored."""
+    def add_words(self, session_id: str, turn_id: str, sentence_seq: int, words: Iterable[WordTiming]) -> None:
+        """Words of one chunk (its ``words``); a copy already seen is ignored."""
         words = list(words)
         if not words or (session_id, turn_id) in self._published:
             return
         known = self._turn(session_id, turn_id).sentences.setdefault(sentence_seq, [])
-        seen = {(w["start"], w["text"]) for w in known}
-        known.extend(w for w in words if (w["start"], w["text"]) not in seen)
-        known.sort(key=lambda w: w["start"])
+        seen = {(w.start, w.text) for w in known}
+        known.extend(w for w in words if (w.start, w.text) not in seen)
+        known.sort(key=lambda w: w.start)
 
     def audible(self, session_id: str, turn_id: str, at_us: int) -> None:
         """A player reported audio of the turn audible at `at_us` (server clock): the earliest is
@@ -91,7 +91,7 @@ class HeardTracker:
         turn = self._turn(session_id, turn_id)
         turn.started_us = at_us if not turn.started_us else min(turn.started_us, at_us)
 
-    def words_of(self, session_id: str, turn_id: str) -> dict[int, list[dict]]:
+    def words_of(self, session_id: str, turn_id: str) -> dict[int, list[WordTiming]]:
         turn = self._turns.get((session_id, turn_id))
         return dict(turn.sentences) if turn else {}
 
@@ -127,10 +127,10 @@ class HeardTracker:
         unheard: list[str] = []
         for seq in sorted(turn.sentences):
             for w in turn.sentences[seq]:
-                if seq < furthest.sentence_seq or (seq == furthest.sentence_seq and w["start"] < furthest.samples):
-                    heard.append(w["text"])
+                if seq < furthest.sentence_seq or (seq == furthest.sentence_seq and w.start < furthest.samples):
+                    heard.append(w.text)
                 else:
-                    unheard.append(w["text"])
+                    unheard.append(w.text)
         key = (turn.session_id, turn.turn_id)
         self._turns.pop(key, None)
         self._published[key] = None

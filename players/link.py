@@ -20,7 +20,8 @@ from aiokafka.abc import ConsumerRebalanceListener
 from voicebus.bus import farewell, make_consumer, seek_to_beginning_quietly
 from voicebus.clock import now_us
 from voicebus.codecs import codec_for
-from voicebus.schemas.messages import Message, TurnHeard
+from voicebus.retry import Backoff, retrying
+from voicebus.schemas.messages import AudioChunk, Message, TurnHeard
 from voicebus.settings import Settings
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor
 from voicebus.topics import edge_group_id, partition_of, session_key
@@ -32,6 +33,9 @@ from voicebus.players.shard import (DIRECTORY_PARTITION, DirectoryRecordError, E
                                     directory_key, directory_record, new_edge_id, public_url, redirect_origins)
 
 log = logging.getLogger(__name__)
+
+# How many times an edge writes its directory claim before it goes on without it.
+CLAIM_ATTEMPTS = 20
 
 
 class EdgeStartError(RuntimeError):
@@ -244,20 +248,25 @@ class KafkaLink:
         self._notify()
 
     async def _claim(self) -> None:
-        """Write this edge's directory record (its URL and owned partitions), retrying a failure."""
+        """Write this edge's directory record (its URL and owned partitions), retrying a failure
+        (0.1 s doubling to 2 s, `CLAIM_ATTEMPTS` tries; then the edge goes on without it)."""
         from aiokafka.errors import KafkaError
 
         key, value = directory_record(self.group, self.edge_id, self.url, self.owned)
-        backoff = 0.1
-        for _ in range(20):
-            try:
-                await self.producer.send_and_wait(self.settings.edges_topic, value, key=key, partition=DIRECTORY_PARTITION,
-                                                  headers=directory_headers(self.settings.edge_secret, key, value))
-                return
-            except KafkaError as exc:
-                log.warning("edge %s: directory claim failed (%s); retrying in %.1f s", self.edge_id, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
+
+        def retried(exc: BaseException, _attempt: int, wait_s: float) -> None:
+            log.warning("edge %s: directory claim failed (%s); retrying in %.1f s", self.edge_id, exc, wait_s)
+
+        try:
+            async for attempt in retrying(wait=Backoff(0.1, 2.0), retry_on=KafkaError, attempts=CLAIM_ATTEMPTS,
+                                          on_retry=retried):
+                with attempt:
+                    await self.producer.send_and_wait(self.settings.edges_topic, value, key=key,
+                                                      partition=DIRECTORY_PARTITION,
+                                                      headers=directory_headers(self.settings.edge_secret, key, value))
+        except KafkaError as exc:
+            log.warning("edge %s: directory claim failed (%s); not retried after %d tries", self.edge_id, exc,
+                        CLAIM_ATTEMPTS)
 
     async def _assign_audio(self, fresh: set[int] = frozenset()) -> None:
         """(Under the lock.) Assign partition p of the audio topic for every owned p: a partition
@@ -369,9 +378,11 @@ class KafkaLink:
             raise
 
     async def _route(self, record: Any, consumed_ns: int, received_us: int) -> None:
-        await self.policy.process(
-            record, "AudioChunk",
-            lambda d: self.router.route(d.message.value, consumed_ns, received_us, self._trace_of(d, record)))
+        def route(decoded: Any) -> None:
+            chunk = AudioChunk.from_record(decoded.message.value)
+            self.router.route(chunk, consumed_ns, received_us, self._trace_of(chunk, record))
+
+        await self.policy.process(record, "AudioChunk", route)
 
     def recently_taken(self, session_id: str) -> bool:
         """Whether this edge took the session's partition less than `edge_resume_lookback_s` ago
@@ -441,15 +452,15 @@ class KafkaLink:
         was first read, so here it is only skipped."""
         try:
             decoded = self.policy.decode(record, "AudioChunk")
-            self.router.route(decoded.message.value, time.perf_counter_ns(), now_us())
+            self.router.route(AudioChunk.from_record(decoded.message.value), time.perf_counter_ns(), now_us())
             return True
         except Exception as exc:  # noqa: BLE001 - one bad record costs itself only
             log.debug("edge: skipping re-read record %s[%s]@%s: %r", record.topic, record.partition, record.offset, exc)
             return False
 
-    def _trace_of(self, decoded: Any, record: Any) -> Any:
+    def _trace_of(self, chunk: AudioChunk, record: Any) -> Any:
         """Tracing on: the trace context of a sentence's first chunk (the one the edge's send span hangs under)."""
-        if not self.tracer.enabled or decoded.message.value["chunk_seq"] != 0:
+        if not self.tracer.enabled or chunk.chunk_seq != 0:
             return None
         return self.tracer.context_of(record.headers)
 

@@ -11,17 +11,20 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from voicebus.schemas.messages import AudioChunk
+
 # 1 ms .. 10 s, dense where a voice pipeline lives.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0)
 
-# (stage, from-field, to-field) of an AudioChunk; "edge_received" is when this edge consumed it.
+# (stage, from-field, to-field) of an AudioChunk; `EDGE_RECEIVED` is when this edge consumed it.
+EDGE_RECEIVED = "edge_received_at_us"
 CHUNK_STAGES = (
     ("gate_hold", "text_complete_at_us", "released_at_us"),
     ("synthesis_queue", "released_at_us", "synthesis_started_at_us"),
     ("synthesis", "synthesis_started_at_us", "audio_ready_at_us"),
     ("publish", "audio_ready_at_us", "published_at_us"),
-    ("bus_to_edge", "published_at_us", "edge_received_at_us"),
-    ("first_token_to_edge", "first_token_at_us", "edge_received_at_us"),
+    ("bus_to_edge", "published_at_us", EDGE_RECEIVED),
+    ("first_token_to_edge", "first_token_at_us", EDGE_RECEIVED),
 )
 
 
@@ -83,13 +86,13 @@ class EdgeMetrics:
                                         registry=r)
         self.overhead_samples: deque[float] | None = deque(maxlen=keep_overhead_samples) if keep_overhead_samples else None
 
-    def observe_chunk(self, chunk: dict, edge_received_at_us: int) -> None:
+    def observe_chunk(self, chunk: AudioChunk, edge_received_at_us: int) -> None:
         self.chunks.inc()
-        if chunk.get("chunk_seq") != 0:
+        if chunk.chunk_seq != 0:
             return  # per-sentence latencies: the first chunk carries them
-        stamps = {**chunk, "edge_received_at_us": edge_received_at_us}
         for stage, start, end in CHUNK_STAGES:
-            a, b = stamps.get(start) or 0, stamps.get(end) or 0
+            a = getattr(chunk, start) or 0
+            b = (edge_received_at_us if end == EDGE_RECEIVED else getattr(chunk, end)) or 0
             if a > 0 and b >= a:
                 self.stage_latency.labels(stage).observe((b - a) / 1e6)
 

@@ -39,7 +39,7 @@ from voicebus.settings import ENV_PREFIX, Settings, reveal
 from voicebus.players.access import is_loopback_host
 from voicebus.players.audio_formats import FORMATS, StreamEncoder
 from voicebus.players.keys import LINK_KEY, METRICS_KEY, ROUTER_KEY, SETTINGS_KEY
-from voicebus.players.router import ClientClosed
+from voicebus.players.channel import ClientClosed
 from voicebus.players.tap import SessionTap, TapAudio, TapTurnEnd
 from voicebus.schemas.contract import (KOKORO_CODES, KOKORO_VOICES, LANGUAGES, LIMITS, InvalidVoice, UnknownLanguage,
                                        kokoro_code, parse_voice)

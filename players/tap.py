@@ -22,7 +22,8 @@ from typing import AsyncIterator, Union
 
 from voicebus.audio_codec import OpusDecoder
 from voicebus.players import protocol
-from voicebus.players.router import ClientChannel, ClientClosed, SessionRouter
+from voicebus.players.channel import ClientChannel, ClientClosed
+from voicebus.players.router import SessionRouter
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ the session's audio then plays into the call (docs/telephony.md). This module ow
 The door reads the edge's app through its typed keys (`voicebus.players.keys`) and admits
 requests by the edge's own rules (`voicebus.players.access`); it never imports the edge module
 that mounts it. The Kafka link is used through its interface, `EdgeLink`.
+
+Size: about 710 lines: one door (admission, mu-law encoding, the two providers' framing, marks and
+the call's playback reports) whose parts share the call's state; it is loaded only when telephony
+is enabled.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from voicebus.players.access import host_allowed
 from voicebus.players.auth import TokenError, verify_token
 from voicebus.players.keys import LINK_KEY, ROUTER_KEY, SETTINGS_KEY
 from voicebus.players.heard import HEARD_KINDS, Rendered
-from voicebus.players.router import ClientClosed, ConnectionRefused, SessionRouter
+from voicebus.players.channel import ClientClosed
+from voicebus.players.router import ConnectionRefused, SessionRouter
 from voicebus.players.tap import SessionTap, TapAudio, TapTurnEnd, TapTurnStart
 from voicebus.ratelimit import TokenBucket
 from voicebus.schemas.contract import PlaybackKind, is_valid_id

@@ -1,4 +1,4 @@
-"""Synthetic AudioChunks carrying real PCM16 tones: what tests, the edge benchmark and a browser
+"""Synthetic `AudioChunk`s carrying real PCM16 tones: what tests, the edge benchmark and a browser
 demo feed the edge when no synthesis worker runs."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import struct
 from voicebus.clock import now_us
 from voicebus.audio_codec import AudioFormat
 from voicebus.schemas.contract import AudioEncoding
+from voicebus.schemas.messages import AudioChunk
 
 
 def tone_pcm(duration_s: float, sample_rate: int = 24000, freq_hz: float = 440.0, amplitude: float = 0.3,
@@ -23,8 +24,8 @@ def tone_pcm(duration_s: float, sample_rate: int = 24000, freq_hz: float = 440.0
 
 def tone_turn(session_id: str, turn_id: str, sentences: int = 2, chunks_per_sentence: int = 3, chunk_ms: int = 150,
               sample_rate: int = 24000, freq_hz: float = 440.0, leading_silence_s: float = 0.0,
-              encoding: AudioEncoding = AudioEncoding.PCM16LE) -> list[dict]:
-    """AudioChunk dicts of one turn, timestamps set as if the pipeline just produced them.
+              encoding: AudioEncoding = AudioEncoding.PCM16LE) -> list[AudioChunk]:
+    """The `AudioChunk`s of one turn, timestamps set as if the pipeline just produced them.
     With ``encoding`` OPUS each sentence is encoded as a worker does (chunks of whole 20 ms
     frames, so ``chunk_ms`` is rounded to them)."""
     t0 = now_us()
@@ -38,15 +39,15 @@ def tone_turn(session_id: str, turn_id: str, sentences: int = 2, chunks_per_sent
             lead = leading_silence_s if (s, c) == (0, 0) else 0.0
             if encoding == AudioEncoding.OPUS:  # whole frames
                 lead = round(lead * 1000 / audio.frame_ms) * audio.frame_ms / 1000
-            chunks.append({
-                "session_id": session_id, "turn_id": turn_id, "sentence_seq": s, "chunk_seq": c,
-                "is_last_chunk": c == chunks_per_sentence - 1,
-                "is_last_in_turn": s == sentences - 1 and c == chunks_per_sentence - 1,
-                "sample_rate": sample_rate, "encoding": encoding,
-                "pcm": encoder.encode(tone_pcm(chunk_ms / 1000, sample_rate, freq_hz, leading_silence_s=lead),
-                                      last=c == chunks_per_sentence - 1),
-                "worker_id": "tone", "first_token_at_us": t0 - 400_000, "text_complete_at_us": t0 - 300_000,
-                "released_at_us": t0 - 290_000, "request_received_at_us": t0 - 280_000,
-                "synthesis_started_at_us": t0 - 270_000, "audio_ready_at_us": t0 - 20_000, "published_at_us": t0 - 10_000,
-            })
+            chunks.append(AudioChunk(
+                session_id=session_id, turn_id=turn_id, sentence_seq=s, chunk_seq=c,
+                is_last_chunk=c == chunks_per_sentence - 1,
+                is_last_in_turn=s == sentences - 1 and c == chunks_per_sentence - 1,
+                sample_rate=sample_rate, encoding=encoding,
+                pcm=encoder.encode(tone_pcm(chunk_ms / 1000, sample_rate, freq_hz, leading_silence_s=lead),
+                                   last=c == chunks_per_sentence - 1),
+                worker_id="tone", first_token_at_us=t0 - 400_000, text_complete_at_us=t0 - 300_000,
+                released_at_us=t0 - 290_000, request_received_at_us=t0 - 280_000,
+                synthesis_started_at_us=t0 - 270_000, audio_ready_at_us=t0 - 20_000, published_at_us=t0 - 10_000,
+            ))
     return chunks

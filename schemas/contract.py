@@ -28,6 +28,10 @@ What is here:
 - the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`): an OPUS AudioChunk's
   ``pcm`` holds whole packets, each a 2-byte little-endian length then the packet, the same bytes
   on the bus and in the edge's audio frames (docs/protocol.md).
+
+Size: about 750 lines, one module by design: it is the single place a stage, the SDK and the codec
+import the contract from (enums, languages, voices, limits, the checks, the Opus framing), next to
+the `.avsc` files. Typed messages are in `voicebus.schemas.messages`.
 """
 
 from __future__ import annotations
@@ -102,14 +106,16 @@ class UnknownLanguage(ValueError):
     reason = "unknown-language"
 
 
-def kokoro_code(language: str | None, default: str = "en") -> str:
-    """The Kokoro code for ``language`` (``None`` or empty: ``default``); `UnknownLanguage` else."""
+def kokoro_code(language: str | None, default: str | None = "en") -> str:
+    """The Kokoro code for ``language`` (``None`` or empty: ``default``, where one is given);
+    `UnknownLanguage` else. The one mapping of a language to Kokoro's code: gate, worker, edge
+    and SDK call it."""
     code = (language or default or "").strip().lower()
     try:
         return LANGUAGES[code]
     except KeyError:
         raise UnknownLanguage(
-            f"language {code!r} cannot be spoken; known: {', '.join(sorted(LANGUAGES))}") from None
+            f"unknown language {code!r} cannot be spoken; known: {', '.join(sorted(LANGUAGES))}") from None
 
 
 # --- limits --------------------------------------------------------------------------------------

@@ -282,7 +282,7 @@ class TurnHeard(Message):
 
 
 # The types `typed` hands as objects (every class above, as the stages take them).
-MESSAGES: Mapping[str, type[Message]] = {cls.MESSAGE_TYPE: cls for cls in (ControlEvent, FloorEvent, PlaybackReport, TurnHeard)}
+MESSAGES: Mapping[str, type[Message]] = {cls.MESSAGE_TYPE: cls for cls in (ControlEvent, FloorEvent, TextEvent, AudioChunk, PlaybackReport, TurnHeard)}
 CLASSES: tuple[type[Message], ...] = (ControlEvent, FloorEvent, TextEvent, SynthesisRequest, AudioChunk,
                                       PlaybackReport, TurnHeard)
 

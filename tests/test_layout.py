@@ -173,3 +173,18 @@ def test_the_command_line_answers_without_a_role_s_libraries(argv):
             f"sys.exit(main({argv!r}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+MODULE_LINES = 520  # "about 500": a module longer than this says why at its top
+
+
+def test_a_long_module_says_why_at_its_top():
+    """A module of more than ~500 lines carries a ``Size:`` paragraph in its docstring: what
+    keeps it whole. The rest are split by job."""
+    unexplained = []
+    for name, path in sorted(source_modules().items()):
+        lines = path.read_text().count("\n")
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MODULE_LINES and "\nSize: " not in f"\n{doc}":
+            unexplained.append(f"{name} ({lines} lines)")
+    assert not unexplained, f"modules over {MODULE_LINES} lines without a Size: reason: {unexplained}"

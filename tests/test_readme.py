@@ -80,7 +80,8 @@ async def test_the_quickstart_publishes_its_turn_as_written(make_settings, tmp_p
 async def test_the_two_agent_example_runs_as_written(make_settings, tmp_path):
     """docs/agents.md's two agents in one session, against a real gate: the expert's turn queues
     behind the host's and is granted when the host's turn ends."""
-    from voicebus.gate.app import READY_LINE, start_gate_subprocess
+    from voicebus.gate.app import READY_LINE
+    from voicebus.gate.cli import start_gate_subprocess
 
     settings = make_settings(first_clause_min_words=0)
     gate = start_gate_subprocess(settings, stderr=subprocess.STDOUT)

@@ -36,25 +36,28 @@ The pure core (`voicebus.gate.core.GateSession`) decides; this module owns every
 - **Timer** (every ``timer_interval_s``): hold timeouts (`GateSession.tick`) and idle-session
   expiry (`GateSession.expire`, then a tombstone on the changelog) for owned sessions.
 
-Run it: ``voicebus gate``, ``python -m voicebus.gate.app``, or `start_gate_subprocess`.
+Run it: ``voicebus gate`` or ``python -m voicebus.gate.cli`` (`voicebus.gate.cli` owns the
+arguments and the signals), or `GateWorker` in an event loop of your own.
 docs/gate.md has the design and the alternatives weighed.
+
+Size: about 880 lines, most of them the one `GateWorker`: its control loop, text loop, timer,
+recovery and fencing share the owned partitions, the sessions and the changelog positions, and the
+exactly-once rule (apply, send and await the acks, write state and positions) spans them all. The
+decisions are `voicebus.gate.core`, the shared plumbing `voicebus.shell`, the command line
+`voicebus.gate.cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from aiokafka.abc import ConsumerRebalanceListener
@@ -67,9 +70,8 @@ from voicebus.clock import now_us
 from voicebus.codecs import CodecError, codec_for
 from voicebus import tracing
 from voicebus.gate.core import GateConfig, GateSession
-from voicebus.logs import add_log_level_argument, configure_logging
 from voicebus.schemas.contract import FloorEventKind
-from voicebus.schemas.messages import ControlEvent, FloorEvent
+from voicebus.schemas.messages import ControlEvent, FloorEvent, SynthesisRequest, TextEvent
 from voicebus.settings import Settings
 from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from voicebus.topics import fixed_topics, session_key, text_topic_pattern
@@ -316,26 +318,6 @@ class GateWorker:
                 "tasks": tasks, "partitions": sorted(self._owned), "sessions": len(self._sessions),
                 "recovery_error": self.recovery_error, "credentials_refused": refused}
 
-    def run(self, loglevel: str = "WARNING") -> int:
-        """Run the worker in this process until SIGINT/SIGTERM."""
-        async def main() -> None:
-            stopping = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stopping.set)
-            await self.start()
-            try:
-                await stopping.wait()
-            finally:
-                await self.stop()
-
-        try:
-            asyncio.run(main())
-        except GateStartError as exc:
-            log.error("gate: %s", exc)
-            return 2
-        return 0
-
     # --- topics ----------------------------------------------------------------------------------
     async def _on_topics(self, names: set[str]) -> None:
         """Discovery found text topics: read partition p of each new one for every owned p."""
@@ -528,8 +510,8 @@ class GateWorker:
             raise
 
     def _apply_in_batch(self, decoded: Any, record: Any, partition: int, batch: "_Batch") -> None:
-        event = decoded.message.value
-        sid = event["session_id"]
+        event = TextEvent.from_record(decoded.message.value)
+        sid = event.session_id
         if self._partition_of(sid) != partition:
             raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
                                  f"its record is on {record.topic}[{partition}]")
@@ -537,7 +519,7 @@ class GateWorker:
             self._make_room(sid, batch)
         entry = self._entry(sid, partition)
         if self.tracer.enabled:
-            self._remember_trace(sid, event["turn_id"], record.headers)
+            self._remember_trace(sid, event.turn_id, record.headers)
         now = self.clock_us()
         try:
             requests = entry.session.apply(event, now)
@@ -573,7 +555,7 @@ class GateWorker:
         # The cancels first: a cut turn is dropped downstream no later than its preempter arrives.
         await self._send_retrying(partitions, [
             *self._control_records(batch.controls),
-            *[(self.settings.synthesis_topic, session_key(r["session_id"]), self._encode_request(r), None,
+            *[(self.settings.synthesis_topic, session_key(r.session_id), self._encode_request(r), None,
                self._request_headers(r)) for r in batch.requests]])
         previous = {key: self._positions[key] for key in batch.positions}
         self._positions.update(batch.positions)
@@ -700,7 +682,7 @@ class GateWorker:
         for entry, sid, requests, controls in effects:
             await self._commit_effects(entry, sid, requests, self.clock_us(), controls)
 
-    async def _commit_effects(self, entry: _Entry, sid: str, requests: list[dict], now: int,
+    async def _commit_effects(self, entry: _Entry, sid: str, requests: list[SynthesisRequest], now: int,
                               controls: list[tuple[str, Any]] = ()) -> None:
         """(Under the lock.) Send the control events (the resolution of a whole-session cancel,
         the cancels of turns the floor cut) and the requests, then store the state (bounded) and
@@ -777,12 +759,12 @@ class GateWorker:
         return DefaultPartitioner()(session_key(session_id), list(range(n)), list(range(n)))
 
     # --- output ----------------------------------------------------------------------------------
-    async def _emit(self, requests: list[dict], partition: int) -> None:
+    async def _emit(self, requests: list[SynthesisRequest], partition: int) -> None:
         """Send requests and wait for every ack; on a send failure retry with backoff for as long
         as `partition` is owned (a revoked partition's output is the new owner's job)."""
         if not requests:
             return
-        records = [(self.settings.synthesis_topic, session_key(r["session_id"]), self._encode_request(r), None,
+        records = [(self.settings.synthesis_topic, session_key(r.session_id), self._encode_request(r), None,
                     self._request_headers(r)) for r in requests]
         await self._send_retrying(partition, records)
 
@@ -798,34 +780,34 @@ class GateWorker:
         while len(self._turn_traces) > MAX_TRACED_TURNS:
             self._turn_traces.popitem(last=False)
 
-    def _request_headers(self, request: dict) -> list[tuple[str, bytes]] | None:
+    def _request_headers(self, request: SynthesisRequest) -> list[tuple[str, bytes]] | None:
         """Tracing on: the request's ``gate.hold`` span (its sentence complete .. released, the
         core's own stamps) under its turn's trace, and that span's context for the worker."""
         if not self.tracer.enabled:
             return None
-        key = (request["session_id"], request["turn_id"])
+        key = (request.session_id, request.turn_id)
         parent = self._turn_traces.get(key)
-        tentative, last = bool(request.get("tentative")), bool(request.get("is_last_in_turn"))
+        tentative, last = request.tentative, request.is_last_in_turn
         if last and not tentative:
             self._turn_traces.pop(key, None)
-        released = request["released_at_us"]
+        released = request.released_at_us
         hold = self.tracer.record(
-            tracing.GATE_HOLD, parent, request["text_complete_at_us"] or released, released,
-            **{tracing.SESSION: key[0], tracing.TURN: key[1], tracing.SENTENCE: request["sentence_seq"],
-               tracing.AGENT: request["agent_id"], "voicebus.chars": len(request["text"]),
+            tracing.GATE_HOLD, parent, request.text_complete_at_us or released, released,
+            **{tracing.SESSION: key[0], tracing.TURN: key[1], tracing.SENTENCE: request.sentence_seq,
+               tracing.AGENT: request.agent_id, "voicebus.chars": len(request.text),
                "voicebus.tentative": tentative or None, "voicebus.last_in_turn": last})
         return self.tracer.headers(hold)
 
-    def _encode_request(self, request: dict) -> bytes:
+    def _encode_request(self, request: SynthesisRequest) -> bytes:
         """The request encoded. One the contract refuses (a gate bug: the core splits long text)
         still goes out, with empty text, so its turn keeps its numbering and still ends."""
         try:
             return self.codec.encode("SynthesisRequest", request, self.settings.synthesis_topic)
         except CodecError as exc:
             self._unencodable.inc()
-            log.error("gate: request %s/%s#%s cannot be encoded (%s); sent with empty text", request["session_id"],
-                      request["turn_id"], request["sentence_seq"], exc)
-            return self.codec.encode("SynthesisRequest", {**request, "text": ""}, self.settings.synthesis_topic)
+            log.error("gate: request %s/%s#%s cannot be encoded (%s); sent with empty text", request.session_id,
+                      request.turn_id, request.sentence_seq, exc)
+            return self.codec.encode("SynthesisRequest", replace(request, text=""), self.settings.synthesis_topic)
 
     async def _write(self, partition: int, sid: str, value: bytes | None) -> None:
         """The session's state (None: a tombstone) and then the partition's text positions."""
@@ -901,58 +883,3 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self.worker._assign({tp.partition for tp in assigned})
-
-
-def run_gate_worker(settings: Settings, **options: Any) -> int:
-    """Run one gate worker in this process until it is stopped (SIGINT/SIGTERM)."""
-    loglevel = options.pop("loglevel", "WARNING")
-    return GateWorker(settings, **options).run(loglevel=loglevel)
-
-
-def start_gate_subprocess(
-    settings: Settings, *, commit_interval_s: float = 1.0, session_timeout_s: float = 10.0,
-    stdout: Any = subprocess.PIPE, stderr: Any = None, log_level: str = "WARNING",
-) -> subprocess.Popen:
-    """Start a gate worker as a child process (`python -m voicebus.gate.app --announce`).
-
-    The caller owns the process: it must terminate (or kill) and wait for it. With the default
-    stdout, the child prints `READY_LINE` and its partitions after each rebalance, once it has
-    recovered them.
-    """
-    env = {**os.environ, **settings.to_env(), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "voicebus.gate.app", "--announce", "--log-level", log_level,
-           "--commit-interval", str(commit_interval_s), "--session-timeout", str(session_timeout_s)]
-    return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, text=True)
-
-
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--commit-interval", type=float, default=1.0, metavar="S",
-                        help="how often applied control offsets are committed (default 1.0; text positions "
-                             "are stored with the state, on every event)")
-    parser.add_argument("--session-timeout", type=float, default=10.0, metavar="S",
-                        help="consumer group session timeout: how soon a dead worker's partitions move")
-    add_log_level_argument(parser, "WARNING", aliases=("--loglevel",))
-    parser.add_argument("--announce", action="store_true",
-                        help=f"print '{READY_LINE} [partitions]' after each rebalance, once recovered")
-    parser.add_argument("--metrics-port", type=int, default=None, metavar="P",
-                        help="serve Prometheus metrics on http://<edge_host>:P/metrics and health on /healthz "
-                             "(200 while every task runs; restarts and last errors per task)")
-
-
-def gate_command(args: argparse.Namespace, settings: Settings) -> int:
-    """`voicebus gate`: run one gate worker until stopped."""
-    configure_logging(args.log_level)
-    return run_gate_worker(
-        settings, commit_interval_s=args.commit_interval, session_timeout_s=args.session_timeout,
-        announce=args.announce, loglevel=args.log_level, metrics_port=args.metrics_port,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m voicebus.gate.app", description="Run one gate worker.")
-    add_worker_arguments(parser)
-    return gate_command(parser.parse_args(argv), Settings.from_env())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """The gate's pure core: one session's token events in, synthesis requests out.
 
 `GateSession` combines, per turn, the streaming segmenter (`voicebus.gate.segmenter`), evidence
-gating (`voicebus.gate.evidence`) and cancellation. It takes decoded `TextEvent` and
-`ControlEvent` dicts and returns `SynthesisRequest` dicts; time comes in as explicit ``now_us``
+gating (`voicebus.gate.evidence`) and cancellation. It takes `TextEvent`s and `ControlEvent`s
+and returns `SynthesisRequest`s; time comes in as explicit ``now_us``
 arguments, so the core runs the same in tests, in the Kafka worker (`voicebus.gate.app`) and in
 replays. Its whole state is a JSON-serialisable dict (`to_state` / `from_state`): the worker keeps
 it in memory and in its changelog topic.
@@ -32,13 +32,18 @@ Decisions (docs/gate.md says more):
 - The floor (`voicebus.gate.floor`): one turn of a session speaks at a time. Every request the
   session produces passes through its `Floor`, which holds a waiting turn's requests until it gets
   the floor; a preempted turn is cancelled and `controls` carries the cancel the shell publishes.
+
+Size: about 820 lines, most of them the one `GateSession`: every decision about one session
+(segmenting, evidence, cancels, the floor, the lexicon, hold timeouts, idle expiry) reads and
+writes the same JSON state, and replaying a changelog must give the same requests. The segmenter,
+evidence gating and the floor are their own modules.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from voicebus.gate.floor import PREEMPTING, REFUSED, Floor, turn_floor
@@ -52,12 +57,12 @@ from voicebus.gate.evidence import (
 import json
 import re
 
-from voicebus.schemas.messages import ControlEvent, FloorEvent
+from voicebus.schemas.messages import ControlEvent, FloorEvent, LexiconEntry, SynthesisRequest, TextEvent
 from voicebus.settings import Settings
-from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LANGUAGES, LIMITS,
+from voicebus.schemas.contract import (DEFAULT_VOICES, FLOOR_CANCEL_SOURCE, FLOOR_QUEUE, LIMITS,
                                        PHONEME_SPAN, SEGMENTER_LANGUAGE, SPAN_LABEL_EXCLUDED,
-                                       InvalidVoice, TextEventKind, lexicon_problems, parse_voice, phoneme_span,
-                                       voice_warnings)
+                                       InvalidVoice, TextEventKind, UnknownLanguage, kokoro_code, lexicon_problems,
+                                       parse_voice, phoneme_span, voice_warnings)
 
 RESOLUTION_SOURCE = "gate"  # the source of the gate's resolution of a whole-session cancel
 
@@ -128,26 +133,27 @@ class GateConfig:
 
 
 def kokoro_language(language: str | None, default: str) -> str:
-    code = (language or default or "en").strip().lower()
-    if code not in LANGUAGES:
-        raise TurnRejected(f"language {code!r} cannot be spoken ({sorted(LANGUAGES)})")
-    return LANGUAGES[code]
+    """The turn's Kokoro code (`contract.kokoro_code`); a language it cannot speak rejects the turn."""
+    try:
+        return kokoro_code(language, default or "en")
+    except UnknownLanguage as exc:
+        raise TurnRejected(str(exc)) from None
 
 
-def compact_lexicon(lexicon: list[dict] | None) -> list[dict] | None:
-    """A TextEvent's lexicon as the gate keeps it in its state: each entry's ``match`` and its
-    ``phonemes`` or ``say``, ``regex`` only when true; None when there is none."""
+def compact_lexicon(lexicon: "tuple[LexiconEntry, ...] | None") -> list[dict] | None:
+    """A TextEvent's lexicon as the gate keeps it in its state (JSON): each entry's ``match`` and
+    its ``phonemes`` or ``say``, ``regex`` only when true; None when there is none."""
     if not lexicon:
         return None
     out = []
     for entry in lexicon:
-        kept = {"match": entry["match"]}
-        if entry.get("regex"):
+        kept: dict[str, Any] = {"match": entry.match}
+        if entry.regex:
             kept["regex"] = True
-        if entry.get("say") is not None:
-            kept["say"] = entry["say"]
+        if entry.say is not None:
+            kept["say"] = entry.say
         else:
-            kept["phonemes"] = entry["phonemes"]
+            kept["phonemes"] = entry.phonemes
         out.append(kept)
     return out
 
@@ -328,7 +334,7 @@ class GateSession:
         self._cancelled_turns: list[str] = list(cancel.get("turns", []))
         self.last_event_us: int = state.get("last_event_us", -1)
         self._floor = Floor(config.floor_max_waiting, state.get("floor"))
-        self._passed: list[dict] = []  # requests the floor let out while applying (a holder cancelled)
+        self._passed: list[SynthesisRequest] = []  # requests the floor let out while applying (a holder cancelled)
         # The ControlEvents the shell must publish after the last call that returned requests: the
         # gate's resolution of a whole-session cancel (the turns it cancelled), and the cancel of
         # each turn cut by a preempting one. Not part of the state.
@@ -353,8 +359,8 @@ class GateSession:
         return cls(session_id, config, state)
 
     # --- input ---------------------------------------------------------------------------------
-    def apply(self, event: "dict | ControlEvent", now_us: int) -> list[dict]:
-        """A decoded TextEvent (its fields) or a `ControlEvent`."""
+    def apply(self, event: TextEvent | ControlEvent, now_us: int) -> list[SynthesisRequest]:
+        """A `TextEvent` or a `ControlEvent`."""
         self._begin()
         self.last_event_us = max(self.last_event_us, now_us)
         if isinstance(event, ControlEvent):
@@ -366,7 +372,7 @@ class GateSession:
         self.floor_events = []
         self._passed = []
 
-    def _settle(self, requests: list[dict], now_us: int) -> list[dict]:
+    def _settle(self, requests: list[SynthesisRequest], now_us: int) -> list[SynthesisRequest]:
         """Every request the core produced, through the floor: what may go out now, in order.
         Turns the floor cut are cancelled here, and their cancels queued in `controls`."""
         out, cut = self._floor.route(requests, now_us)
@@ -382,10 +388,10 @@ class GateSession:
                 tuple(turn.voice_warnings) if turn is not None else ()))
         return out
 
-    def _apply_text(self, event: dict, now_us: int) -> list[dict]:
-        self._check_session(event.get("session_id"))
-        kind = event["kind"]
-        turn_id, agent_id, seq = event["turn_id"], event["agent_id"], int(event["seq"])
+    def _apply_text(self, event: TextEvent, now_us: int) -> list[SynthesisRequest]:
+        self._check_session(event.session_id)
+        kind = event.kind
+        turn_id, agent_id, seq = event.turn_id, event.agent_id, event.seq
         guard = f"{agent_id}\x1f{turn_id}"
         if seq <= self._guards.get(guard, -1):
             return []  # already applied: a re-delivery after a restart
@@ -419,7 +425,7 @@ class GateSession:
             return out + self._drain(turn, now_us)
         raise GateInputError(f"unknown TextEvent kind {kind!r}")
 
-    def _apply_control(self, event: ControlEvent, now_us: int) -> list[dict]:
+    def _apply_control(self, event: ControlEvent, now_us: int) -> list[SynthesisRequest]:
         """A CANCEL for one turn (``turn_id``), for the turns listed in ``turn_ids``, or (turn_id
         null, no list) for every turn of the session the gate holds now. No clock is compared:
         a turn whose first event reaches the gate after the cancel is a new turn. For the last
@@ -450,17 +456,17 @@ class GateSession:
                 source=RESOLUTION_SOURCE, issued_at_us=now_us, turn_ids=newly[-LIMITS.max_turn_ids:]))
         return []
 
-    def tick(self, now_us: int) -> list[dict]:
+    def tick(self, now_us: int) -> list[SynthesisRequest]:
         """Apply hold timeouts due at `now_us`; returns what they release (or the notices)."""
         self._begin()
         self._early.prune(now_us)
-        out: list[dict] = []
+        out: list[SynthesisRequest] = []
         for turn in list(self._turns.values()):
             if turn.live and turn.evidence.expire(now_us):
                 out.extend(self._drain(turn, now_us))
         return self._settle(out, now_us)
 
-    def end_failed_turn(self, event: dict, now_us: int, error: BaseException) -> list[dict]:
+    def end_failed_turn(self, event: TextEvent, now_us: int, error: BaseException) -> list[SynthesisRequest]:
         """The gate failed on `event` (a TextEvent) with `error`; make sure its turn still ends.
 
         Call it on the state as it was *before* the failed event. A turn that cannot be spoken
@@ -471,9 +477,9 @@ class GateSession:
         self._begin()
         return self._settle(self._end_failed_turn(event, now_us, error), now_us)
 
-    def _end_failed_turn(self, event: dict, now_us: int, error: BaseException) -> list[dict]:
-        turn_id = event.get("turn_id")
-        if not turn_id or event.get("kind") in ("EVIDENCE_READY", "EVIDENCE_FAILED"):
+    def _end_failed_turn(self, event: TextEvent, now_us: int, error: BaseException) -> list[SynthesisRequest]:
+        turn_id = event.turn_id
+        if not turn_id or event.kind in (TextEventKind.EVIDENCE_READY, TextEventKind.EVIDENCE_FAILED):
             return []
         bug = getattr(error, "reason", None) is None
         if not (bug or isinstance(error, TurnRejected)):
@@ -481,8 +487,8 @@ class GateSession:
         turn = self._turns.get(turn_id)
         if turn is None:
             turn = _Turn(self.config, turn_id, {
-                "agent_id": event.get("agent_id", ""), "language": self.config.default_language,
-                "voice": self.config.default_voice, "started_at_us": int(event.get("produced_at_us", now_us)),
+                "agent_id": event.agent_id, "language": self.config.default_language,
+                "voice": self.config.default_voice, "started_at_us": event.produced_at_us,
                 "finished": True})
             self._turns[turn_id] = turn
             return [self._request(turn, "", now_us, now_us, last=True)]
@@ -494,13 +500,13 @@ class GateSession:
             return out + [self._request(turn, "", now_us, now_us, last=True)]
         return []
 
-    def shed(self, now_us: int) -> tuple[list[dict], str]:
+    def shed(self, now_us: int) -> tuple[list[SynthesisRequest], str]:
         """Keep the state within ``max_state_bytes``: end the oldest live turns (their text flushed
         and released, holds resolved as on timeout) until it fits. Returns the requests that
         released and the state as JSON (the caller stores it). Turns waiting for the floor go
         first, newest first: they are refused (ended with nothing spoken)."""
         self._begin()
-        out: list[dict] = []
+        out: list[SynthesisRequest] = []
         encoded = json.dumps(self.to_state(), separators=(",", ":"))
         while len(encoded.encode("utf-8")) > self.config.max_state_bytes:
             live = [t for t in self._turns.values() if t.live]
@@ -527,11 +533,11 @@ class GateSession:
             encoded = json.dumps(self.to_state(), separators=(",", ":"))
         return out, encoded
 
-    def expire(self, now_us: int) -> list[dict]:
+    def expire(self, now_us: int) -> list[SynthesisRequest]:
         """The session was idle for ``idle_expiry_us``: end every live turn (as `shed` does). The
         caller then deletes the session's state."""
         self._begin()
-        out: list[dict] = []
+        out: list[SynthesisRequest] = []
         for turn in list(self._turns.values()):
             if turn.live:
                 out.extend(self._force_end(turn, now_us))
@@ -566,26 +572,28 @@ class GateSession:
             raise GateInputError(f"event of session {session_id!r} given to {self.session_id!r}")
 
     @staticmethod
-    def _claim_id(event: dict) -> str:
-        claim_id = event.get("claim_id")
+    def _claim_id(event: TextEvent) -> str:
+        claim_id = event.claim_id
         if not claim_id:
-            raise GateInputError(f"{event['kind']} event without a claim_id (turn {event['turn_id']!r})")
+            raise GateInputError(f"{event.kind} event without a claim_id (turn {event.turn_id!r})")
         return claim_id
 
-    def _open_turn(self, event: dict, now_us: int) -> _Turn:
-        language = kokoro_language(event.get("language"), self.config.default_language)
-        problems = lexicon_problems(event.get("lexicon"))  # the codec checked it; a replay may not have
-        if problems:
-            raise TurnRejected(f"turn {event.get('turn_id')!r}: {problems[0]}")
-        voice = event.get("voice") or (
+    def _open_turn(self, event: TextEvent, now_us: int) -> _Turn:
+        language = kokoro_language(event.language, self.config.default_language)
+        lexicon = event.lexicon
+        if lexicon:  # the codec checked it; a replay may not have
+            problems = lexicon_problems([entry.to_record() for entry in lexicon])
+            if problems:
+                raise TurnRejected(f"turn {event.turn_id!r}: {problems[0]}")
+        voice = event.voice or (
             self.config.default_voice if self.config.default_voice[:1] == language
             else DEFAULT_VOICES.get(language, self.config.default_voice)
         )
-        started = int(event["produced_at_us"])
-        cancelled = event["turn_id"] in self._cancelled_turns
-        turn = _Turn(self.config, event["turn_id"], {
-            "agent_id": event["agent_id"], "language": language, "voice": voice, "speed": event.get("speed"),
-            "lexicon": compact_lexicon(event.get("lexicon")), "started_at_us": started, "cancelled": cancelled,
+        started = event.produced_at_us
+        cancelled = event.turn_id in self._cancelled_turns
+        turn = _Turn(self.config, event.turn_id, {
+            "agent_id": event.agent_id, "language": language, "voice": voice, "speed": event.speed,
+            "lexicon": compact_lexicon(lexicon), "started_at_us": started, "cancelled": cancelled,
         })
         self._turns[turn.turn_id] = turn
         for warning in turn.voice_warnings:
@@ -607,10 +615,10 @@ class GateSession:
             del self._turns[old]
         return turn
 
-    def _feed(self, turn: _Turn, event: dict, now_us: int) -> list[dict]:
-        text = event.get("text") or ""
+    def _feed(self, turn: _Turn, event: TextEvent, now_us: int) -> list[SynthesisRequest]:
+        text = event.text or ""
         if turn.first_token_at_us < 0:
-            turn.first_token_at_us = int(event["produced_at_us"])
+            turn.first_token_at_us = event.produced_at_us
         if not text:
             return []
         sentences = turn.segmenter.feed(text)
@@ -627,7 +635,7 @@ class GateSession:
         return out
 
     # --- speculative release (docs/gate.md, "Speculative release") ------------------------------
-    def _speculate(self, turn: _Turn, now_us: int) -> list[dict]:
+    def _speculate(self, turn: _Turn, now_us: int) -> list[SynthesisRequest]:
         """Release the sentence ending at an almost certain stop now, tentative. Only where its
         release could not be held or reordered: incremental mode, no claim pending or held in the
         turn, and text within one request."""
@@ -642,12 +650,11 @@ class GateSession:
         text = apply_lexicon(sentence.text.strip(), turn.lexicon)
         if not text or len(text.encode("utf-8")) > config.max_text_bytes:
             return []
-        request = self._request(turn, text, now_us, now_us)
-        request["tentative"] = True
-        turn.spec = {"seq": request["sentence_seq"], "text": text, "start": sentence.start, "stop": sentence.end}
+        request = replace(self._request(turn, text, now_us, now_us), tentative=True)
+        turn.spec = {"seq": request.sentence_seq, "text": text, "start": sentence.start, "stop": sentence.end}
         return [request]
 
-    def _withdraw_if_undone(self, turn: _Turn, sentences: list, now_us: int) -> list[dict]:
+    def _withdraw_if_undone(self, turn: _Turn, sentences: list, now_us: int) -> list[SynthesisRequest]:
         """The tentative sentence's stop turned out to be no end (the segmenter scanned past it
         without releasing a sentence that starts where it starts): withdraw it at once (tentative,
         empty text), so the worker drops it now; its sentence_seq is given to the next release."""
@@ -659,12 +666,11 @@ class GateSession:
             return []  # the scan still waits at the stop
         return self._withdraw(turn, now_us)
 
-    def _withdraw(self, turn: _Turn, now_us: int) -> list[dict]:
+    def _withdraw(self, turn: _Turn, now_us: int) -> list[SynthesisRequest]:
         """Withdraw the turn's tentative sentence (tentative, empty text, its sentence_seq, which
         the next release reuses)."""
         spec, turn.spec = turn.spec, None
-        withdrawal = self._request(turn, "", now_us, now_us)
-        withdrawal.update(sentence_seq=spec["seq"], tentative=True)
+        withdrawal = replace(self._request(turn, "", now_us, now_us), sentence_seq=spec["seq"], tentative=True)
         turn.next_seq = spec["seq"]
         log.debug("session %s turn %s: tentative %r withdrawn", self.session_id, turn.turn_id, spec["text"])
         return [withdrawal]
@@ -678,7 +684,7 @@ class GateSession:
         if text:
             turn.evidence.offer(end, {"text": text, "complete_us": complete_us})
 
-    def _drain(self, turn: _Turn, now_us: int) -> list[dict]:
+    def _drain(self, turn: _Turn, now_us: int) -> list[SynthesisRequest]:
         released: list[tuple[str, int]] = []  # (text, complete_us) in order
         for item in turn.evidence.drain():
             if isinstance(item, Dropped):
@@ -700,13 +706,13 @@ class GateSession:
             text = " ".join(t for t, _ in turn.buffered)
             complete_us = max((at for _, at in turn.buffered), default=now_us)
             out = [self._request(turn, piece, complete_us, now_us) for piece in split_text(text, limit)]
-            out[-1]["is_last_in_turn"] = True
+            out[-1] = replace(out[-1], is_last_in_turn=True)
         else:
             out = [self._request(turn, piece, at, now_us) for text, at in released
                    for piece in split_text(text, limit)]
             if finished:
                 if out:
-                    out[-1]["is_last_in_turn"] = True
+                    out[-1] = replace(out[-1], is_last_in_turn=True)
                 else:  # everything was released already: say so with an empty end-of-turn request
                     out.append(self._request(turn, "", now_us, now_us, last=True))
         if finished:
@@ -714,7 +720,8 @@ class GateSession:
             turn.retire()
         return out
 
-    def _request(self, turn: _Turn, text: str, complete_us: int, now_us: int, last: bool = False) -> dict:
+    def _request(self, turn: _Turn, text: str, complete_us: int, now_us: int,
+                 last: bool = False) -> SynthesisRequest:
         spec = turn.spec
         if spec is not None and text:
             # The first release after a tentative one is the sentence it guessed (it starts at the
@@ -724,19 +731,18 @@ class GateSession:
             turn.spec = None
             request = self._request(turn, "" if text == spec["text"] else text, complete_us, now_us, last)
             turn.next_seq -= 1
-            request["sentence_seq"] = spec["seq"]
-            return request
+            return replace(request, sentence_seq=spec["seq"])
         seq = turn.next_seq
         turn.next_seq += 1
-        return {
-            "session_id": self.session_id, "turn_id": turn.turn_id, "agent_id": turn.agent_id,
-            "sentence_seq": seq, "text": text, "language": turn.language, "voice": turn.voice,
-            "speed": turn.speed if turn.speed is not None else self.config.default_speed, "is_last_in_turn": last,
-            "first_token_at_us": turn.first_token_at_us if turn.first_token_at_us >= 0 else turn.started_at_us,
-            "text_complete_at_us": complete_us, "released_at_us": now_us, "tentative": False,
-        }
+        return SynthesisRequest(
+            session_id=self.session_id, turn_id=turn.turn_id, agent_id=turn.agent_id,
+            sentence_seq=seq, text=text, language=turn.language, voice=turn.voice,
+            speed=turn.speed if turn.speed is not None else self.config.default_speed, is_last_in_turn=last,
+            first_token_at_us=turn.first_token_at_us if turn.first_token_at_us >= 0 else turn.started_at_us,
+            text_complete_at_us=complete_us, released_at_us=now_us, tentative=False,
+        )
 
-    def _resolve_claim(self, claim_id: str, status: str, now_us: int) -> list[dict]:
+    def _resolve_claim(self, claim_id: str, status: str, now_us: int) -> list[SynthesisRequest]:
         # The newest turn with this claim pending (agents may reuse claim ids from turn to turn).
         for turn in reversed(list(self._turns.values())):
             if turn.evidence is not None and claim_id in turn.evidence.pending_claims():
@@ -747,7 +753,7 @@ class GateSession:
         self._early.add(claim_id, status, now_us)
         return []
 
-    def _force_end(self, turn: _Turn, now_us: int) -> list[dict]:
+    def _force_end(self, turn: _Turn, now_us: int) -> list[SynthesisRequest]:
         """End a live turn now: flush its text, resolve its holds as a timeout would."""
         turn.ended = True
         for sentence in turn.segmenter.flush():
@@ -773,7 +779,7 @@ class GateSession:
         self.controls.append(ControlEvent.cancel(self.session_id, turn_id, reason="preempted by a newer turn",
                                                  source=FLOOR_CANCEL_SOURCE, issued_at_us=now_us, after_turn_id=by))
 
-    def _refuse(self, turn: _Turn, now_us: int) -> list[dict]:
+    def _refuse(self, turn: _Turn, now_us: int) -> list[SynthesisRequest]:
         """End a turn that will never get the floor: nothing of it was sent, so its end request is
         its first (sentence 0, empty text)."""
         turn.ended = turn.finished = True
@@ -795,31 +801,30 @@ class Gate:
             self.sessions[session_id] = GateSession(session_id, self.config)
         return self.sessions[session_id]
 
-    def apply(self, event: "dict | ControlEvent", now_us: int) -> list[dict]:
-        sid = event.session_id if isinstance(event, ControlEvent) else event["session_id"]
-        return self.session(sid).apply(event, now_us)
+    def apply(self, event: TextEvent | ControlEvent, now_us: int) -> list[SynthesisRequest]:
+        return self.session(event.session_id).apply(event, now_us)
 
-    def tick(self, now_us: int) -> list[dict]:
+    def tick(self, now_us: int) -> list[SynthesisRequest]:
         return [r for s in self.sessions.values() for r in s.tick(now_us)]
 
 
-def gate_sentences(events: "Iterable[dict | ControlEvent]", settings: Settings | GateConfig,
-                   now_us: int | None = None) -> list[dict]:
-    """Run decoded TextEvents (dicts) and `ControlEvent`s through a fresh gate; the synthesis requests.
+def gate_sentences(events: Iterable[TextEvent | ControlEvent], settings: Settings | GateConfig,
+                   now_us: int | None = None) -> list[SynthesisRequest]:
+    """Run `TextEvent`s and `ControlEvent`s through a fresh gate; the synthesis requests.
 
     Each event is applied at `now_us` when given, else at its own ``produced_at_us`` /
     ``issued_at_us`` (so hold timeouts follow the events' clock), with a tick before each one.
     """
     config = settings if isinstance(settings, GateConfig) else GateConfig.from_settings(settings)
     gate = Gate(config)
-    out: list[dict] = []
+    out: list[SynthesisRequest] = []
     for event in events:
         if now_us is not None:
             at = now_us
         elif isinstance(event, ControlEvent):
             at = event.issued_at_us
         else:
-            at = int(event.get("produced_at_us", 0))
+            at = event.produced_at_us
         out.extend(gate.tick(at))
         out.extend(gate.apply(event, at))
     return out

@@ -30,9 +30,9 @@ first sentences right after the holder's last ones, while the holder's audio sti
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from voicebus.schemas.contract import FLOOR_PREEMPT, FLOOR_QUEUE, FloorEventKind
+from voicebus.schemas.messages import SynthesisRequest, TextEvent
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class Floor:
         self.cut_pending_by: str | None = state.get("cut_pending_by")  # granted, cuts `recent` when it speaks
         # Waiting turns in the order they get the floor: {"turn", "priority", "opened_us", "preempt"}.
         self.waiting: list[dict] = [dict(w) for w in state.get("waiting", [])]
+        # Waiting turns' requests, as records (the state is JSON), in the order they were released.
         self.held: dict[str, list[dict]] = {t: list(r) for t, r in state.get("held", {}).items()}
         # Floor events since the last `take_events` (not part of the state).
         self.events: list[dict] = []
@@ -108,7 +109,7 @@ class Floor:
         self._event(turn_id, QUEUED, now_us, now_us)
         return QUEUED, cut
 
-    def close(self, turn_id: str, now_us: int) -> list[dict]:
+    def close(self, turn_id: str, now_us: int) -> list[SynthesisRequest]:
         """The turn will not speak any more (cancelled): forget what it holds; when it held the
         floor, pass it on. Returns the requests that may go out now."""
         self.held.pop(turn_id, None)
@@ -126,14 +127,15 @@ class Floor:
         return any(w["turn"] == turn_id for w in self.waiting)
 
     # --- requests ------------------------------------------------------------------------------
-    def route(self, requests: list[dict], now_us: int) -> tuple[list[dict], list[tuple[str, str]]]:
+    def route(self, requests: list[SynthesisRequest],
+              now_us: int) -> tuple[list[SynthesisRequest], list[tuple[str, str]]]:
         """The session's requests, in the order it produced them. Returns those that may go out
         now (in order) and the turns cut, each as (cut turn, the turn that cut it): the caller
         cancels them; their requests are dropped."""
-        out: list[dict] = []
+        out: list[SynthesisRequest] = []
         cut: list[tuple[str, str]] = []
         for request in requests:
-            turn_id = request["turn_id"]
+            turn_id = request.turn_id
             if any(turn_id == gone for gone, _by in cut):
                 continue
             head = self.waiting[0] if self.waiting else None
@@ -155,10 +157,10 @@ class Floor:
                     self.recent = None
             if turn_id == self.holder:
                 out.append(request)
-                if request.get("is_last_in_turn"):
+                if request.is_last_in_turn:
                     out.extend(self._pass(now_us))
             elif self.waits(turn_id):
-                self.held.setdefault(turn_id, []).append(request)
+                self.held.setdefault(turn_id, []).append(request.to_record())
             else:
                 out.append(request)  # a turn outside the floor (refused, or never opened here)
         return out, cut
@@ -182,13 +184,13 @@ class Floor:
         self.holder_priority = priority
         self._event(turn_id, GRANTED, now_us, opened_us)
 
-    def _pass(self, now_us: int) -> list[dict]:
+    def _pass(self, now_us: int) -> list[SynthesisRequest]:
         """The holder is done: the next waiting turn gets the floor and its held requests go out
         (and the one after it, when the whole next turn was held already)."""
         if self.holder is not None:
             self.recent = {"turn": self.holder, "priority": self.holder_priority}
         self.holder = None
-        out: list[dict] = []
+        out: list[SynthesisRequest] = []
         while self.holder is None and self.waiting:
             nxt = self.waiting.pop(0)
             self._grant(nxt["turn"], nxt["priority"], now_us, opened_us=nxt["opened_us"])
@@ -196,9 +198,9 @@ class Floor:
                 # The turn it meant to cut ended its text first, but its audio still plays: cut
                 # it when this turn has its first sentence, as planned.
                 self.cut_pending_by = nxt["turn"]
-            held = self.held.pop(nxt["turn"], [])
+            held = [SynthesisRequest.from_record(r) for r in self.held.pop(nxt["turn"], [])]
             out.extend(held)
-            if any(r.get("is_last_in_turn") for r in held):
+            if any(r.is_last_in_turn for r in held):
                 self.recent = {"turn": nxt["turn"], "priority": nxt["priority"]}
                 self.holder = None
         return out
@@ -208,9 +210,9 @@ class Floor:
                             "waited_us": max(0, now_us - opened_us), "reason": reason})
 
 
-def turn_floor(event: dict[str, Any], default_policy: str) -> tuple[str, int]:
+def turn_floor(event: TextEvent, default_policy: str) -> tuple[str, int]:
     """A turn's floor policy and priority, from its first event (absent fields: the defaults)."""
-    policy = event.get("floor") or default_policy
+    policy = event.floor or default_policy
     if policy not in (FLOOR_QUEUE, FLOOR_PREEMPT):
         policy = default_policy
-    return policy, int(event.get("priority") or 0)
+    return policy, int(event.priority or 0)

@@ -12,6 +12,9 @@ start for themselves.
   (``start=False``, a command given ``--bootstrap``: never starts one);
   `ephemeral_cluster(settings, n)` starts an N-node one on free ports for a benchmark's own use
   (`throwaway_cluster`: the same, as settings, for benchmarks that compare sizes).
+
+Size: about 540 lines, most of them `LocalCluster` (start, kill, restart and stop of N nodes and
+the metadata it reads). Operations code, not on the runtime path.
 """
 
 from __future__ import annotations

@@ -51,17 +51,18 @@ async def turn_release_latencies(settings: Settings, agent_id: str) -> dict[tupl
     """Release latency (ms) of every sentence of every turn of `agent_id` so far, per (session, turn)
     (`voicebus.latency.release_latencies_ms`, from the text and synthesis topics)."""
     from voicebus.latency import release_latencies_ms
+    from voicebus.schemas.messages import SynthesisRequest, TextEvent
     from voicebus.topics import text_topic
 
     records = await read_topics(settings, [text_topic(settings, agent_id), settings.synthesis_topic])
-    events: dict[tuple[str, str], list[dict]] = {}
-    requests: dict[tuple[str, str], list[dict]] = {}
+    events: dict[tuple[str, str], list[TextEvent]] = {}
+    requests: dict[tuple[str, str], list[SynthesisRequest]] = {}
     for _, kind, value in records:
         key = (value["session_id"], value["turn_id"])
         if kind == "TextEvent" and value.get("agent_id") == agent_id:
-            events.setdefault(key, []).append(value)
+            events.setdefault(key, []).append(TextEvent.from_record(value))
         elif kind == "SynthesisRequest":
-            requests.setdefault(key, []).append(value)
+            requests.setdefault(key, []).append(SynthesisRequest.from_record(value))
     return {key: release_latencies_ms(evs, requests.get(key, []), settings) for key, evs in events.items()}
 
 

@@ -186,7 +186,8 @@ class PipelineStack(Owned):
         return True
 
     async def _start_gate(self, lane: Lane, timeout: float = 90.0) -> None:
-        from voicebus.gate.app import READY_LINE, start_gate_subprocess
+        from voicebus.gate.app import READY_LINE
+        from voicebus.gate.cli import start_gate_subprocess
 
         lane.gate = start_gate_subprocess(lane.settings, stderr=subprocess.STDOUT, log_level=self._gate_log_level)
         assigned = threading.Event()

@@ -62,8 +62,8 @@ def register(subparsers) -> None:
 
 
 def run_synth(args, settings) -> int:
-    from voicebus.schemas.contract import DEFAULT_VOICES, InvalidVoice, parse_voice
-    from voicebus.synthesis.engine import EngineError, SynthesisEngine, resolve_language
+    from voicebus.schemas.contract import DEFAULT_VOICES, InvalidVoice, UnknownLanguage, kokoro_code, parse_voice
+    from voicebus.synthesis.engine import EngineError, SynthesisEngine
     from voicebus.synthesis.weights import WeightsError
 
     try:
@@ -73,8 +73,8 @@ def run_synth(args, settings) -> int:
         return 2
     language = args.language or settings.default_language
     try:
-        code = resolve_language(language)
-    except EngineError as exc:
+        code = kokoro_code(language, default=None)
+    except UnknownLanguage as exc:
         print(f"voicebus synth: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()

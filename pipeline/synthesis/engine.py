@@ -1,28 +1,37 @@
 """The synthesis engine: text in, PCM16 24 kHz mono chunks out, with the real Kokoro-82M code.
 
-This module owns one process's Kokoro model (`kokoro.KModel`, shared by every request), one
-text-to-phoneme `kokoro.KPipeline` per language (G2P only, built lazily), the voice packs,
-the splitting of long sentences into pieces so the first audio chunk comes early, and the
-trimming of the silence Kokoro pads each piece with (`trim_silence`). It knows
-nothing about Kafka: the synthesis worker calls `SynthesisEngine.stream` in a thread.
+This module owns one process's Kokoro model (`kokoro.KModel`, shared by every request), its
+G2P per language (`voicebus.synthesis.g2p`, built lazily), the voice packs and their blends,
+and the streaming of one sentence: cut into pieces (`voicebus.synthesis.pieces`), each piece
+predicted, decoded (in windows where that brings the first audio sooner:
+`voicebus.synthesis.kokoro_frames`), its silence trimmed (`voicebus.synthesis.pcm`) and its
+words timed (`voicebus.synthesis.words`). It knows nothing about Kafka: the synthesis worker
+calls `SynthesisEngine.stream` in a thread.
 
 Weights come from `voicebus.synthesis.weights` (`SynthesisEngine.load`); `SynthesisEngine.tiny`
 builds the same Kokoro code with a tiny random-weight config for fast, deterministic tests.
+
+Size: about 700 lines, 500 of them the one `SynthesisEngine` class. Its streaming methods share
+the model lock, the voice cache and the decode-speed estimate that windowed decoding plans
+with; split apart, each would take all three as arguments. Everything without that state
+lives in the modules named above.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
+from voicebus.schemas.contract import PHONEME_SPAN, VoiceMix, kokoro_code, parse_voice
+from voicebus.synthesis.g2p import REPO_ID, build_g2p
+from voicebus.synthesis.pcm import PartTrimmer, chunk_pcm, float_to_pcm16, sounding_span, trimmed
+from voicebus.synthesis.pieces import piece_limits, split_for_early_audio
 from voicebus.synthesis.words import TimedWord, WordTiming, english_words, phoneme_words, place
-from voicebus.schemas.contract import LANGUAGES, PHONEME_SPAN, VoiceMix, parse_voice
 
 if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions that need them
     import torch
@@ -33,40 +42,9 @@ if TYPE_CHECKING:  # torch and kokoro are heavy: imported inside the functions t
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
-REPO_ID = "hexgrad/Kokoro-82M"  # only used by kokoro for naming; nothing is downloaded
 
 # A Kokoro phoneme sequence may hold at most 510 symbols (512 positions with the two pads).
 MAX_PHONEMES = 510
-
-# Long sentences are cut at clause boundaries: the first piece short, so its audio is ready
-# early; later pieces longer, because each forward pass has a fixed cost and longer context
-# gives better prosody. A clause longer than the limit is cut at word boundaries.
-FIRST_PIECE_MAX_WORDS = 8
-PIECE_MAX_WORDS = 30
-
-# With windowed decoding (the first audio comes from a piece's first frames, however long the
-# piece) a sentence is cut only where it must be: pieces of at most this many words, cut at
-# clause punctuation when the clauses allow, so the phonemes stay far under MAX_PHONEMES
-# (about 6 symbols a word in en/es/pt: ~300 of 510). Each cut is a pause of 250-500 ms heard
-# in the middle of the sentence.
-WINDOWED_PIECE_MAX_WORDS = 50
-
-
-def piece_limits(windowed: bool) -> tuple[int, int]:
-    """(first piece's, later pieces' most words) for `split_for_early_audio`: without windowed
-    decoding a short first piece for early audio; with it, only the phoneme-safe limit."""
-    if windowed:
-        return WINDOWED_PIECE_MAX_WORDS, WINDOWED_PIECE_MAX_WORDS
-    return FIRST_PIECE_MAX_WORDS, PIECE_MAX_WORDS
-
-
-_CLAUSE_END = re.compile(r"(?<=[,;:.!?…—–])\s+")
-
-# Kokoro-82M pads every forward pass with silence: about 250-290 ms before the first sound and
-# 430-690 ms after the last (measured on the offline pack, docs/worker.md). The lead delays
-# the first *audible* sample of a turn by that much; lead plus trail make a pause of almost a
-# second between sentences and inside a sentence cut in pieces. `trim_silence` keeps a margin.
-SILENCE_THRESHOLD = 33  # |sample| of PCM16 at -60 dBFS: quieter than any speech onset
 
 # torch intra-op threads of a process that loads the real model: `Settings.synthesis_threads`.
 # On this project's 2-core machine, shared with the broker, gate, edge and other workers, 2
@@ -91,109 +69,8 @@ class EngineError(RuntimeError):
     """Base class of synthesis engine errors."""
 
 
-class UnknownLanguage(EngineError):
-    """The requested language is not one the engine can phonemize."""
-
-
 class NoVoices(EngineError):
     """The engine has no voice pack at all."""
-
-
-def resolve_language(language: str) -> str:
-    """Map a language of the contract (``en``, ``es``, ``fr``, ``ja``, ..., and Kokoro's own
-    codes) to a Kokoro code (`voicebus.schemas.contract.LANGUAGES`)."""
-    key = (language or "").strip().lower()
-    code = LANGUAGES.get(key)
-    if code is None:
-        raise UnknownLanguage(f"unknown language {language!r}; known: {', '.join(sorted(LANGUAGES))}")
-    return code
-
-
-def split_for_early_audio(
-    text: str,
-    first_max_words: int = FIRST_PIECE_MAX_WORDS,
-    max_words: int = PIECE_MAX_WORDS,
-    first_clause_min_words: int = 0,
-) -> list[str]:
-    """Cut one sentence into pieces synthesized one after another.
-
-    The first piece has at most ``first_max_words`` words (whole clauses when they fit), the
-    others at most ``max_words``; clauses are kept whole when they fit, merged when short.
-    With ``first_clause_min_words`` > 0 the first piece also ends at the first clause boundary
-    once it has that many words ("Thanks for waiting," of "Thanks for waiting, I found your
-    order."): the worker asks for it on a turn's first sentence, whose first audio is the turn's.
-    Joining the pieces with single spaces gives back the text with its whitespace normalized.
-    An inline phoneme span (``[New York](/nˈu jˈɔɹk/)``) is one word, never cut.
-    """
-    spans: list[str] = []
-
-    def hide(m: "re.Match[str]") -> str:  # a span as one word without space or punctuation
-        spans.append(" ".join(m.group(0).split()))
-        return f"{_SPAN_MARK}{len(spans) - 1}{_SPAN_MARK}"
-
-    if "[" in text:
-        text = PHONEME_SPAN.sub(hide, text)
-    pieces = _split_words(text, first_max_words, max_words, first_clause_min_words)
-    if spans:
-        pieces = [_SPAN_HIDDEN.sub(lambda m: spans[int(m.group(1))], p) for p in pieces]
-    return pieces
-
-
-_SPAN_MARK = "\ue000"  # a private-use character: no text of a sentence holds it
-_SPAN_HIDDEN = re.compile(_SPAN_MARK + r"(\d+)" + _SPAN_MARK)
-
-
-def _split_words(text: str, first_max_words: int, max_words: int, first_clause_min_words: int) -> list[str]:
-    clauses = [c.split() for c in _CLAUSE_END.split(text.strip()) if c.strip()]
-    pieces: list[list[str]] = []
-    current: list[str] = []
-    for words in clauses:
-        if first_clause_min_words and not pieces and len(current) >= first_clause_min_words:
-            pieces.append(current)
-            current = []
-        while words:
-            limit = first_max_words if not pieces else max_words
-            room = limit - len(current)
-            if len(words) <= room:
-                current.extend(words)
-                words = []
-            elif current:
-                pieces.append(current)  # close the piece at the clause boundary
-                current = []
-            else:
-                # A clause longer than a whole piece: cut it at a word boundary, in parts of
-                # about equal size (never a tiny tail) for the later pieces.
-                if pieces:
-                    parts = -(-len(words) // limit)
-                    take = -(-len(words) // parts)
-                else:
-                    take = limit
-                pieces.append(words[:take])
-                words = words[take:]
-    if current:
-        pieces.append(current)
-    return [" ".join(p) for p in pieces]
-
-
-def float_to_pcm16(audio: "torch.Tensor") -> bytes:
-    """Float audio in [-1, 1] (clipped) to little-endian signed 16-bit PCM bytes."""
-    import torch
-
-    samples = torch.nan_to_num(audio.detach().float().cpu().flatten(), nan=0.0)
-    scaled = (samples.clamp(-1.0, 1.0) * 32767.0).round().to(torch.int16).numpy()
-    return scaled.astype("<i2", copy=False).tobytes()
-
-
-def chunk_pcm(pcm: bytes, chunk_samples: int) -> list[bytes]:
-    """Cut PCM16 bytes into chunks of ``chunk_samples``; a tail under half a chunk joins the
-    chunk before it, so every chunk is between 0.5x and 1.5x the target (unless the whole
-    audio is shorter)."""
-    step = chunk_samples * 2
-    chunks = [pcm[i : i + step] for i in range(0, len(pcm), step)]
-    if len(chunks) >= 2 and len(chunks[-1]) < step // 2:
-        tail = chunks.pop()
-        chunks[-1] += tail
-    return chunks
 
 
 def pick_device(requested: str) -> str:
@@ -245,97 +122,6 @@ def pick_precision(requested: str, device: str, cpu_bf16: Callable[[], bool] = c
     return torch.bfloat16 if requested == "bfloat16" else torch.float32
 
 
-def build_g2p(lang_code: str):
-    """A quiet `KPipeline` (G2P only) for one Kokoro language code, built with nothing to
-    download: misaki's English G2P normally fetches the spaCy model ``en_core_web_sm`` at run
-    time; here it gets the installed one (`voicebus.synthesis.weights.load_spacy_english`).
-    Spanish, French, Hindi, Italian and Portuguese go through espeak-ng (the data bundled with
-    ``espeakng-loader``), Japanese through misaki's cutlet G2P on the bundled UniDic-lite
-    dictionary (`_offline_japanese_g2p`), Mandarin through misaki's jieba + pypinyin G2P."""
-    from kokoro import KPipeline
-
-    if lang_code in "ab":
-        from misaki import en, espeak
-
-        g2p = _offline_english_g2p(british=lang_code == "b", fallback=espeak.EspeakFallback(british=lang_code == "b"))
-        assert isinstance(g2p, en.G2P)
-    elif lang_code == "j":
-        g2p = _offline_japanese_g2p()
-    elif lang_code == "z":
-        _quiet_jieba()
-        return KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
-    else:
-        pipeline = KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
-        if lang_code == "h":
-            pipeline.g2p = _DandaAsStop(pipeline.g2p)
-        return pipeline
-    # KPipeline's constructor would build misaki's G2P itself (English: downloading spaCy;
-    # Japanese: importing pyopenjtalk, which the cutlet G2P never calls); these are all the
-    # attributes it sets for a model-less pipeline.
-    pipeline = KPipeline.__new__(KPipeline)
-    pipeline.repo_id = REPO_ID
-    pipeline.lang_code = lang_code
-    pipeline.model = None
-    pipeline.voices = {}
-    pipeline.g2p = g2p
-    return pipeline
-
-
-class _DandaAsStop:
-    """espeak-ng's Hindi G2P with the danda (``।``, ``॥``) read as a full stop: espeak drops
-    it, and with it the sentence's final fall and the pause before the next one."""
-
-    def __init__(self, g2p):
-        self.g2p = g2p
-
-    def __call__(self, text: str):
-        return self.g2p(re.sub(r"\s*[।॥]+", ".", text))
-
-
-def _offline_japanese_g2p():
-    """misaki's Japanese G2P as kokoro builds it (``JAG2P()``: the cutlet romanizer to IPA) on
-    fugashi with the UniDic-lite dictionary bundled in its wheel. misaki's ``ja`` extra names
-    ``unidic``, whose dictionary is downloaded at run time, and ``pyopenjtalk`` (built from
-    source, its dictionary downloaded at first use), which ``misaki.ja`` imports but the cutlet
-    G2P never calls: both are left out."""
-    import os
-
-    import unidic_lite
-    from fugashi import Tagger
-    from misaki.cutlet import HEPBURN, Cutlet
-
-    # the attributes Cutlet.__init__ sets, its tagger on the bundled dictionary (fugashi's
-    # default tagger takes ``unidic`` first where it is installed, downloaded or not)
-    cutlet = Cutlet.__new__(Cutlet)
-    cutlet.tagger = Tagger(f'-d "{unidic_lite.DICDIR}" -r "{os.path.join(unidic_lite.DICDIR, "mecabrc")}"')
-    cutlet.table = dict(HEPBURN)
-    cutlet.exceptions = {}
-    return cutlet
-
-
-def _quiet_jieba() -> None:
-    """jieba logs its dictionary load (from its own wheel, cached in the temp dir) at INFO."""
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-
-
-def _offline_english_g2p(british: bool, fallback):
-    from misaki import en
-
-    from voicebus.synthesis.weights import load_spacy_english
-
-    g2p = en.G2P.__new__(en.G2P)
-    # the attributes misaki's G2P.__init__ sets, with the packaged spaCy model
-    g2p.version = None
-    g2p.british = british
-    g2p.nlp = load_spacy_english(enable=["tok2vec", "tagger"])
-    g2p.lexicon = en.Lexicon(british)
-    g2p.fallback = fallback
-    g2p.unk = ""
-    return g2p
-
-
 # A phoneme alphabet for the tiny random-weight model (the real one comes with the weights).
 _TINY_SYMBOLS = (
     ";:,.!?—…\"()“” "
@@ -358,91 +144,6 @@ def tiny_config() -> dict:
 
 
 TINY_VOICES = ("af_heart", "am_tiny", "ef_tiny", "pf_tiny")
-
-
-def trim_silence(
-    pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD, undecoded_trail_samples: int = 0
-) -> bytes:
-    """`trimmed`: the PCM16LE only (see there)."""
-    return trimmed(pcm, max_lead_samples, max_trail_samples, threshold, undecoded_trail_samples)[0]
-
-
-def trimmed(
-    pcm: bytes, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD, undecoded_trail_samples: int = 0
-) -> tuple[bytes, int]:
-    """PCM16LE with the silence before the first and after the last sample louder than
-    ``threshold`` cut to at most ``max_lead_samples`` and ``max_trail_samples``. Audio that is
-    silent throughout comes back unchanged: trimming must never turn a piece into nothing.
-
-    ``undecoded_trail_samples``: silence the model predicted after ``pcm`` that was not decoded
-    (`kokoro_frames.sound_span`); up to that many zero samples are appended so the trail kept
-    is what trimming the whole decode would have kept. The model's silence is below -70 dBFS:
-    digital zeros sound the same and cost nothing to compute.
-
-    Returns the PCM and the number of samples cut before it (word timings move by that much)."""
-    import numpy as np
-
-    samples = np.frombuffer(pcm, dtype="<i2")
-    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
-    if loud.size == 0:
-        return pcm, 0
-    start = max(0, int(loud[0]) - max(0, max_lead_samples))
-    end = min(len(samples) + max(0, undecoded_trail_samples), int(loud[-1]) + 1 + max(0, max_trail_samples))
-    return pcm[start * 2 : end * 2] + bytes(2 * max(0, end - len(samples))), start
-
-
-def sounding_span(pcm: bytes, threshold: int = SILENCE_THRESHOLD) -> tuple[int, int]:
-    """Samples ``(first, last + 1)`` of PCM16LE louder than ``threshold`` (the whole of it when
-    none is): where a piece's words may start and end (`words.place`)."""
-    import numpy as np
-
-    samples = np.frombuffer(pcm, dtype="<i2")
-    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > threshold)
-    if loud.size == 0:
-        return 0, len(samples)
-    return int(loud[0]), int(loud[-1]) + 1
-
-
-class PartTrimmer:
-    """`trimmed` for audio that comes in parts (the windows of `kokoro_frames.decode_windows`):
-    `feed` returns what can be published of each part, and the parts' outputs joined are
-    exactly ``trimmed(all parts joined, ...)``. The lead is cut on the first loud sample; the
-    quiet samples after a part's last loud one are held until the next part says whether
-    speech follows (then they are kept) or the piece ends (then the trail rule applies).
-    ``cut``: the samples cut before the output, known once `feed` has returned audio."""
-
-    def __init__(self, max_lead_samples: int, max_trail_samples: int, threshold: int = SILENCE_THRESHOLD,
-                 undecoded_trail_samples: int = 0) -> None:
-        import numpy as np
-
-        self.max_lead, self.max_trail = max(0, max_lead_samples), max(0, max_trail_samples)
-        self.threshold, self.undecoded = threshold, max(0, undecoded_trail_samples)
-        self.cut = 0
-        self._started = False
-        self._held = np.empty(0, dtype="<i2")
-
-    def feed(self, pcm: bytes, last: bool) -> bytes:
-        import numpy as np
-
-        samples = np.concatenate([self._held, np.frombuffer(pcm, dtype="<i2")])
-        loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > self.threshold)
-        if not self._started:
-            if loud.size == 0:  # nothing loud yet: silent throughout so far
-                if last:
-                    self._held = samples[:0]
-                    return samples.tobytes()
-                self._held = samples
-                return b""
-            self.cut = max(0, int(loud[0]) - self.max_lead)
-            samples, loud = samples[self.cut :], loud - self.cut
-            self._started = True
-        last_loud = int(loud[-1]) if loud.size else -1  # -1: the last loud sample was before the held ones
-        if last:
-            self._held = samples[:0]
-            end = min(len(samples) + self.undecoded, last_loud + 1 + self.max_trail)
-            return samples[:end].tobytes() + bytes(2 * max(0, end - len(samples)))
-        self._held = samples[last_loud + 1 :]
-        return samples[: last_loud + 1].tobytes()
 
 
 class Piece(NamedTuple):
@@ -696,7 +397,7 @@ class SynthesisEngine:
         """`phonemize`, each phoneme string with the timing of its words: English from misaki's
         tokens, the other languages from the phoneme groups (`voicebus.synthesis.words`; Japanese
         and Chinese, written without spaces, as one word)."""
-        code = resolve_language(language)
+        code = kokoro_code(language, default=None)
         pipeline = self._pipeline(code)
         if code not in "ab" and "[" in text and PHONEME_SPAN.search(text):
             return self._spliced_pieces(text, pipeline)

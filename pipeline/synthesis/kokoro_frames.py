@@ -34,6 +34,11 @@ crossfaded at the seams.
 `FoldedGenerator` is `generate`'s computation built once from the loaded model's weights: 2-D
 convolutions over channels-last tensors, AdaIN and Snake folded into per-channel scales, in
 float32 (the same audio within 1e-5) or bfloat16 (docs/worker.md, "The generator, folded").
+
+Size: about 960 lines, kept whole on purpose: this is the one module that reaches into kokoro's
+internals (its predictor, decoder and generator attributes, checked by `check_kokoro_internals`),
+and the folded generator, the windowed decoding and the frame prediction all do. Split apart, a
+kokoro release that renames an attribute would break several modules instead of one.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class CancelObservation:
 
 class RealTimeWatch:
     """Whether a worker makes speech as fast as it plays: the median real-time factor of its last
-    ``window`` spoken sentences (`ChunkAssembler.realtime_factor`), once it has ``min_sentences``.
+    ``window`` spoken sentences (`voicebus.synthesis.chunks.ChunkAssembler.realtime_factor`), once it has ``min_sentences``.
     Above ``threshold`` (1) no scheduling helps: every listener of this worker hears gaps inside
     sentences (a CPU without AMX or AVX-512 BF16 at one thread, docs/benchmarks.md). `observe` returns
     that median when it crosses the threshold upward, once until it has been back under it; the

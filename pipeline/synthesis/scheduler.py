@@ -22,7 +22,8 @@ No Kafka and no engine here; `voicebus.synthesis.worker` wraps this in the bus s
   which the shell's fetch and synthesis loops wait on (`Changes`).
 - `OffsetTracker` turns settlements that happen out of offset order (sessions share partitions)
   into the contiguous offset a partition may commit.
-- `ChunkAssembler` turns the engine's PCM stream into AudioChunk dicts of ``chunk_ms``.
+- `synthesis_args`: the engine arguments of a job's request. What goes out of a job's audio,
+  its `AudioChunk`s, is `voicebus.synthesis.chunks.ChunkAssembler`.
 """
 
 from __future__ import annotations
@@ -31,16 +32,13 @@ import asyncio
 import enum
 import functools
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Iterable
 
 from voicebus.cancel import CancelRegistry
 from voicebus.clock import now_us
-from voicebus.audio_codec import AudioFormat
-from voicebus.schemas.contract import AudioEncoding
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import AudioChunk, ControlEvent, SynthesisRequest
 
-BYTES_PER_SAMPLE = 2  # PCM16LE mono
 
 
 class Changes:
@@ -123,15 +121,15 @@ class RequestKey:
     sentence_seq: int
 
     @classmethod
-    def of(cls, request: dict) -> "RequestKey":
-        return cls(request["session_id"], request["turn_id"], int(request["sentence_seq"]))
+    def of(cls, request: SynthesisRequest) -> "RequestKey":
+        return cls(request.session_id, request.turn_id, request.sentence_seq)
 
 
 @dataclass(eq=False)
 class SynthesisJob:
     """One accepted request. `origin` is the shell's handle (topic-partition and offset)."""
 
-    request: dict
+    request: SynthesisRequest
     received_at_us: int
     origin: Hashable | None = None
     key: RequestKey = field(init=False)
@@ -140,7 +138,7 @@ class SynthesisJob:
     stop_reason: Outcome | None = None
     # Speculative release: chunks made while the request is tentative and unconfirmed, and
     # whether its synthesis has ended (a parked job only has held chunks left to publish).
-    held: list[dict] = field(default_factory=list)
+    held: list[AudioChunk] = field(default_factory=list)
     synthesized: bool = False
     parked_outcome: Outcome | None = None  # the outcome to settle with once its held chunks are out
 
@@ -150,7 +148,7 @@ class SynthesisJob:
     @property
     def unconfirmed(self) -> bool:
         """Tentative and not confirmed yet: its chunks must be held, not published."""
-        return bool(self.request.get("tentative"))
+        return self.request.tentative
 
     @property
     def session_id(self) -> str:
@@ -159,7 +157,7 @@ class SynthesisJob:
     @property
     def is_end_marker(self) -> bool:
         """An empty-text request that only closes the turn: one empty last chunk, no synthesis."""
-        return not self.request["text"].strip()
+        return not self.request.text.strip()
 
     def should_stop(self) -> bool:
         """Polled by the engine between chunks (from the synthesis thread)."""
@@ -218,25 +216,24 @@ class SynthesisScheduler:
 
     # --- intake ------------------------------------------------------------------------------
     @_notifies
-    def submit(self, request: dict, *, received_at_us: int | None = None, origin: Hashable | None = None) -> SynthesisJob:
+    def submit(self, request: SynthesisRequest, *, received_at_us: int | None = None, origin: Hashable | None = None) -> SynthesisJob:
         """Accept a request. Returns its job; a duplicate or an already-cancelled request is
         settled at once (and does not take a slot), and so is the settlement of a tentative one."""
         job = SynthesisJob(request, received_at_us if received_at_us is not None else self.clock_us(), origin)
-        self.cancels.observe(job.session_id, request["turn_id"])  # a later session cancel covers it
+        self.cancels.observe(job.session_id, request.turn_id)  # a later session cancel covers it
         held = self._tentative.get(job.key)
         if held is not None:
-            if not request.get("tentative") and not request["text"].strip():
+            if not request.tentative and not request.text.strip():
                 # confirmed: the held job's request becomes final (it carries the turn's end)
                 del self._tentative[job.key]
-                held.request = {**held.request, "tentative": False,
-                                "is_last_in_turn": bool(request.get("is_last_in_turn"))}
+                held.request = replace(held.request, tentative=False, is_last_in_turn=request.is_last_in_turn)
                 self._on_settled(job, Outcome.SETTLEMENT)
                 return job
             self._retract(held)  # withdrawn, or replaced by this request
-            if not request["text"].strip():
+            if not request.text.strip():
                 self._on_settled(job, Outcome.SETTLEMENT)
                 return job
-        elif request.get("tentative") and not request["text"].strip():
+        elif request.tentative and not request.text.strip():
             self._on_settled(job, Outcome.SETTLEMENT)  # withdrawal of one never held here
             return job
         if job.key in self._active_keys or job.key in self._completed:
@@ -388,7 +385,7 @@ class SynthesisScheduler:
 
     # --- internals ---------------------------------------------------------------------------
     def _is_cancelled(self, job: SynthesisJob) -> bool:
-        return self.cancels.is_cancelled(job.session_id, job.request["turn_id"])
+        return self.cancels.is_cancelled(job.session_id, job.request.turn_id)
 
     def _settle(self, job: SynthesisJob, outcome: Outcome) -> None:
         if outcome is Outcome.RETRACTED:
@@ -442,166 +439,10 @@ class OffsetTracker:
         return sum(1 for done in self._pending.get(partition, {}).values() if not done)
 
 
-class ChunkAssembler:
-    """Cuts the PCM16 stream of one request into AudioChunk dicts of `chunk_ms`, each encoded as
-    `audio` says (`voicebus.audio_codec`: PCM16 as is, or whole Opus packets, the chunk then
-    rounded to whole frames; one encoder per request, flushed with its last audio).
-
-    One full chunk is held back until more audio (or the end) arrives, so the last chunk of the
-    sentence can carry ``is_last_chunk``. Where the engine pauses to decode more of the sentence
-    (the end of a window or piece: ``feed(..., pause=True)``) nothing is held: the held chunk and
-    the remainder go out at once (the remainder cut to whole Opus frames), since the audio after
-    the pause is the sentence's end, not them; held, they left a player with one chunk to play
-    while the next window decoded (bench ttfa: 40-100 ms of silence after a turn's first chunk).
-    A remainder shorter than a quarter chunk is appended to the last chunk instead of going out
-    as a tiny chunk of its own.
-
-    Word timings fed with the audio (samples from the sentence's start) go out on the chunk
-    whose audio holds the word's start, so a player has a word before it renders its start;
-    a word starting beyond the audio fed so far waits for the chunk that holds it (the last
-    chunk takes every word left)."""
-
-    def __init__(self, job: SynthesisJob, *, chunk_ms: int, sample_rate: int, worker_id: str = "",
-                 audio: AudioFormat | None = None, clock_us: Callable[[], int] = now_us) -> None:
-        if chunk_ms <= 0:
-            raise ValueError("chunk_ms must be positive")
-        self.job = job
-        self.sample_rate = sample_rate
-        self.worker_id = worker_id
-        self.audio = audio or AudioFormat(AudioEncoding.PCM16LE, sample_rate)
-        if self.audio.sample_rate != sample_rate:
-            raise ValueError(f"audio format at {self.audio.sample_rate} Hz for a {sample_rate} Hz engine")
-        self.chunk_bytes = self.audio.chunk_bytes(chunk_ms)
-        self._encoder = self.audio.encoder()
-        self.clock_us = clock_us  # epoch µs: synthesis start and each chunk's audio ready
-        self.synthesis_started_at_us = clock_us()
-        self._last_ready_us: int | None = None  # when the audio fed last was ready
-        self._fed_bytes = 0  # PCM fed so far
-        self._buffer = bytearray()
-        self._held: tuple[bytes, int] | None = None  # (pcm, audio_ready_at_us)
-        self._next_seq = 0
-        self._words: deque[dict] = deque()  # timed words not yet on a chunk, by start
-        self._built_samples = 0  # samples of the chunks built so far
-        self.finished = False
-
-    @property
-    def fed_bytes(self) -> int:
-        """PCM bytes of engine output fed so far (0: nothing of the sentence was made yet)."""
-        return self._fed_bytes
-
-    def feed(self, pcm: bytes, words: Iterable[Any] = (), pause: bool = False) -> list[dict]:
-        """Add engine output (and the word timings that came with it: `WordTiming`s or their
-        records); returns the chunks now ready to publish, in order. ``pause``: the engine decodes
-        more of this sentence before its next output, so all that is whole goes out now."""
-        if self.finished:
-            raise RuntimeError("feed after finish")
-        ready_at = self._last_ready_us = self.clock_us()
-        for word in words:
-            self._words.append(word if isinstance(word, dict) else word.as_record())
-        self._buffer += pcm
-        self._fed_bytes += len(pcm)
-        out: list[dict] = []
-        while len(self._buffer) >= self.chunk_bytes:
-            piece = bytes(self._buffer[: self.chunk_bytes])
-            del self._buffer[: self.chunk_bytes]
-            if self._held is not None:
-                out.append(self._build(*self._held, last=False))
-            self._held = (piece, ready_at)
-        if pause:
-            if self._held is not None:
-                out.append(self._build(*self._held, last=False))
-                self._held = None
-            whole = len(self._buffer) - len(self._buffer) % self.audio.unit_bytes
-            if whole >= self.chunk_bytes // 4:
-                out.append(self._build(bytes(self._buffer[:whole]), ready_at, last=False))
-                del self._buffer[:whole]
-        return out
-
-    @property
-    def realtime_factor(self) -> float | None:
-        """Seconds from synthesis start to the last audio fed, over the seconds of audio fed (None
-        before any audio): above 1 the sentence was made slower than it plays."""
-        if self._last_ready_us is None or self._fed_bytes < BYTES_PER_SAMPLE:
-            return None
-        audio_s = self._fed_bytes // BYTES_PER_SAMPLE / self.sample_rate
-        return max(0, self._last_ready_us - self.synthesis_started_at_us) / 1e6 / audio_s
-
-    def finish(self, end_reason: str = "") -> list[dict]:
-        """The end of the sentence: the remaining chunk(s), the last flagged. A sentence with no
-        audio at all (an end-of-turn marker) yields one empty last chunk.
-
-        ``end_reason`` (not empty) says the sentence ends early, its audio incomplete: the audio
-        made so far goes out and then one empty last chunk carrying the reason, so a player that
-        keys chunks by sequence sees the sentence (and, for the turn's last sentence, the turn)
-        end, and why."""
-        if self.finished:
-            return []
-        self.finished = True
-        ready_at = self.clock_us()
-        rest = bytes(self._buffer[: len(self._buffer) - len(self._buffer) % BYTES_PER_SAMPLE])
-        self._buffer.clear()
-        out: list[dict] = []
-        if end_reason:
-            # the audio made so far ends here (an encoder is flushed with it), before the closing chunk
-            if self._held is not None:
-                out.append(self._build(self._held[0] + rest, self._held[1], last=False, audio_ends=True))
-            elif rest:
-                out.append(self._build(rest, ready_at, last=False, audio_ends=True))
-            self._held = None
-            out.append(self._build(b"", ready_at, last=True, end_reason=end_reason))
-            return out
-        if self._held is None:
-            return [self._build(rest, ready_at, last=True)]
-        held_pcm, held_at = self._held
-        self._held = None
-        if len(rest) < self.chunk_bytes // 4:
-            return [self._build(held_pcm + rest, held_at, last=True)]
-        out.append(self._build(held_pcm, held_at, last=False))
-        out.append(self._build(rest, ready_at, last=True))
-        return out
-
-    def _build(self, pcm: bytes, ready_at_us: int, *, last: bool, end_reason: str = "",
-               audio_ends: bool = False) -> dict:
-        r = self.job.request
-        # words are placed by the samples fed (PCM), whatever the encoding on the bus
-        self._built_samples += len(pcm) // BYTES_PER_SAMPLE
-        words = []
-        while self._words and (last or self._words[0]["start"] < self._built_samples):
-            words.append(self._words.popleft())
-        payload = self._encoder.encode(pcm, last=last or audio_ends)
-        chunk = {
-            "session_id": r["session_id"],
-            "turn_id": r["turn_id"],
-            "sentence_seq": int(r["sentence_seq"]),
-            "chunk_seq": self._next_seq,
-            "is_last_chunk": last,
-            "is_last_in_turn": bool(last and r.get("is_last_in_turn", False)),
-            "sample_rate": self.sample_rate,
-            "encoding": self.audio.encoding,
-            "pcm": payload,
-            "worker_id": self.worker_id,
-            "first_token_at_us": int(r.get("first_token_at_us", 0)),
-            "text_complete_at_us": int(r.get("text_complete_at_us", 0)),
-            "released_at_us": int(r.get("released_at_us", 0)),
-            "request_received_at_us": self.job.received_at_us,
-            "synthesis_started_at_us": self.synthesis_started_at_us,
-            "audio_ready_at_us": ready_at_us,
-            "published_at_us": 0,  # stamped by the shell just before sending
-            "end_reason": end_reason,
-            "words": words,
-        }
-        self._next_seq += 1
-        return chunk
-
-
-def chunk_duration_ms(chunk: dict) -> float:
-    return len(chunk["pcm"]) / BYTES_PER_SAMPLE / chunk["sample_rate"] * 1000.0
-
-
 def synthesis_args(job: SynthesisJob, opening_clause_min_words: int = 0) -> dict[str, Any]:
     """The engine `stream` keyword arguments of a job's request. A turn's first sentence may end
     its first piece at its first clause (`opening_clause_min_words`): its first audio is the turn's."""
     r = job.request
-    opening = opening_clause_min_words if r.get("sentence_seq") == 0 else 0
-    return {"text": r["text"], "language": r["language"], "voice": r["voice"], "speed": float(r.get("speed") or 1.0),
+    opening = opening_clause_min_words if r.sentence_seq == 0 else 0
+    return {"text": r.text, "language": r.language, "voice": r.voice, "speed": float(r.speed or 1.0),
             "first_clause_min_words": opening}

@@ -18,6 +18,9 @@ complete set wins):
    ``kokoro.js/voices/*.bin``), sha256 pinned: each language speaks with a voice of its own.
 
 Everything is loaded with ``torch.load(..., weights_only=True)``.
+
+Size: about 580 lines: weight resolution and the offline pack (its downloads, integrity checks and
+voices) are one job, where the weights come from; the engine only takes what it resolves.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from voicebus.schemas.messages import WordTiming  # a word's span in samples of its sentence, as AudioChunk.words carries it
+
 if TYPE_CHECKING:
     import torch
 
@@ -50,19 +52,6 @@ class TimedWord:
     text: str
     start: float
     end: float
-
-
-@dataclass(frozen=True)
-class WordTiming:
-    """One written word and its span in samples within its sentence's audio (what an AudioChunk
-    carries in ``words``)."""
-
-    text: str
-    start: int
-    end: int
-
-    def as_record(self) -> dict:
-        return {"text": self.text, "start": self.start, "end": self.end}
 
 
 FRAME_S = 600 / 24000
@@ -213,7 +202,7 @@ def place(words: Sequence[TimedWord], sample_rate: int, raw_offset: int, piece_s
     for w in words:
         start = min(last, max(first, round(w.start * sample_rate) - raw_offset))
         end = min(last, max(start, round(w.end * sample_rate) - raw_offset))
-        out.append(WordTiming(w.text, sentence_offset + start, sentence_offset + end))
+        out.append(WordTiming(text=w.text, start=sentence_offset + start, end=sentence_offset + end))
     return out
 
 

@@ -30,6 +30,12 @@ publish, commit. The plumbing every stage shares comes from `voicebus.shell`; th
 - every long-running task runs under the shell's `Supervisor` (a task that dies is restarted
   and counted); ``/healthz`` reports it and ``/metrics`` serves the worker's registry, when a
   port is given.
+
+Size: about 720 lines, most of them the one `SynthesisWorker`: its fetch, synthesis, publish and
+commit loops share the consumer, the producer, the scheduler and the offsets, and each fault rule
+(retries, fencing, cancels) spans several loops. The decisions are in
+`voicebus.synthesis.scheduler` and `voicebus.synthesis.chunks`, the metrics in
+`voicebus.synthesis.metrics`, the command line in `voicebus.synthesis.cli`.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import socket
 import uuid
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from aiohttp import web
@@ -57,14 +64,15 @@ from voicebus.cancel import CancelRegistry
 from voicebus.clock import now_us
 from voicebus.codecs import Codec, CodecError, codec_for
 from voicebus.lifecycle import Owned
+from voicebus.retry import Backoff, retrying
 from voicebus.settings import Settings
 from voicebus.shell import ControlFollower, RecordFailure, RecordPolicy, Supervisor, serve_health
 from voicebus.topics import worker_group_id
-from voicebus.synthesis.engine import EngineError, NoVoices, UnknownLanguage
+from voicebus.synthesis.engine import EngineError, NoVoices
 from voicebus.synthesis.metrics import CancelObservation, RealTimeWatch, WorkerMetrics
+from voicebus.synthesis.chunks import ChunkAssembler
 from voicebus.synthesis.scheduler import (
     COMMITTABLE,
-    ChunkAssembler,
     OffsetTracker,
     Outcome,
     SynthesisJob,
@@ -73,7 +81,7 @@ from voicebus.synthesis.scheduler import (
 )
 from voicebus.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
 from voicebus.schemas import contract
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import AudioChunk, ControlEvent, SynthesisRequest
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -111,7 +119,7 @@ def new_worker_id() -> str:
 
 def speak_failure_reason(error: BaseException) -> str:
     """The short reason a request could not be spoken: ``AudioChunk.end_reason`` and a metric label."""
-    if isinstance(error, (UnknownLanguage, contract.UnknownLanguage)):
+    if isinstance(error, contract.UnknownLanguage):
         return "unknown-language"
     if isinstance(error, NoVoices):
         return "no-voices"
@@ -355,7 +363,8 @@ class SynthesisWorker(Owned):
                     self._traces.popitem(last=False)
 
         def submit(decoded: Any) -> None:
-            self.scheduler.submit(decoded.message.value, received_at_us=received_at, origin=(tp, record.offset))
+            self.scheduler.submit(SynthesisRequest.from_record(decoded.message.value), received_at_us=received_at,
+                                  origin=(tp, record.offset))
 
         if not await self.policy.process(record, "SynthesisRequest", submit):
             self._settle_offset(tp, record.offset)
@@ -425,22 +434,22 @@ class SynthesisWorker(Owned):
             self._open_synthesis_span(job, assembler.synthesis_started_at_us)
         try:
             attempts = self.settings.worker_speak_attempts
-            for attempt in range(1, attempts + 1):
-                try:
+
+            def speak_retried(exc: BaseException, attempt: int, wait_s: float) -> None:
+                self.metrics.speak_retries.labels(type(exc).__name__).inc()
+                log.warning("%s: synthesis failed (%s: %s), attempt %d of %d; trying again in %.1f s", job.key,
+                            type(exc).__name__, exc, attempt, attempts, wait_s)
+
+            # Out of memory, a device error: nothing of the sentence was made yet, so it is made
+            # again from the start (no audio twice); the same text failing the same way every time
+            # is failed after the last attempt. A fault about the text, audio already made, or the
+            # job asked to stop: the error is raised at once.
+            async for attempt in retrying(
+                    wait=Backoff(self.settings.worker_publish_backoff_s, self.settings.worker_publish_max_backoff_s),
+                    retry_if=lambda exc: not isinstance(exc, SPEAK_FAILURES) and not assembler.fed_bytes,
+                    attempts=attempts, stop=lambda: job.stop_requested, on_retry=speak_retried):
+                with attempt:
                     await self._synthesize(job, assembler, loop)
-                    break
-                except Exception as exc:  # noqa: BLE001 - a transient fault is tried again, the rest re-raised
-                    if isinstance(exc, SPEAK_FAILURES) or attempt == attempts or assembler.fed_bytes or job.stop_requested:
-                        raise
-                    # Out of memory, a device error: nothing of the sentence was made yet, so it is
-                    # made again from the start (no audio twice); the same text failing the same
-                    # way every time is failed after the last attempt.
-                    self.metrics.speak_retries.labels(type(exc).__name__).inc()
-                    backoff = min(self.settings.worker_publish_max_backoff_s,
-                                  self.settings.worker_publish_backoff_s * 2 ** (attempt - 1))
-                    log.warning("%s: synthesis failed (%s: %s), attempt %d of %d; trying again in %.1f s", job.key,
-                                type(exc).__name__, exc, attempt, attempts, backoff)
-                    await asyncio.sleep(backoff)
             if not job.stop_requested:
                 await self._publish_all(job, assembler.finish())
                 self._observe_speed(assembler)
@@ -454,7 +463,7 @@ class SynthesisWorker(Owned):
             log.log(logging.WARNING if isinstance(exc, SPEAK_FAILURES) else logging.ERROR,
                     "%s cannot be spoken (%s: %s); its sentence is closed with end_reason %r%s", job.key,
                     type(exc).__name__, exc, reason,
-                    " and its turn ended" if job.request.get("is_last_in_turn") else "",
+                    " and its turn ended" if job.request.is_last_in_turn else "",
                     exc_info=None if isinstance(exc, SPEAK_FAILURES) else exc)
             # the audio already made goes out, then a last chunk that says why the rest is missing
             await self._publish_all(job, assembler.finish(end_reason=reason))
@@ -492,22 +501,22 @@ class SynthesisWorker(Owned):
         if parent is None:
             return
         attributes = {tracing.SESSION: job.session_id, tracing.TURN: job.key.turn_id,
-                      tracing.SENTENCE: job.request["sentence_seq"], tracing.WORKER: self.worker_id}
+                      tracing.SENTENCE: job.request.sentence_seq, tracing.WORKER: self.worker_id}
         self.tracer.record(tracing.SYNTHESIS_QUEUE, parent, job.received_at_us, started_at_us, **attributes)
         self._synthesis_spans[job] = self.tracer.start(tracing.SYNTHESIS, parent, started_at_us,
-                                                       **attributes, **{"voicebus.chars": len(job.request["text"])})
+                                                       **attributes, **{"voicebus.chars": len(job.request.text)})
 
-    def _chunk_trace(self, job: SynthesisJob, chunk: dict) -> tuple[LiveSpan | None, list[tuple[str, bytes]] | None]:
+    def _chunk_trace(self, job: SynthesisJob, chunk: AudioChunk) -> tuple[LiveSpan | None, list[tuple[str, bytes]] | None]:
         """Tracing on: a chunk's headers. The first chunk of a sentence gets a ``publish`` span
         (audio ready .. acknowledged) and carries its context; the others carry the synthesis
         span's (or, published after a tentative confirmation, the request's)."""
         synthesis = self._synthesis_spans.get(job)
         parent = synthesis.context if synthesis is not None else self._traces.get(job.origin)
-        if parent is None or chunk["chunk_seq"] != 0:
+        if parent is None or chunk.chunk_seq != 0:
             return None, self.tracer.headers(parent)
-        span = self.tracer.start(tracing.PUBLISH, parent, chunk.get("audio_ready_at_us") or self.clock_us(),
+        span = self.tracer.start(tracing.PUBLISH, parent, chunk.audio_ready_at_us or self.clock_us(),
                                  **{tracing.SESSION: job.session_id, tracing.TURN: job.key.turn_id,
-                                    tracing.SENTENCE: job.request["sentence_seq"], "voicebus.bytes": len(chunk["pcm"])})
+                                    tracing.SENTENCE: job.request.sentence_seq, "voicebus.bytes": len(chunk.pcm)})
         return span, self.tracer.headers(span.context)
 
     def _observe_cancel_end(self, job: SynthesisJob) -> None:
@@ -522,7 +531,7 @@ class SynthesisWorker(Owned):
                  observation.session_id, observation.turn_id or "*", observation.cancel_to_last_chunk_ms,
                  (observation.synthesis_stopped_at_us - observation.seen_at_us) / 1000.0)
 
-    async def _publish_all(self, job: SynthesisJob, chunks: list[dict]) -> bool:
+    async def _publish_all(self, job: SynthesisJob, chunks: list[AudioChunk]) -> bool:
         """Publish chunks in order; False (and nothing more sent) once the job must stop. Chunks
         of an unconfirmed tentative job are held instead; the first publish after its
         confirmation sends the held ones first (the turn's end, which the confirmation carries,
@@ -531,12 +540,12 @@ class SynthesisWorker(Owned):
             job.held.extend(chunks)
             return not job.stop_requested
         if job.held:
-            last_in_turn = bool(job.request.get("is_last_in_turn"))
-            for chunk in job.held:
-                chunk["is_last_in_turn"] = bool(chunk["is_last_chunk"] and last_in_turn)
-            chunks, job.held = job.held + list(chunks), []
+            last_in_turn = job.request.is_last_in_turn
+            held = [replace(chunk, is_last_in_turn=chunk.is_last_chunk and last_in_turn) for chunk in job.held]
+            chunks, job.held = held + list(chunks), []
         for chunk in chunks:
-            if not await self._send(job, chunk):
+            sent = await self._send(job, chunk)
+            if sent is None:
                 return False
             self.metrics.chunks.inc()
             observation = self._observations.get(job)
@@ -544,36 +553,38 @@ class SynthesisWorker(Owned):
                 # this send was already on its way when the cancel was seen: it is the turn's
                 # last chunk, and its acknowledgement ends the cancel's tail
                 observation.last_chunk_published_at_us = self.clock_us()
-            elif chunk["chunk_seq"] == 0:
-                self.metrics.first_chunk.observe(max(0, chunk["published_at_us"] - job.received_at_us) / 1e6)
+            elif sent.chunk_seq == 0:
+                self.metrics.first_chunk.observe(max(0, sent.published_at_us - job.received_at_us) / 1e6)
         return True
 
-    async def _send(self, job: SynthesisJob, chunk: dict) -> bool:
-        """Send one chunk until the broker acknowledges it. True once acknowledged; False when the
-        job must stop first (cancelled, revoked, the worker stopping). The cancel check runs on the
-        loop that applies cancels, right before each attempt. A failed send (broker down, timeout)
-        is retried with backoff: the request stays uncommitted, nothing is skipped."""
+    async def _send(self, job: SynthesisJob, chunk: AudioChunk) -> AudioChunk | None:
+        """Send one chunk until the broker acknowledges it. The chunk as sent (its
+        ``published_at_us`` stamped) once acknowledged; None when the job must stop first
+        (cancelled, revoked, the worker stopping). The cancel check runs on the loop that applies
+        cancels, right before each attempt. A failed send (broker down, timeout) is retried with
+        backoff: the request stays uncommitted, nothing is skipped."""
         assert self._producer is not None
-        backoff = self.settings.worker_publish_backoff_s
         span, headers = self._chunk_trace(job, chunk) if self.tracer.enabled else (None, None)
-        while True:
-            if job.stop_requested or self.scheduler.is_cancelled(job):
-                job.request_stop(Outcome.STOPPED)  # keeps an earlier reason (DROPPED) if there is one
-                if span is not None:
-                    span.end(self.clock_us(), **{"voicebus.stopped": True})
-                return False
-            chunk["published_at_us"] = self.clock_us()
-            try:
-                await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", chunk, headers)
-                if span is not None:
-                    span.end(self.clock_us())
-                return True
-            except KafkaError as exc:
-                self.metrics.publish_retries.labels(type(exc).__name__).inc()
-                log.warning("publishing chunk %d of %s failed (%r); retrying in %.1f s (not committed)",
-                            chunk["chunk_seq"], job.key, exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(self.settings.worker_publish_max_backoff_s, backoff * 2)
+
+        def retried(exc: BaseException, _attempt: int, wait_s: float) -> None:
+            self.metrics.publish_retries.labels(type(exc).__name__).inc()
+            log.warning("publishing chunk %d of %s failed (%r); retrying in %.1f s (not committed)",
+                        chunk.chunk_seq, job.key, exc, wait_s)
+
+        async for attempt in retrying(
+                wait=Backoff(self.settings.worker_publish_backoff_s, self.settings.worker_publish_max_backoff_s),
+                retry_on=KafkaError, on_retry=retried):
+            with attempt:
+                if job.stop_requested or self.scheduler.is_cancelled(job):
+                    job.request_stop(Outcome.STOPPED)  # keeps an earlier reason (DROPPED) if there is one
+                    if span is not None:
+                        span.end(self.clock_us(), **{"voicebus.stopped": True})
+                    return None
+                sent = replace(chunk, published_at_us=self.clock_us())
+                await publish(self._producer, self.codec, self.settings.audio_topic, "AudioChunk", sent, headers)
+        if span is not None:
+            span.end(self.clock_us())
+        return sent
 
     # --- settlement and commits --------------------------------------------------------------
     def _on_settled(self, job: SynthesisJob, outcome: Outcome) -> None:
@@ -591,15 +602,19 @@ class SynthesisWorker(Owned):
             self._commit_wanted.set()
 
     async def _commit_loop(self) -> None:
-        backoff = self.settings.worker_publish_backoff_s
+        # Not one operation retried but a loop for the worker's life whose failures in a row set
+        # the wait, and a commit that succeeds starts the doubling again: it counts them itself
+        # and takes each wait from `Backoff`, the policy the retried operations use.
+        backoff = Backoff(self.settings.worker_publish_backoff_s, self.settings.worker_publish_max_backoff_s)
+        failures = 0
         while True:
             await self._commit_wanted.wait()
             self._commit_wanted.clear()
             if await self._commit_pending():
-                backoff = self.settings.worker_publish_backoff_s
+                failures = 0
                 continue
-            await asyncio.sleep(backoff)  # the offsets stay pending: tried again
-            backoff = min(self.settings.worker_publish_max_backoff_s, backoff * 2)
+            failures += 1
+            await asyncio.sleep(backoff.after(failures))  # the offsets stay pending: tried again
             self._commit_wanted.set()
 
     async def _commit_pending(self) -> bool:

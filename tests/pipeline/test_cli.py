@@ -111,11 +111,11 @@ def test_old_spellings_still_work():
 
 
 def test_stage_command_lines_built_in_code_parse_and_carry_the_log_level():
-    from voicebus.gate.app import add_worker_arguments as gate_arguments
+    from voicebus.gate.cli import add_worker_arguments as gate_arguments
     from voicebus.ops.bench.chaos import make_stages
     from voicebus.synthesis.cli import add_worker_arguments as worker_arguments
 
-    parsers = {"voicebus.gate.app": gate_arguments, "voicebus.synthesis.cli": worker_arguments}
+    parsers = {"voicebus.gate.cli": gate_arguments, "voicebus.synthesis.cli": worker_arguments}
     for level, expected in ((None, {"gate": "WARNING", "worker": "INFO", "edge": "INFO"}),
                             ("DEBUG", {"gate": "DEBUG", "worker": "DEBUG", "edge": "DEBUG"})):
         for name, stage in make_stages(Settings(edge_port=1), log_level=level).items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,8 @@ from voicebus.gate.app import GateWorker
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.ops.bench.chaos import Frame, score_turn
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.contract import TextEventKind
+from voicebus.schemas.messages import TextEvent
 from voicebus.topics import partition_of, session_key, text_topic, worker_group_id
 from voicebus.topics_grow import GrowthError, NotDrained, grow_partitions
 from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
@@ -24,9 +27,9 @@ from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type,
 pytestmark = pytest.mark.kafka
 
 
-def text_event(session: str, turn: str, seq: int, kind: str, text: str = "") -> dict:
-    return {"session_id": session, "turn_id": turn, "agent_id": "a1", "seq": seq, "kind": kind, "text": text,
-            "claim_id": None, "language": None, "voice": None, "produced_at_us": 1_000_000 + seq}
+def text_event(session: str, turn: str, seq: int, kind: str, text: str = "") -> TextEvent:
+    return TextEvent(session_id=session, turn_id=turn, agent_id="a1", seq=seq, kind=TextEventKind(kind), text=text,
+                     produced_at_us=1_000_000 + seq)
 
 
 async def counts(settings, topics) -> dict[str, int]:
@@ -115,11 +118,11 @@ async def tone_workers(settings, stop: asyncio.Event) -> None:
                     request = codec.decode(record.value, expect="SynthesisRequest").value
                     chunks = tone_turn(request["session_id"], request["turn_id"], 1, 2)
                     if not request["text"]:
-                        chunks = [{**chunks[-1], "pcm": b""}]
+                        chunks = [replace(chunks[-1], pcm=b"")]
                     for chunk in chunks:
-                        await publish(producer, codec, settings.audio_topic, "AudioChunk", {
-                            **chunk, "sentence_seq": request["sentence_seq"],
-                            "is_last_in_turn": request["is_last_in_turn"] and chunk["is_last_chunk"]})
+                        await publish(producer, codec, settings.audio_topic, "AudioChunk", replace(
+                            chunk, sentence_seq=request["sentence_seq"],
+                            is_last_in_turn=request["is_last_in_turn"] and chunk.is_last_chunk))
             if batches:
                 await consumer.commit()
     finally:

@@ -4,6 +4,7 @@ import asyncio
 import json
 import time
 import tracemalloc
+from dataclasses import replace
 
 import pytest
 from aiohttp import WSMsgType
@@ -27,7 +28,7 @@ async def test_each_client_gets_only_its_sessions_audio():
             for chunk in tone_turn(s, f"{s}-t1", sentences=2, chunks_per_sentence=3, freq_hz=200 + 100 * i):
                 router.route(chunk)
         for i, s in enumerate(sessions):
-            expected = [c["pcm"] for c in tone_turn(s, "x", 2, 3, freq_hz=200 + 100 * i)]
+            expected = [c.pcm for c in tone_turn(s, "x", 2, 3, freq_hz=200 + 100 * i)]
             for ws in sockets[s]:
                 got = await collect(ws, turn_ended)
                 assert [m["turn_id"] for m in of_type(got, "turn_start")] == [f"{s}-t1"]
@@ -181,10 +182,10 @@ async def test_stuck_client_memory_stays_flat_and_it_is_disconnected():
         depth, sizes, routed = 0, [], 0
         for turn in range(40):  # up to 40 turns x 10 sentences x 5 chunks of 150 ms = 300 s of audio
             for chunk in template:
-                router.route({**chunk, "turn_id": f"t{turn}"})
+                router.route(replace(chunk, turn_id=f"t{turn}"))
                 routed += 1
                 depth = max(depth, len(channel_of_stuck.outbox))
-                if chunk["is_last_chunk"]:
+                if chunk.is_last_chunk:
                     await asyncio.sleep(0.002)  # a sentence at a time: the healthy listener keeps up
             sizes.append(tracemalloc.get_traced_memory()[0])
         tracemalloc.stop()
@@ -286,7 +287,7 @@ async def test_a_barge_in_does_not_cancel_a_new_turn_whose_agent_clock_is_behind
         await ws.send_str(json.dumps({"type": "cancel", "v": 1, "reason": "barge-in"}))
         assert of_type(await collect(ws, lambda m: of_type(m, "stop")), "stop")[0]["turn_id"] == "t1"
         for chunk in tone_turn("s1", "t2", 1, 2):
-            router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000})
+            router.route(replace(chunk, first_token_at_us=now_us() - 3600 * 1_000_000))
         got = await collect(ws, turn_ended)
         assert of_type(got, "turn_start")[0]["turn_id"] == "t2" and len(audio(got)) == 2
 
@@ -354,6 +355,6 @@ async def test_the_players_of_a_session_get_each_chunk_written_at_once_in_order(
             kinds = [m["type"] if isinstance(m, dict) else "audio" for m in got]
             assert kinds == ["turn_start", "audio", "timeline", "audio", "audio",
                              "audio", "timeline", "audio", "audio", "turn_end"]
-            assert [f.pcm for f in audio(got)] == [c["pcm"] for c in turn]
+            assert [f.pcm for f in audio(got)] == [c.pcm for c in turn]
         assert not [f for f in queued if f.is_audio]
         assert router.metrics.registry.get_sample_value("voicebus_edge_frames_sent_total") == 20 * 6

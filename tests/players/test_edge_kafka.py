@@ -3,6 +3,7 @@ client's cancel lands on the control topic, a bus cancel stops players, reports 
 
 import asyncio
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -47,7 +48,7 @@ async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings
             for chunk in tone_turn("A", "ta", 2, 2, freq_hz=300) + tone_turn("B", "tb", 1, 3, freq_hz=500):
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
             await producer.send_and_wait(settings.audio_topic, b"not avro", key=b"A")  # dead-lettered, ignored
-            odd = {**tone_turn("A", "ta", 1, 1)[0], "pcm": b"\x01\x02\x03"}  # not whole PCM16 samples
+            odd = replace(tone_turn("A", "ta", 1, 1)[0], pcm=b"\x01\x02\x03").to_record()  # not whole PCM16 samples
             await producer.send_and_wait(settings.audio_topic, foreign_encode("AudioChunk", odd), key=b"A")
         finally:
             await producer.stop()
@@ -55,7 +56,7 @@ async def test_chunks_on_the_bus_reach_only_their_sessions_players(make_settings
             got = await collect(ws, turn_ended, timeout=15)
             assert of_type(got, "turn_start")[0]["turn_id"] == "ta"
             assert [(f.sentence, f.chunk) for f in audio(got)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-            assert audio(got)[0].pcm == tone_turn("A", "x", 1, 1, freq_hz=300)[0]["pcm"]
+            assert audio(got)[0].pcm == tone_turn("A", "x", 1, 1, freq_hz=300)[0].pcm
         got = await collect(b, turn_ended, timeout=15)
         assert of_type(got, "turn_start")[0]["turn_id"] == "tb" and len(audio(got)) == 3
         timeline = of_type(got, "timeline")[0]
@@ -115,7 +116,7 @@ async def test_a_cancel_from_the_bus_stops_players_and_drops_the_turns_later_chu
             for chunk in chunks[1:]:
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
             for chunk in tone_turn("S", "t2", 1, 1):  # a turn that started after the cancel plays
-                await publish(producer, codec, settings.audio_topic, "AudioChunk", {**chunk, "first_token_at_us": now_us()})
+                await publish(producer, codec, settings.audio_topic, "AudioChunk", replace(chunk, first_token_at_us=now_us()))
         finally:
             await producer.stop()
         got = await collect(ws, turn_ended, timeout=15)
@@ -128,7 +129,7 @@ class RouterWithABug(SessionRouter):
     survive any exception a record makes its handler raise, not only the ones it expects."""
 
     def route(self, chunk, *args, **kwargs):
-        if chunk["turn_id"] == "boom":
+        if chunk.turn_id == "boom":
             raise RuntimeError("a bug in the router")
         return super().route(chunk, *args, **kwargs)
 
@@ -143,7 +144,7 @@ async def test_a_bad_record_is_dead_lettered_with_its_reason_and_the_next_chunk_
             good = tone_turn("S", "t1", 1, 2)
             await publish(producer, codec, settings.audio_topic, "AudioChunk", good[0])
             # written by a producer that bypasses our codec: Avro takes a negative int
-            negative = foreign_encode("AudioChunk", {**tone_turn("S", "t1", 1, 1)[0], "sentence_seq": -1, "end_reason": ""})
+            negative = foreign_encode("AudioChunk", replace(tone_turn("S", "t1", 1, 1)[0], sentence_seq=-1).to_record())
             await producer.send_and_wait(settings.audio_topic, negative, key=b"S")
             await publish(producer, codec, settings.audio_topic, "AudioChunk", tone_turn("S", "boom", 1, 1)[0])
             await publish(producer, codec, settings.audio_topic, "AudioChunk", good[1])
@@ -216,7 +217,7 @@ async def test_a_retried_chunk_and_a_re_spoken_sentence_are_heard_once(make_sett
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
             # the worker died after chunk (0, 1); its successor speaks the sentence again from its start
             again = tone_turn("S", "t1", 2, 3)
-            again[-1]["end_reason"] = "sentence-failed"  # its last sentence could not be spoken whole
+            again[-1] = replace(again[-1], end_reason="sentence-failed")  # its last sentence could not be spoken whole
             for chunk in again:
                 await publish(producer, codec, settings.audio_topic, "AudioChunk", chunk)
         finally:

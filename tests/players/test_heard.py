@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from voicebus.players.heard import HeardTracker, Rendered
 from voicebus.players.router import SessionRouter
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.messages import WordTiming
 
 # two sentences of three words, 1000 samples a word
-S0 = [{"text": t, "start": 1000 * i, "end": 1000 * i + 900} for i, t in enumerate(["Hello", "there,", "friend."])]
-S1 = [{"text": t, "start": 1000 * i, "end": 1000 * i + 900} for i, t in enumerate(["How", "are", "you?"])]
+S0 = [WordTiming(text=t, start=1000 * i, end=1000 * i + 900) for i, t in enumerate(["Hello", "there,", "friend."])]
+S1 = [WordTiming(text=t, start=1000 * i, end=1000 * i + 900) for i, t in enumerate(["How", "are", "you?"])]
 
 
 def tracker(**kw) -> HeardTracker:
@@ -81,8 +84,8 @@ def test_the_router_sends_a_chunks_words_before_its_audio_and_keeps_them_for_the
     router = SessionRouter()
     channel = router.connect("s")
     chunks = tone_turn("s", "t", sentences=2, chunks_per_sentence=2)
-    chunks[0]["words"] = S0
-    chunks[2]["words"] = S1
+    chunks[0] = replace(chunks[0], words=tuple(S0))
+    chunks[2] = replace(chunks[2], words=tuple(S1))
     for chunk in chunks:
         router.route(chunk)
     kinds = [("audio" if f.is_audio else f.payload.split('"type":"')[1].split('"')[0]) for f in channel.outbox]

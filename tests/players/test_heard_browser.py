@@ -4,12 +4,15 @@ whose text is the words whose start was rendered before the stop.
 
 With ``--update-screenshots`` it writes the screenshot docs/edge.md shows (docs/img/captions.png)."""
 
+from dataclasses import replace
+
 import pytest
 
 from voicebus.bus import make_producer, publish
 from voicebus.codecs import Codec
 from voicebus.players.auth import issue_token, player_url
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.messages import AudioChunk, WordTiming
 from tests.players.edge_helpers import SECRET, running_edge
 from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, wait_in_page
 from tests.players.test_edge_kafka import read_topic
@@ -31,15 +34,14 @@ SENTENCES = [
 ]
 
 
-def worded_tone_turn(session: str, turn: str) -> list[dict]:
+def worded_tone_turn(session: str, turn: str) -> list[AudioChunk]:
     chunks = tone_turn(session, turn, sentences=len(SENTENCES), chunks_per_sentence=CHUNKS_PER_SENTENCE)
-    for chunk in chunks:
-        chunk["words"] = []
     for s, words in enumerate(SENTENCES):
         for i, text in enumerate(words):
             start = i * WORD_SAMPLES
-            chunks[s * CHUNKS_PER_SENTENCE + start // CHUNK_SAMPLES]["words"].append(
-                {"text": text, "start": start, "end": start + WORD_SAMPLES - 600})
+            at = s * CHUNKS_PER_SENTENCE + start // CHUNK_SAMPLES
+            chunks[at] = replace(chunks[at], words=chunks[at].words + (
+                WordTiming(text=text, start=start, end=start + WORD_SAMPLES - 600),))
     return chunks
 
 

@@ -3,6 +3,7 @@ their audio, the players' heard reports become one TurnHeard on the heard topic 
 player counts; one that never reports holds it up only for the wait)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -10,20 +11,19 @@ from voicebus.bus import make_producer, publish
 from voicebus.clock import now_us
 from voicebus.codecs import Codec
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.messages import AudioChunk, WordTiming
 from tests.players.edge_helpers import SECRET, audio, collect, connect, of_type, running_edge, turn_ended
 from tests.players.test_edge_kafka import read_topic
 
 pytestmark = pytest.mark.kafka
 
-S0 = [{"text": t, "start": 1200 * i, "end": 1200 * i + 1000} for i, t in enumerate(["Your", "order", "shipped."])]
-S1 = [{"text": t, "start": 1200 * i, "end": 1200 * i + 1000} for i, t in enumerate(["It", "arrives", "Monday."])]
+S0 = tuple(WordTiming(text=t, start=1200 * i, end=1200 * i + 1000) for i, t in enumerate(["Your", "order", "shipped."]))
+S1 = tuple(WordTiming(text=t, start=1200 * i, end=1200 * i + 1000) for i, t in enumerate(["It", "arrives", "Monday."]))
 
 
-def worded_turn(session: str, turn: str) -> list[dict]:
+def worded_turn(session: str, turn: str) -> list[AudioChunk]:
     chunks = tone_turn(session, turn, sentences=2, chunks_per_sentence=2)  # 3600 samples a chunk
-    chunks[0]["words"], chunks[1]["words"] = S0[:2], S0[2:]
-    chunks[2]["words"], chunks[3]["words"] = S1[:2], S1[2:]
-    return chunks
+    return [replace(chunk, words=words) for chunk, words in zip(chunks, (S0[:2], S0[2:], S1[:2], S1[2:]))]
 
 
 def heard_report(turn_id: str, kind: str, sentence: int, samples: int) -> str:

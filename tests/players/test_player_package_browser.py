@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from aiohttp.test_utils import TestServer
 from voicebus.players.auth import issue_token
 from voicebus.players.edge import ROUTER_KEY
 from voicebus.players.tone import tone_turn
+from voicebus.schemas.messages import AudioChunk, WordTiming
 from tests.players.edge_helpers import SECRET, edge_settings, running_edge
 from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, wait_in_page
 from tests.players.test_player_package import pack
@@ -52,13 +54,14 @@ async def serving(root: Path):
         await server.close()
 
 
-def worded_turn(session: str, turn_id: str, sentences: int, chunks: int) -> list[dict]:
+def worded_turn(session: str, turn_id: str, sentences: int, chunks: int) -> list[AudioChunk]:
     """A tone turn whose sentences each say WORDS, one word per chunk."""
     out = tone_turn(session, turn_id, sentences=sentences, chunks_per_sentence=chunks)
-    for chunk in out:
-        c = chunk["chunk_seq"]
-        chunk["words"] = ([{"text": WORDS[c], "start": c * CHUNK_SAMPLES, "end": (c + 1) * CHUNK_SAMPLES - 600}]
-                          if c < len(WORDS) else [])
+    for i, chunk in enumerate(out):
+        c = chunk.chunk_seq
+        if c < len(WORDS):
+            out[i] = replace(chunk, words=(WordTiming(text=WORDS[c], start=c * CHUNK_SAMPLES,
+                                                      end=(c + 1) * CHUNK_SAMPLES - 600),))
     return out
 
 

@@ -1,5 +1,7 @@
 """The pure routing core (voicebus.players.router) without sockets."""
 
+from dataclasses import replace
+
 import pytest
 
 from voicebus.players.router import SessionRouter, UnroutableChunk
@@ -50,7 +52,7 @@ def test_a_client_that_stops_reading_while_frames_wait_is_closed():
 def test_a_chunk_that_is_not_whole_pcm16_samples_is_rejected_and_not_counted():
     router = SessionRouter()
     channel = router.connect("s1")
-    odd = {**tone_turn("s1", "t1", sentences=1, chunks_per_sentence=1)[0], "pcm": b"\x01\x02\x03"}
+    odd = replace(tone_turn("s1", "t1", sentences=1, chunks_per_sentence=1)[0], pcm=b"\x01\x02\x03")
     with pytest.raises(UnroutableChunk, match="not whole PCM16LE samples"):
         router.route(odd)
     assert not channel.outbox
@@ -88,7 +90,7 @@ def test_a_chunk_with_a_negative_sequence_number_is_rejected_with_a_reason_not_a
     # The codec refuses it first; the router, fed directly, refuses it too (typed, dead-lettered).
     router = SessionRouter()
     router.connect("s1")
-    bad = {**tone_turn("s1", "t1", 1, 1)[0], "sentence_seq": -1}
+    bad = replace(tone_turn("s1", "t1", 1, 1)[0], sentence_seq=-1)
     with pytest.raises(UnroutableChunk, match="outside 0.."):
         router.route(bad)
 
@@ -121,7 +123,7 @@ def test_a_sentence_re_spoken_from_its_start_contributes_only_its_missing_tail()
     assert heard(channel) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
     # a whole sentence re-spoken after it was delivered adds nothing
     before = len(channel.outbox)
-    router.route({**again[0], "is_last_in_turn": False})
+    router.route(replace(again[0], is_last_in_turn=False))
     assert len(channel.outbox) == before
 
 
@@ -141,7 +143,7 @@ def test_the_last_chunk_s_end_reason_reaches_the_player_in_turn_end():
     chunks = tone_turn("s1", "t1", sentences=2, chunks_per_sentence=1)
     router.route(chunks[0])
     # the worker could not speak the last sentence: it ends the turn with a reason and no audio
-    router.route({**chunks[1], "pcm": b"", "end_reason": "synthesis-failed"})
+    router.route(replace(chunks[1], pcm=b"", end_reason="synthesis-failed"))
     assert controls(channel, "turn_end") == [{"type": "turn_end", "v": 1, "turn_id": "t1", "turn": 1,
                                               "reason": "synthesis-failed"}]
     late = router.connect("s1", resume={"turn_id": "t1", "sentence_seq": 0})  # a replay says it too
@@ -156,7 +158,7 @@ def test_a_duplicate_last_chunk_still_ends_the_turn():
     first = tone_turn("s1", "t1", sentences=1, chunks_per_sentence=3)
     for chunk in first[:2]:
         router.route(chunk)
-    router.route({**first[1], "is_last_chunk": True, "is_last_in_turn": True})
+    router.route(replace(first[1], is_last_chunk=True, is_last_in_turn=True))
     assert heard(channel) == [(0, 0), (0, 1)]
     assert len(controls(channel, "turn_end")) == 1
 
@@ -297,7 +299,7 @@ def test_an_edge_clock_ahead_of_the_agent_s_does_not_cancel_a_new_turn():
     for chunk in tone_turn("s1", "t2", 1, 2):
         from voicebus.clock import now_us
 
-        assert router.route({**chunk, "first_token_at_us": now_us() - 3600 * 1_000_000}) == 1
+        assert router.route(replace(chunk, first_token_at_us=now_us() - 3600 * 1_000_000)) == 1
     assert heard(channel) == [(0, 0), (0, 1)]
 
 
@@ -330,11 +332,11 @@ def test_the_once_only_memory_of_a_turn_is_bounded_and_old_sentences_stay_done()
     channel = router.connect("s1")
     chunk = tone_turn("s1", "t1", 1, 1, chunk_ms=10)[0]
     for s in range(TRACKED_SENTENCES + 100):
-        router.route({**chunk, "sentence_seq": s, "is_last_in_turn": False})
+        router.route(replace(chunk, sentence_seq=s, is_last_in_turn=False))
     turn = router._sessions["s1"].turns["t1"]
     assert len(turn.forwarded) <= TRACKED_SENTENCES
     channel.outbox.clear()
-    router.route({**chunk, "sentence_seq": 0, "is_last_in_turn": False})  # forgotten, still done
+    router.route(replace(chunk, sentence_seq=0, is_last_in_turn=False))  # forgotten, still done
     assert heard(channel) == []
 
 
@@ -365,7 +367,7 @@ def test_any_history_of_worker_restarts_and_retries_is_heard_exactly_once_in_ord
     from hypothesis import given, settings as hsettings, strategies as st
 
     sentences, chunks = 3, 4
-    template = {(c["sentence_seq"], c["chunk_seq"]): c for c in tone_turn("s1", "t1", sentences, chunks, chunk_ms=5)}
+    template = {(c.sentence_seq, c.chunk_seq): c for c in tone_turn("s1", "t1", sentences, chunks, chunk_ms=5)}
 
     @hsettings(max_examples=150, deadline=None)
     @given(st.data())

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+from dataclasses import replace
 
 import av
 import numpy as np
@@ -25,7 +26,7 @@ from voicebus.players.edge import LINK_KEY, ROUTER_KEY, make_app
 from voicebus.players.router import SessionRouter
 from voicebus.players.tap import SessionTap
 from voicebus.players.tone import tone_turn
-from voicebus.schemas.messages import Message, PlaybackReport, TurnHeard
+from voicebus.schemas.messages import AudioChunk, Message, PlaybackReport, TurnHeard, WordTiming
 from tests.players.edge_helpers import SECRET, edge_settings
 from tests.waiting import eventually
 
@@ -180,14 +181,14 @@ async def telephony_edge(link: FakeLink | None = None, start_timeout_s: float | 
         yield app, client
 
 
-def worded_turn(session: str, turn: str, sentences: int, chunks: int) -> tuple[list[dict], list[tuple[int, str]]]:
+def worded_turn(session: str, turn: str, sentences: int, chunks: int) -> tuple[list[AudioChunk], list[tuple[int, str]]]:
     """A tone turn with one word starting in each chunk; and the words as (absolute sample, text)."""
     turn_chunks = tone_turn(session, turn, sentences=sentences, chunks_per_sentence=chunks)
     words = []
-    for c in turn_chunks:
-        text, start = f"w{c['sentence_seq']}.{c['chunk_seq']}", c["chunk_seq"] * CHUNK + 100
-        c["words"] = [{"text": text, "start": start, "end": start + 2000}]
-        words.append((c["sentence_seq"] * chunks * CHUNK + start, text))
+    for i, c in enumerate(turn_chunks):
+        text, start = f"w{c.sentence_seq}.{c.chunk_seq}", c.chunk_seq * CHUNK + 100
+        turn_chunks[i] = replace(c, words=(WordTiming(text=text, start=start, end=start + 2000),))
+        words.append((c.sentence_seq * chunks * CHUNK + start, text))
     return turn_chunks, words
 
 
@@ -223,7 +224,7 @@ async def test_a_turn_reaches_the_call_as_20_ms_mulaw_frames_at_real_time_pace()
         assert 59 * 0.020 - telephony.LEAD_S - 0.010 <= arrivals[-1] - arrivals[0] < 59 * 0.020 + 0.6
         # The μ-law is the tone: decoded, it matches the source taken down to 8 kHz independently.
         decoded = mulaw_decode(b"".join(payloads))
-        source = np.frombuffer(b"".join(c["pcm"] for c in chunks), "<i2").astype(np.float64).reshape(-1, 3).mean(axis=1)
+        source = np.frombuffer(b"".join(c.pcm for c in chunks), "<i2").astype(np.float64).reshape(-1, 3).mean(axis=1)
         assert len(decoded) == len(source)
         best = max(np.corrcoef(decoded[40 + lag:len(source) - 40 + lag], source[40:-40])[0, 1] for lag in range(-8, 9))
         assert best > 0.97

@@ -88,6 +88,19 @@ def test_what_players_reported_and_heard_are_handed_as_objects():
     assert typed("PlaybackReport", report.to_record()).kind is PlaybackKind.STOPPED
 
 
+def test_a_text_event_is_handed_as_an_object_with_its_lexicon_entries():
+    from voicebus.schemas.contract import TextEventKind
+    from voicebus.schemas.messages import LexiconEntry, TextEvent
+
+    codec = Codec()
+    event = TextEvent(session_id="s1", turn_id="t1", agent_id="assistant", seq=0, kind=TextEventKind.TOKEN,
+                      text="SQL", lexicon=(LexiconEntry(match="SQL", say="sequel"),), produced_at_us=9)
+    decoded = codec.decode(codec.encode("TextEvent", event), expect="TextEvent")
+    assert decoded.value["lexicon"] == [{"match": "SQL", "regex": False, "phonemes": None, "say": "sequel"}]
+    back = typed(decoded.type, decoded.value)
+    assert back == event and back.kind is TextEventKind.TOKEN and back.lexicon[0].say == "sequel"
+
+
 def test_every_message_type_of_the_contract_has_its_class():
     from voicebus import schemas
     from voicebus.schemas.messages import CLASSES

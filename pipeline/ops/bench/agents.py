@@ -39,13 +39,15 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from voicebus.cli import add_json_argument
 from voicebus.clock import now_us
 from voicebus.latency import percentile
 from voicebus.ops.bench.cli import add_stage_log_level
 from voicebus.ops.bench.gate import releasing_events
+from voicebus.schemas.contract import TextEventKind
+from voicebus.schemas.messages import TextEvent
 from voicebus.settings import Settings
 
 SENTENCES = ("The weather is fine today. ", "Your order shipped on Monday morning. ",
@@ -54,12 +56,11 @@ TOKEN_CHARS = 4
 TOKEN_GAP_S = 0.02  # an LLM streaming ~50 tokens a second
 
 
-def turn_events(session: str, turn: str, agent: str, text: str) -> list[dict]:
+def turn_events(session: str, turn: str, agent: str, text: str) -> list[TextEvent]:
     pieces = [text[i:i + TOKEN_CHARS] for i in range(0, len(text), TOKEN_CHARS)]
-    base = {"session_id": session, "turn_id": turn, "agent_id": agent, "claim_id": None,
-            "language": None, "voice": None, "produced_at_us": 0}
-    events = [{**base, "seq": i, "kind": "TOKEN", "text": p} for i, p in enumerate(pieces)]
-    events.append({**base, "seq": len(pieces), "kind": "END_OF_TURN", "text": ""})
+    base = {"session_id": session, "turn_id": turn, "agent_id": agent, "produced_at_us": 0}
+    events = [TextEvent(**base, seq=i, kind=TextEventKind.TOKEN, text=p) for i, p in enumerate(pieces)]
+    events.append(TextEvent(**base, seq=len(pieces), kind=TextEventKind.END_OF_TURN))
     return events
 
 
@@ -76,8 +77,8 @@ async def speak(publisher, sent: Sent, session: str, turn: str, agent: str, kind
     released_by = releasing_events(events)
     times: list[int] = []
     for e in events:
-        e["produced_at_us"] = now_us()
-        times.append(e["produced_at_us"])
+        e = replace(e, produced_at_us=now_us())
+        times.append(e.produced_at_us)
         await publisher.publish_text_event(e)
         await asyncio.sleep(TOKEN_GAP_S)
     sent.releasing_sent_us[(session, turn)] = [times[i] for i in released_by]
@@ -132,7 +133,9 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
     minutes: 3 blocks a round), stderr by default, so stdout keeps only the JSON."""
     from voicebus.bus import ensure_topics, make_consumer
     from voicebus.codecs import Codec
-    from voicebus.gate.app import READY_LINE, start_gate_subprocess
+    from voicebus.gate.app import READY_LINE
+    from voicebus.gate.cli import start_gate_subprocess
+    from voicebus.schemas.messages import SynthesisRequest
     from voicebus.topics import text_topic
 
     uid = uuid.uuid4().hex[:8]
@@ -155,7 +158,7 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
 
     threading.Thread(target=pump, daemon=True).start()
     codec = Codec()
-    received: list[dict] = []
+    received: list[SynthesisRequest] = []
     consumer = make_consumer(settings, settings.synthesis_topic, auto_offset_reset="earliest")
     try:
         deadline = time.monotonic() + 90
@@ -168,7 +171,8 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
         async def consume() -> None:
             while True:
                 for records in (await consumer.getmany(timeout_ms=200)).values():
-                    received.extend(codec.decode(r.value, expect="SynthesisRequest").value for r in records)
+                    received.extend(SynthesisRequest.from_record(codec.decode(r.value, expect="SynthesisRequest").value)
+                                    for r in records)
 
         consuming = asyncio.create_task(consume())
         sent = Sent()
@@ -223,11 +227,11 @@ async def run_bench(settings: Settings, *, block_s: float, rounds: int, rate_per
     kinds = ("first", "later", "quiet", "churn", "churn_unseen")
     by_kind: dict[str, list[float]] = {k: [] for k in kinds}
     for r in received:
-        key = (r["session_id"], r["turn_id"])
+        key = (r.session_id, r.turn_id)
         times = sent.releasing_sent_us.get(key)
-        if times is None or r["sentence_seq"] >= len(times):
+        if times is None or r.sentence_seq >= len(times):
             continue
-        by_kind[sent.kind[key]].append((r["released_at_us"] - times[r["sentence_seq"]]) / 1000)
+        by_kind[sent.kind[key]].append((r.released_at_us - times[r.sentence_seq]) / 1000)
 
     def pct(values: list[float], high: int) -> dict:
         values = sorted(values)

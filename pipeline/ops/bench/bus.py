@@ -29,6 +29,7 @@ from voicebus.cli import add_json_argument, write_json
 from voicebus.latency import percentile
 from voicebus.settings import Settings
 from voicebus.schemas.contract import TextEventKind
+from voicebus.schemas.messages import TextEvent
 
 TARGET_P50_MS = 2.0
 TARGET_P99_MS = 10.0
@@ -73,10 +74,8 @@ async def measure_bus_latency(settings: Settings, events: int = 2000, warmup: in
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
         for i in range(warmup + events):
-            value = {
-                "session_id": "bench", "turn_id": "t1", "agent_id": "bench", "seq": i, "kind": TextEventKind.TOKEN,
-                "text": " word", "claim_id": None, "language": None, "voice": None, "produced_at_us": now_us(),
-            }
+            value = TextEvent(session_id="bench", turn_id="t1", agent_id="bench", seq=i, kind=TextEventKind.TOKEN,
+                              text=" word", produced_at_us=now_us())
             payload = codec.encode("TextEvent", value, topic)
             started = time.perf_counter()
             await producer.send(topic, payload, key=session_key("bench"))

@@ -33,6 +33,9 @@ connection opened after it; audio already in flight does not count). A reconnect
 (docs/edge.md, "Reconnect"): the listener drops its partial copy of that sentence first (as a
 player starts it again), so that restart is counted apart (``restarted_sentences`` in
 ``details``), never as heard twice.
+
+Size: about 700 lines: one benchmark (its fault schedule, listener, scoring and report), also run
+by the fault tests. Benchmarks are not on the runtime path.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def make_stages(settings: Settings, tiny: bool = True, session_timeout_s: float 
     from voicebus.synthesis.cli import WORKER_READY_LINE
 
     env = stage_env(settings)
-    gate = StageProcess("gate", [sys.executable, "-m", "voicebus.gate.app", "--announce", "--log-level",
+    gate = StageProcess("gate", [sys.executable, "-m", "voicebus.gate.cli", "--announce", "--log-level",
                                  log_level or "WARNING", "--commit-interval", "1",
                                  "--session-timeout", f"{session_timeout_s:g}"],
                         env, ready_line=READY_LINE)

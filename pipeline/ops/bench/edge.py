@@ -15,6 +15,7 @@ import json
 import multiprocessing
 import statistics
 import time
+from dataclasses import replace
 
 from voicebus.latency import percentile
 
@@ -73,7 +74,7 @@ async def _bench(settings, counts: list[int], chunks: int, interval_s: float, ch
                 await asyncio.sleep(0.05)
             template = tone_turn("bench", "t", sentences=max(1, chunks // 10), chunks_per_sentence=10, chunk_ms=chunk_ms)
             for i, chunk in enumerate(template[:chunks]):
-                router.route({**chunk, "turn_id": f"t{i // 50}"})
+                router.route(replace(chunk, turn_id=f"t{i // 50}"))
                 await asyncio.sleep(interval_s)
             deadline = time.monotonic() + 30
             while len(metrics.overhead_samples) < n * min(chunks, len(template)) and time.monotonic() < deadline:

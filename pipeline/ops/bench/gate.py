@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 import uuid
+from dataclasses import replace
 
 from voicebus.clock import now_us
 from voicebus.gate.core import GateConfig, GateSession
@@ -28,17 +29,17 @@ from voicebus.logs import configure_logging
 from voicebus.ops.bench.cli import add_stage_log_level, bench_kafka
 from voicebus.settings import Settings
 from voicebus.schemas.contract import TextEventKind
+from voicebus.schemas.messages import TextEvent
 
 TEXT = "The quick brown fox jumps. It was far away, said Dr. Smith. Then it rained all day. "
 
 
-def turn_events(session: str, turn: str, text: str, size: int) -> list[dict]:
+def turn_events(session: str, turn: str, text: str, size: int) -> list[TextEvent]:
     """One agent's TextEvents for one turn: `text` in `size`-character tokens, then END_OF_TURN."""
     pieces = [text[i:i + size] for i in range(0, len(text), size)]
-    base = {"session_id": session, "turn_id": turn, "agent_id": "bench", "claim_id": None,
-            "language": None, "voice": None, "produced_at_us": 0}
-    events = [{**base, "seq": i, "kind": TextEventKind.TOKEN, "text": p} for i, p in enumerate(pieces)]
-    events.append({**base, "seq": len(pieces), "kind": TextEventKind.END_OF_TURN, "text": ""})
+    base = {"session_id": session, "turn_id": turn, "agent_id": "bench", "produced_at_us": 0}
+    events = [TextEvent(**base, seq=i, kind=TextEventKind.TOKEN, text=p) for i, p in enumerate(pieces)]
+    events.append(TextEvent(**base, seq=len(pieces), kind=TextEventKind.END_OF_TURN))
     return events
 
 
@@ -60,9 +61,9 @@ def bench_core(repeat: int = 40, size: int = 4) -> dict:
     return {"events": len(events), "us_per_event": in_memory, "us_per_event_with_state": with_state}
 
 
-def releasing_events(events: list[dict]) -> list[int]:
+def releasing_events(events: list[TextEvent]) -> list[int]:
     """For each request the core gives, the index of the event that released it."""
-    session = GateSession(events[0]["session_id"], GateConfig())
+    session = GateSession(events[0].session_id, GateConfig())
     out: list[int] = []
     for i, e in enumerate(events):
         out += [i] * len(session.apply(e, 0))
@@ -73,7 +74,8 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
                        log_level: str | None = None) -> dict:
     from voicebus.bus import ensure_topics, make_consumer, make_producer
     from voicebus.codecs import Codec
-    from voicebus.gate.app import READY_LINE, start_gate_subprocess
+    from voicebus.gate.app import READY_LINE
+    from voicebus.gate.cli import start_gate_subprocess
     from voicebus.topics import session_key, text_topic
 
     uid = uuid.uuid4().hex[:8]
@@ -114,8 +116,8 @@ async def bench_broker(settings: Settings, turns: int = 3, repeat: int = 4, gap_
                 task = asyncio.create_task(consume())
                 sent: list[int] = []
                 for e in events:
-                    e["produced_at_us"] = now_us()
-                    sent.append(e["produced_at_us"])
+                    e = replace(e, produced_at_us=now_us())
+                    sent.append(e.produced_at_us)
                     await producer.send_and_wait(text_topic(settings, "bench"), codec.encode("TextEvent", e, text_topic(settings, "bench")),
                                                  key=session_key("bench"))
                     await asyncio.sleep(gap_s)

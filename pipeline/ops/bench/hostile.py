@@ -55,6 +55,10 @@ does not) with ``rss_mb`` (stage -> MB after the clean run and each round), all 
 ``rejection_reported``, ``reason``, ``detail``) with ``cases_warm_up`` (the warm-up replay's
 growth). Figures and reproduction in docs/benchmarks.md
 ("bench hostile").
+
+Size: about 730 lines: one benchmark (its stage processes, normal sessions, attack rounds and
+scoring); its named cases are `voicebus.ops.bench.hostile_cases`, its faults
+`voicebus.ops.bench.hostile_faults`. Benchmarks are not on the runtime path.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ from voicebus.cli import add_json_argument
 from voicebus.ops.bench.cli import add_stage_log_level
 from voicebus.ops.bench.hostile_cases import (CASES, MEMORY_TARGET_MB, CaseContext, CountingRegistry, Helpers,
                                               case_ok, format_cases, memory_ok, parse_cases, run_cases)
+from voicebus.schemas.contract import AudioEncoding, TextEventKind
+from voicebus.schemas.messages import AudioChunk, SynthesisRequest, TextEvent, WordTiming
 from voicebus.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -339,23 +345,25 @@ def raw_avro(codec, message_type: str, value: dict) -> bytes:
     return buf.getvalue()
 
 
-def _text(session_id: str, turn_id: str, seq: int, kind: str = "TOKEN", text: str = "", **extra) -> dict:
-    return {"session_id": session_id, "turn_id": turn_id, "agent_id": HOSTILE_AGENT, "seq": seq, "kind": kind,
-            "text": text, "claim_id": None, "language": None, "voice": None, "produced_at_us": 1, **extra}
+def _text(session_id: str, turn_id: str, seq: int, kind: str = "TOKEN", text: str = "", **extra) -> TextEvent:
+    return TextEvent(**{"session_id": session_id, "turn_id": turn_id, "agent_id": HOSTILE_AGENT, "seq": seq,
+                        "kind": TextEventKind(kind), "text": text, "produced_at_us": 1, **extra})
 
 
-def _request(session_id: str, turn_id: str, seq: int, text: str, **extra) -> dict:
-    return {"session_id": session_id, "turn_id": turn_id, "agent_id": HOSTILE_AGENT, "sentence_seq": seq,
-            "text": text, "language": "en", "voice": "af_heart", "speed": 1.0, "is_last_in_turn": False,
-            "first_token_at_us": 1, "text_complete_at_us": 1, "released_at_us": 1, "tentative": False, **extra}
+def _request(session_id: str, turn_id: str, seq: int, text: str, **extra) -> SynthesisRequest:
+    return SynthesisRequest(**{
+        "session_id": session_id, "turn_id": turn_id, "agent_id": HOSTILE_AGENT, "sentence_seq": seq,
+        "text": text, "language": "en", "voice": "af_heart", "speed": 1.0, "is_last_in_turn": False,
+        "first_token_at_us": 1, "text_complete_at_us": 1, "released_at_us": 1, "tentative": False, **extra})
 
 
-def _chunk(session_id: str, turn_id: str, sentence: int, chunk: int, pcm: bytes = b"\x00\x00" * 240, **extra) -> dict:
-    return {"session_id": session_id, "turn_id": turn_id, "sentence_seq": sentence, "chunk_seq": chunk,
-            "is_last_chunk": False, "is_last_in_turn": False, "sample_rate": 24000, "encoding": "PCM16LE",
-            "pcm": pcm, "worker_id": "hostile", "first_token_at_us": 0, "text_complete_at_us": 0,
-            "released_at_us": 0, "request_received_at_us": 0, "synthesis_started_at_us": 0,
-            "audio_ready_at_us": 0, "published_at_us": 0, "end_reason": "", "words": [], **extra}
+def _chunk(session_id: str, turn_id: str, sentence: int, chunk: int, pcm: bytes = b"\x00\x00" * 240, **extra) -> AudioChunk:
+    return AudioChunk(**{
+        "session_id": session_id, "turn_id": turn_id, "sentence_seq": sentence, "chunk_seq": chunk,
+        "is_last_chunk": False, "is_last_in_turn": False, "sample_rate": 24000, "encoding": AudioEncoding.PCM16LE,
+        "pcm": pcm, "worker_id": "hostile", "first_token_at_us": 0, "text_complete_at_us": 0,
+        "released_at_us": 0, "request_received_at_us": 0, "synthesis_started_at_us": 0,
+        "audio_ready_at_us": 0, "published_at_us": 0, "end_reason": "", "words": (), **extra})
 
 
 def _cancel(session_id: str, turn_id: str | None = None, **extra) -> dict:
@@ -417,11 +425,11 @@ class HostileAgent:
                 await self.send(f"{name}:null-key", topic, self.garbage(), None)
             # text topic: what Avro allows and the contract does not, and turns that never behave
             t = self.topic
-            await self.send("text:negative-seq", t, raw_avro(c, "TextEvent", _text(sid, "t1", -5, text="Hi. ")), key)
-            await self.send("text:oversized", t, raw_avro(c, "TextEvent", _text(sid, "t1", 0, text="a" * 20_000)), key)
-            await self.send("text:unknown-language", t, raw_avro(c, "TextEvent", _text(sid, "t2", 0, text="Hi. ", language="de")), key)
-            await self.send("text:bad-id", t, raw_avro(c, "TextEvent", _text("\x00\x01bad", "t\n", 0, text="Hi. ")), b"\x00\x01bad")
-            await self.send("text:invalid-utf8", t, raw_avro(c, "TextEvent", _text(sid, "t3", 0, text="XYZW")).replace(
+            await self.send("text:negative-seq", t, raw_avro(c, "TextEvent", _text(sid, "t1", -5, text="Hi. ").to_record()), key)
+            await self.send("text:oversized", t, raw_avro(c, "TextEvent", _text(sid, "t1", 0, text="a" * 20_000).to_record()), key)
+            await self.send("text:unknown-language", t, raw_avro(c, "TextEvent", _text(sid, "t2", 0, text="Hi. ", language="de").to_record()), key)
+            await self.send("text:bad-id", t, raw_avro(c, "TextEvent", _text("\x00\x01bad", "t\n", 0, text="Hi. ").to_record()), b"\x00\x01bad")
+            await self.send("text:invalid-utf8", t, raw_avro(c, "TextEvent", _text(sid, "t3", 0, text="XYZW").to_record()).replace(
                 b"XYZW", b"\xff\xfe\xfd\xfc"), key)
             await self.send("text:wrong-type", t, c.encode("ControlEvent", _cancel(sid)), key)
             await self.send("text:wrong-partition", t, c.encode("TextEvent", _text(sid, "t4", 0, text="Hello there. ")),
@@ -450,23 +458,24 @@ class HostileAgent:
             await self.send("control:negative-time", ctl, raw_avro(c, "ControlEvent", _cancel(sid, issued_at_us=-1)), key)
             # synthesis topic (only the gate should write it): what a buggy gate could send
             syn = s.synthesis_topic
-            await self.send("synthesis:negative-seq", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", -1, "Hi.")), key)
-            await self.send("synthesis:unknown-language", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 0, "Hi.", language="x")), key)
-            await self.send("synthesis:oversized", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 1, "a " * 10_000)), key)
-            await self.send("synthesis:bad-speed", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 2, "Hi.", speed=float("nan"))), key)
+            await self.send("synthesis:negative-seq", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", -1, "Hi.").to_record()), key)
+            await self.send("synthesis:unknown-language", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 0, "Hi.", language="x").to_record()), key)
+            await self.send("synthesis:oversized", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 1, "a " * 10_000).to_record()), key)
+            await self.send("synthesis:bad-speed", syn, raw_avro(c, "SynthesisRequest", _request(sid, "r", 2, "Hi.", speed=float("nan")).to_record()), key)
             await self.send("synthesis:unknown-voice", syn, c.encode("SynthesisRequest", _request(sid, "r", 3, "Hi.", voice="nobody")), key)
             await self.send("synthesis:empty-text", syn, c.encode("SynthesisRequest", _request(sid, "r", 4, "")), key)
             await self.send("synthesis:punctuation-only", syn, c.encode("SynthesisRequest", _request(sid, "r", 5, "?!.,;:-- ...")), key)
             await self.send("synthesis:huge-seq", syn, c.encode("SynthesisRequest", _request(sid, "r", 2**31 - 1, "Last.", is_last_in_turn=True)), key)
             # audio topic (only workers should write it)
             aud = s.audio_topic
-            await self.send("audio:negative-seq", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", -1, 0)), key)
-            await self.send("audio:negative-seq", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, -7)), key)
-            await self.send("audio:odd-pcm", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, 0, pcm=b"\x01\x02\x03")), key)
-            await self.send("audio:bad-sample-rate", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, 1, sample_rate=-1)), key)
-            await self.send("audio:bad-opus", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, 2, encoding="OPUS", pcm=b"\xff\xff\x01")), key)
+            await self.send("audio:negative-seq", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", -1, 0).to_record()), key)
+            await self.send("audio:negative-seq", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, -7).to_record()), key)
+            await self.send("audio:odd-pcm", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, 0, pcm=b"\x01\x02\x03").to_record()), key)
+            await self.send("audio:bad-sample-rate", aud, raw_avro(c, "AudioChunk", _chunk(sid, "a", 0, 1, sample_rate=-1).to_record()), key)
+            await self.send("audio:bad-opus", aud, raw_avro(c, "AudioChunk", _chunk(
+                sid, "a", 0, 2, encoding=AudioEncoding.OPUS, pcm=b"\xff\xff\x01").to_record()), key)
             await self.send("audio:words-backwards", aud, raw_avro(c, "AudioChunk", _chunk(
-                sid, "a", 0, 3, words=[{"text": "x", "start": 9, "end": 1}])), key)
+                sid, "a", 0, 3, words=(WordTiming(text="x", start=9, end=1),)).to_record()), key)
             await self.send("audio:huge-seq", aud, c.encode("AudioChunk", _chunk(sid, "a", 2**31 - 1, 2**31 - 1, is_last_chunk=True)), key)
             for i in range(50):  # a session nobody listens to: the edge must build nothing for it
                 await self.send("audio:unheard-session", aud, c.encode("AudioChunk", _chunk(self.sid(), "u", 0, i)), key)

@@ -50,6 +50,10 @@ control's ``memory_control_mb`` are kept). On top of that each case says whether
   partitions moved
   (`voicebus.ops.bench.hostile_faults`, which says what each does and observes). ``zombie-gate``
   restarts the gate first (`PREPARE`), before its control replay.
+
+Size: about 740 lines, a table of attack cases: each case is a setup, an attack and the observable
+of its defence, and they share the bench's sessions, scoring and stage processes
+(`voicebus.ops.bench.hostile`). Benchmarks are not on the runtime path.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from voicebus.ops.bench.hostile_scoring import DLQ_COUNTER, REASON_HEADER, Observation  # noqa: F401 - re-exported
+from voicebus.schemas.messages import TextEvent
 
 SKIP_COUNTER = "voicebus_records_skipped_total"
 LABEL_SERIES_SLACK = 12  # series a label flood may add to a stage's /metrics (the "other" label, first uses)
@@ -122,7 +127,7 @@ class Helpers:
     normal sessions with their comparison against the clean run."""
 
     raw_avro: Callable[[Any, str, dict], bytes]
-    text_event: Callable[..., dict]
+    text_event: Callable[..., TextEvent]
     cancel_event: Callable[..., dict]
     kind_header: str
     cancel_counters: dict[str, str]
@@ -331,9 +336,9 @@ async def near_max_record(ctx: CaseContext) -> Observation:
     offsets = set()
     for _ in range(ctx.scale):
         sid = ctx.sid()
-        base = len(raw_avro(ctx.codec, "TextEvent", _text(sid, "near-max", 0, text="")))
+        base = len(raw_avro(ctx.codec, "TextEvent", _text(sid, "near-max", 0, text="").to_record()))
         text = "a" * max(0, target - base - 4)  # the string's length varint: up to 4 bytes more
-        value = raw_avro(ctx.codec, "TextEvent", _text(sid, "near-max", 0, text=text))
+        value = raw_avro(ctx.codec, "TextEvent", _text(sid, "near-max", 0, text=text).to_record())
         meta = await ctx.send("text:near-max-record", topic, value, sid.encode())
         offsets.add(meta.offset)
         size = len(value)

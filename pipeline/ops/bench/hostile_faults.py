@@ -37,6 +37,7 @@ from collections import Counter, deque
 from typing import Any, Iterable
 
 from voicebus.ops.bench import hostile_scoring as hc
+from voicebus.schemas.messages import SynthesisRequest
 
 FLOOD_TIMES = 2  # session-flood: sessions of turns that end at once, times the gate's bound
 FLOOD_REFUSED = 20  # session-flood: sessions past the bound whose turns never end (refused)
@@ -94,14 +95,15 @@ def released_twice(requests: Iterable[tuple]) -> dict[str, int]:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-async def _requests_of(ctx, mark: dict, session_id: str, until_last: bool, timeout_s: float) -> list[dict]:
+async def _requests_of(ctx, mark: dict, session_id: str, until_last: bool,
+                       timeout_s: float) -> list[SynthesisRequest]:
     """Synthesis requests of `session_id` written since `mark` (end offsets of the synthesis
     topic); with `until_last`, reads until one is the turn's last (or `timeout_s`)."""
     from voicebus.bus import make_consumer
 
     consumer = make_consumer(ctx.s, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
-    out: list[dict] = []
+    out: list[SynthesisRequest] = []
     try:
         tps = list(mark)
         consumer.assign(tps)
@@ -117,8 +119,9 @@ async def _requests_of(ctx, mark: dict, session_id: str, until_last: bool, timeo
                         if record.key != session_id.encode():
                             continue
                         with contextlib.suppress(Exception):
-                            out.append(ctx.codec.decode(record.value, expect="SynthesisRequest").value)
-            if not until_last or any(r.get("is_last_in_turn") for r in out):
+                            out.append(SynthesisRequest.from_record(
+                                ctx.codec.decode(record.value, expect="SynthesisRequest").value))
+            if not until_last or any(r.is_last_in_turn for r in out):
                 break
             await asyncio.sleep(0.5)
     finally:
@@ -264,7 +267,7 @@ async def zombie_gate(ctx) -> hc.Observation:
     gate = ctx.stack.by_name()["gate"]
     tap = gate.output = _Tap(gate.output)
     port = free_port(s.edge_host)
-    second = StageProcess("gate-2", [sys.executable, "-m", "voicebus.gate.app", "--announce", "--log-level", "INFO",
+    second = StageProcess("gate-2", [sys.executable, "-m", "voicebus.gate.cli", "--announce", "--log-level", "INFO",
                                      "--session-timeout", f"{ZOMBIE_SESSION_TIMEOUT_S:g}", "--metrics-port", str(port)],
                           gate.env, ready_line=READY_LINE)
     every = s.partitions
@@ -303,7 +306,7 @@ async def zombie_gate(ctx) -> hc.Observation:
         await second.stop()
         gate.output = deque(tap, maxlen=tap.maxlen)
     lines = fence_report(tap.tapped)
-    twice = released_twice((r["turn_id"], r["sentence_seq"], r["tentative"], r["text"]) for r in probe)
+    twice = released_twice((r.turn_id, r.sentence_seq, r.tentative, r.text) for r in probe)
     announced = ready_partitions(tap.tapped, READY_LINE)
     detail |= {"zombie_fence_lines": [line[:240] for line in lines["fenced"][:3]],
                "zombie_revoke_lines": [line[:160] for line in lines["revoked"][:3]],
@@ -311,7 +314,7 @@ async def zombie_gate(ctx) -> hc.Observation:
                "probe_requests": len(probe),
                "probe_released_twice": twice, "partitions_back": back}
     ok = (rejoined and back and bool(lines["fenced"] or lines["revoked"]) and not twice
-          and any(r.get("is_last_in_turn") for r in probe))
+          and any(r.is_last_in_turn for r in probe))
     how = (f"'{FENCE_LINE}' x{len(lines['fenced'])}" if lines["fenced"]
            else f"its partitions revoked first ({len(lines['revoked'])} lines), no fence needed")
     return hc.Observation(ok, f"paused {detail['paused_s']} s (session timeout {ZOMBIE_SESSION_TIMEOUT_S:g} s), "

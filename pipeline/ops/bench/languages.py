@@ -52,9 +52,9 @@ def sentences() -> dict[str, list[str]]:
 def default_voice(language: str) -> str:
     """The language's default voice (the contract's), or the first Kokoro voice of it by name."""
     from voicebus.schemas.contract import DEFAULT_VOICES, KOKORO_VOICES
-    from voicebus.synthesis.engine import resolve_language
+    from voicebus.schemas.contract import kokoro_code
 
-    code = resolve_language(language)
+    code = kokoro_code(language, default=None)
     return DEFAULT_VOICES.get(code) or min(name for name in KOKORO_VOICES if name[:1] == code)
 
 

@@ -37,6 +37,9 @@ the run and stopped after it; given ``--bootstrap``, that one and none started (
 The topics of a run have ``--partitions`` partitions (default 24, the deployment default: an even
 share for 1, 2, 3, 4, 6 and 8 edges; a session's partition is the hash of its id, so shares are
 even only on average).
+
+Size: about 550 lines: one benchmark (its edges, light listeners, load and report). Benchmarks are
+not on the runtime path.
 """
 
 from __future__ import annotations
@@ -50,11 +53,16 @@ import resource
 import statistics
 import time
 import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from voicebus.cli import add_json_argument, write_json
 from voicebus.latency import percentile
 from voicebus.logs import configure_logging
 from voicebus.ops.bench.cli import add_stage_log_level, bench_kafka
+
+if TYPE_CHECKING:
+    from voicebus.schemas.messages import AudioChunk
 
 CHUNK_MS = 160  # whole 20 ms Opus frames; PCM uses the same, so the two grids match chunk for chunk
 QUICK = {"edges": [1, 2], "sessions": [10]}
@@ -127,7 +135,7 @@ def _run(args: argparse.Namespace, settings) -> int:
     return 0
 
 
-def _turn_template(encoding: str, seconds: float) -> list[dict]:
+def _turn_template(encoding: str, seconds: float) -> list[AudioChunk]:
     from voicebus.players.tone import tone_turn
     from voicebus.schemas.contract import AudioEncoding
 
@@ -203,7 +211,7 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
             if kind == "error":
                 raise RuntimeError(f"player process {index}: {value}")
         codec = codec_for(s)
-        encoded = [[codec.encode("AudioChunk", {**c, "session_id": sid}, s.audio_topic) for c in template]
+        encoded = [[codec.encode("AudioChunk", replace(c, session_id=sid), s.audio_topic) for c in template]
                    for sid in sessions]
         bus_bytes = sum(len(e) for e in encoded[0])
         # Each session speaks on its own clock, as independent workers do: session i's chunks go

@@ -20,6 +20,7 @@ token interval sooner), and how many tentative ones were retracted (withdrawn or
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -175,6 +176,7 @@ def _speculation(texts: list[tuple[str, str, str]]) -> list[list[str]]:
     replaced), through `GateSession` with speculative release on (word-token feed)."""
     from voicebus.gate.cli import word_tokens
     from voicebus.gate.core import GateConfig, GateSession
+    from voicebus.schemas.messages import TextEvent
 
     config = GateConfig(speculative_release=True, first_clause_min_words=0)
     groups: dict[str, dict[str, int]] = {}
@@ -182,18 +184,18 @@ def _speculation(texts: list[tuple[str, str, str]]) -> list[list[str]]:
         g = groups.setdefault(group, {"texts": 0, "spoken": 0, "tentative": 0, "confirmed": 0, "retracted": 0})
         g["texts"] += 1
         session = GateSession("s", config)
-        events = [{"session_id": "s", "turn_id": "t", "agent_id": "a", "seq": i, "kind": TextEventKind.TOKEN,
-                   "text": piece, "claim_id": None, "language": lang, "voice": None, "produced_at_us": i}
+        events = [TextEvent(session_id="s", turn_id="t", agent_id="a", seq=i, kind=TextEventKind.TOKEN,
+                            text=piece, language=lang, produced_at_us=i)
                   for i, piece in enumerate(word_tokens(text))]
-        events.append({**events[-1], "seq": len(events), "kind": TextEventKind.END_OF_TURN, "text": ""} if events else
-                      {"session_id": "s", "turn_id": "t", "agent_id": "a", "seq": 0, "kind": TextEventKind.END_OF_TURN,
-                       "text": "", "claim_id": None, "language": lang, "voice": None, "produced_at_us": 0})
+        events.append(dataclasses.replace(events[-1], seq=len(events), kind=TextEventKind.END_OF_TURN, text="")
+                      if events else TextEvent(session_id="s", turn_id="t", agent_id="a", seq=0,
+                                               kind=TextEventKind.END_OF_TURN, language=lang, produced_at_us=0))
         held: set[int] = set()
         for i, event in enumerate(events):
             for r in session.apply(event, i):
-                seq = r["sentence_seq"]
-                if r["tentative"]:
-                    if r["text"]:
+                seq = r.sentence_seq
+                if r.tentative:
+                    if r.text:
                         g["tentative"] += 1
                         held.add(seq)
                     else:
@@ -202,9 +204,9 @@ def _speculation(texts: list[tuple[str, str, str]]) -> list[list[str]]:
                     continue
                 if seq in held:
                     held.discard(seq)
-                    g["confirmed" if not r["text"] else "retracted"] += 1
+                    g["confirmed" if not r.text else "retracted"] += 1
                     g["spoken"] += 1  # its text, or the replacement's
-                elif r["text"]:
+                elif r.text:
                     g["spoken"] += 1
     rows = []
     total = {"texts": 0, "spoken": 0, "tentative": 0, "confirmed": 0, "retracted": 0}

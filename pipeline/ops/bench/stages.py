@@ -219,7 +219,7 @@ class StageProcesses(Owned):
         host = self.settings.edge_host
         gate_port = free_port(host)
         self.metrics_urls["gate"] = f"http://{host}:{gate_port}/metrics"
-        gate = StageProcess("gate", [py, "-m", "voicebus.gate.app", "--announce", "--log-level",
+        gate = StageProcess("gate", [py, "-m", "voicebus.gate.cli", "--announce", "--log-level",
                                      self.log_level or "WARNING", "--metrics-port", str(gate_port)],
                             env, ready_line=READY_LINE)
         worker_ports = [free_port(host) for _ in range(self.workers)]

@@ -126,7 +126,7 @@ def _measure(engine, text: str, language: str, voice: str) -> tuple[float, float
 
 def _frames_of(engine, text: str, language: str, voice: str) -> tuple[int, int]:
     """Frames decoded and predicted over all pieces of ``text`` (sound-only decoding)."""
-    from voicebus.synthesis.engine import split_for_early_audio
+    from voicebus.synthesis.pieces import split_for_early_audio
 
     decoded = predicted = 0
     for piece in split_for_early_audio(text, first_clause_min_words=OPENING_CLAUSE_MIN_WORDS):

@@ -233,7 +233,8 @@ def _line(name: str, pairs: list) -> str:
 def run(args, settings) -> int:
     import os
 
-    from voicebus.synthesis.engine import SynthesisEngine, sounding_span
+    from voicebus.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.pcm import sounding_span
     from voicebus.synthesis.words import place
 
     engine = SynthesisEngine.load(settings)

@@ -24,7 +24,7 @@ def feed(session, events, t0=5_000 * S):
 
 
 def words_of(requests):
-    return " ".join(r["text"] for r in requests).split()
+    return " ".join(r.text for r in requests).split()
 
 
 def test_run_on_text_without_punctuation_is_spoken_in_pieces_within_the_text_limit():
@@ -32,11 +32,11 @@ def test_run_on_text_without_punctuation_is_spoken_in_pieces_within_the_text_lim
     text = " ".join(f"word{i}" for i in range(4000))  # ~35 KB, not one stop
     session = GateSession("s1", CONFIG)
     out = feed(session, t.tokens(text + " ", size=5) + [t.end()])
-    assert all(len(r["text"].encode()) <= LIMITS.max_text_bytes for r in out)
-    assert all(len(r["text"]) <= CONFIG.max_buffer_chars for r in out)
+    assert all(len(r.text.encode()) <= LIMITS.max_text_bytes for r in out)
+    assert all(len(r.text) <= CONFIG.max_buffer_chars for r in out)
     assert words_of(out) == text.split()  # cut between words, nothing lost or doubled
-    assert [r["sentence_seq"] for r in out] == list(range(len(out)))
-    assert [r["is_last_in_turn"] for r in out] == [False] * (len(out) - 1) + [True]
+    assert [r.sentence_seq for r in out] == list(range(len(out)))
+    assert [r.is_last_in_turn for r in out] == [False] * (len(out) - 1) + [True]
     assert len(out) > 10
     # Released while the text streams, not at the end of the turn.
     assert len(feed(GateSession("s1", CONFIG), Turn().tokens(text, size=5))) > 10
@@ -48,10 +48,10 @@ def test_a_buffered_answer_longer_than_the_text_limit_goes_out_in_pieces():
     text = "".join(f"This is sentence number {i} of a very long buffered answer. " for i in range(600))  # ~36 KB
     out = feed(GateSession("s1", config), t.tokens(text, size=7) + [t.end()])
     assert len(out) >= 3
-    assert all(0 < len(r["text"].encode()) <= LIMITS.max_text_bytes for r in out)
+    assert all(0 < len(r.text.encode()) <= LIMITS.max_text_bytes for r in out)
     assert words_of(out) == text.split()
-    assert [r["sentence_seq"] for r in out] == list(range(len(out)))
-    assert [r["is_last_in_turn"] for r in out] == [False] * (len(out) - 1) + [True]
+    assert [r.sentence_seq for r in out] == list(range(len(out)))
+    assert [r.is_last_in_turn for r in out] == [False] * (len(out) - 1) + [True]
 
 
 def test_an_unclosed_code_fence_keeps_the_state_small():
@@ -59,11 +59,11 @@ def test_an_unclosed_code_fence_keeps_the_state_small():
     session = GateSession("s1", CONFIG)
     out = feed(session, t.tokens("Here is the code:\n\n```python\n") + [t._event("TOKEN", f"x{i} = {i}\n")
                                                                          for i in range(20_000)])
-    assert [r["text"] for r in out] == ["Here is the code:", "Code block omitted."]  # said once
+    assert [r.text for r in out] == ["Here is the code:", "Code block omitted."]  # said once
     assert len(json.dumps(session.to_state())) < 4 * CONFIG.max_buffer_chars  # was 1.4 MB
     more = feed(session, t.tokens("```\n\nThat was all. Bye.") + [t.end()])
-    assert [r["text"] for r in more] == ["That was all.", "Bye."]
-    assert more[-1]["is_last_in_turn"]
+    assert [r.text for r in more] == ["That was all.", "Bye."]
+    assert more[-1].is_last_in_turn
 
 
 def test_the_segmenter_bound_cuts_at_the_same_place_however_the_text_is_split():
@@ -103,16 +103,16 @@ def test_a_session_over_its_state_bound_ends_its_oldest_turns(floor_policy):
         more, encoded = session.shed(6_000 * S)
         out += more
         assert len(encoded.encode()) <= config.max_state_bytes
-    ended = {r["turn_id"] for r in out if r["is_last_in_turn"]}
+    ended = {r.turn_id for r in out if r.is_last_in_turn}
     if floor_policy == "queue":
         # The turn speaking keeps the floor; the newest waiting turns are refused first.
         assert "t0" not in ended and len(ended) > 100
     else:
         assert not ended  # each newer turn replaced the one waiting to preempt (a cancel): none shed
     for turn_id in ended:  # every turn it ended was ended properly: in order, once
-        seqs = [r["sentence_seq"] for r in out if r["turn_id"] == turn_id]
+        seqs = [r.sentence_seq for r in out if r.turn_id == turn_id]
         assert seqs == list(range(len(seqs)))
-        assert sum(r["is_last_in_turn"] for r in out if r["turn_id"] == turn_id) == 1
+        assert sum(r.is_last_in_turn for r in out if r.turn_id == turn_id) == 1
 
 
 def test_an_idle_session_expires_and_its_open_turns_end():
@@ -122,8 +122,8 @@ def test_an_idle_session_expires_and_its_open_turns_end():
     feed(session, t.tokens("A first sentence. And an unfinished") + [t.pending("c1")], t0=100 * S)
     assert session.expires_at_us() is not None and session.expires_at_us() >= 100 * S + 60 * S
     out = session.expire(session.expires_at_us())
-    assert [r["text"] for r in out] == ["And an unfinished"]  # released as on a hold timeout
-    assert out[-1]["is_last_in_turn"]
+    assert [r.text for r in out] == ["And an unfinished"]  # released as on a hold timeout
+    assert out[-1].is_last_in_turn
     assert session.idle
 
 
@@ -131,9 +131,9 @@ def test_a_turn_the_gate_fails_on_still_ends():
     session = GateSession("s1", CONFIG)
     t = Turn()
     first = feed(session, t.tokens("One sentence here. Then"))
-    assert [r["text"] for r in first] == ["One sentence here."]
+    assert [r.text for r in first] == ["One sentence here."]
     closing = session.end_failed_turn(t.tokens(" more")[0], 6_000 * S, RuntimeError("a bug"))
-    assert [(r["sentence_seq"], r["text"], r["is_last_in_turn"]) for r in closing] == [(1, "", True)]
+    assert [(r.sentence_seq, r.text, r.is_last_in_turn) for r in closing] == [(1, "", True)]
     assert feed(session, t.tokens(" words.") + [t.end()]) == []  # the turn is over
     # Bad input inside a turn (a mark without a claim id) is not a reason to end it.
     u = Turn(turn="t2")
@@ -150,5 +150,5 @@ def test_a_turn_that_cannot_be_spoken_ends_at_once_and_ignores_the_rest():
         session.apply(event, 0)
     session = GateSession.from_state("s1", CONFIG, stored)  # what the worker does after a failure
     closing = session.end_failed_turn(event, 0, err.value)
-    assert [(r["text"], r["is_last_in_turn"]) for r in closing] == [("", True)]
+    assert [(r.text, r.is_last_in_turn) for r in closing] == [("", True)]
     assert feed(session, t.tokens("More words. ") + [t.end()]) == []

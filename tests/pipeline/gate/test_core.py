@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from voicebus.gate.core import FAILURE_NOTICES, Gate, GateConfig, GateInputError, GateSession, gate_sentences
 from voicebus.schemas.contract import SEGMENTER_LANGUAGE
 from voicebus.settings import Settings, SettingsError
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import ControlEvent, TextEvent
 
 S = 1_000_000
 # The requests of the segmenter and evidence rules, one per sentence: speculation off (its own
@@ -26,9 +26,10 @@ class Turn:
 
     def _event(self, kind, text="", claim_id=None, **extra):
         self.t += 1000
-        event = {"session_id": self.session, "turn_id": self.turn, "agent_id": self.agent, "seq": self.seq,
-                 "kind": kind, "text": text, "claim_id": claim_id, "language": None, "voice": None,
-                 "produced_at_us": self.t, **self.fields, **extra}
+        event = TextEvent.from_record({
+            "session_id": self.session, "turn_id": self.turn, "agent_id": self.agent, "seq": self.seq,
+            "kind": kind, "text": text, "claim_id": claim_id, "language": None, "voice": None,
+            "produced_at_us": self.t, **self.fields, **extra})
         self.seq += 1
         return event
 
@@ -61,19 +62,19 @@ def run(events, config=CONFIG):
 
 
 def texts(requests):
-    return [r["text"] for r in requests]
+    return [r.text for r in requests]
 
 
 def test_a_turn_becomes_ordered_requests_with_the_last_flagged():
     t = Turn()
     out, _ = run(t.tokens("Hello there. How are you today? ") + [t.end()])
     assert texts(out) == ["Hello there.", "How are you today?"]
-    assert [r["sentence_seq"] for r in out] == [0, 1]
-    assert [r["is_last_in_turn"] for r in out] == [False, True]
+    assert [r.sentence_seq for r in out] == [0, 1]
+    assert [r.is_last_in_turn for r in out] == [False, True]
     first = out[0]
-    assert (first["language"], first["voice"], first["speed"]) == ("a", "af_heart", 1.0)
-    assert first["first_token_at_us"] == 1_000 * S + 1000
-    assert first["text_complete_at_us"] <= first["released_at_us"]
+    assert (first.language, first.voice, first.speed) == ("a", "af_heart", 1.0)
+    assert first.first_token_at_us == 1_000 * S + 1000
+    assert first.text_complete_at_us <= first.released_at_us
 
 
 def test_a_turn_speaks_at_its_own_speed_through_a_restart():
@@ -85,9 +86,9 @@ def test_a_turn_speaks_at_its_own_speed_through_a_restart():
     restored = GateSession.from_state("s1", CONFIG, json.loads(json.dumps(session.to_state())))
     out += [r for i, e in enumerate(events[4:]) for r in restored.apply(e, 6_000 * S + i)]
     assert texts(out) == ["Fast words here.", "Then more words."]
-    assert [r["speed"] for r in out] == [1.5, 1.5]
+    assert [r.speed for r in out] == [1.5, 1.5]
     other = Turn(turn="t2")
-    assert {r["speed"] for r in run(other.tokens("Normal pace. ") + [other.end()])[0]} == {1.0}
+    assert {r.speed for r in run(other.tokens("Normal pace. ") + [other.end()])[0]} == {1.0}
 
 
 def test_a_sentence_is_released_before_the_end_of_turn():
@@ -104,7 +105,7 @@ def test_languages_map_to_kokoro_codes_and_voices():
     es = Turn(turn="es", language="es")
     pt = Turn(turn="pt", language="pt", voice="pm_alex")
     out, _ = run(es.tokens("Hola. ") + [es.end()] + pt.tokens("Olá. ") + [pt.end()])
-    assert [(r["language"], r["voice"]) for r in out] == [("e", "ef_dora"), ("p", "pm_alex")]
+    assert [(r.language, r.voice) for r in out] == [("e", "ef_dora"), ("p", "pm_alex")]
     with pytest.raises(GateInputError):
         run(Turn(language="klingon").tokens("Qapla'."))
 
@@ -112,7 +113,7 @@ def test_languages_map_to_kokoro_codes_and_voices():
 def test_a_japanese_turn_is_segmented_without_spaces_and_gets_a_japanese_voice():
     ja = Turn(turn="ja", language="ja")
     out, _ = run(ja.tokens("今日は晴れです。明日は雨です！") + [ja.end()])
-    assert [(r["text"], r["language"], r["voice"]) for r in out if r["text"]] == [
+    assert [(r.text, r.language, r.voice) for r in out if r.text] == [
         ("今日は晴れです。", "j", "jf_alpha"), ("明日は雨です！", "j", "jf_alpha")]
     assert set(FAILURE_NOTICES) == set(SEGMENTER_LANGUAGE.values())  # a notice in every language
 
@@ -123,19 +124,19 @@ def test_redelivered_events_repeat_nothing():
     once, _ = run(events)
     twice, _ = run(events[:7] + events[2:] + events)
     assert texts(twice) == texts(once)
-    assert [r["sentence_seq"] for r in twice] == [0, 1, 2]
+    assert [r.sentence_seq for r in twice] == [0, 1, 2]
 
 
 def test_end_of_turn_after_everything_was_released_sends_an_empty_last_request():
     t = Turn()
     out, _ = run([t.end()])
-    assert [(r["text"], r["is_last_in_turn"], r["sentence_seq"]) for r in out] == [("", True, 0)]
+    assert [(r.text, r.is_last_in_turn, r.sentence_seq) for r in out] == [("", True, 0)]
     # a failed claim whose notice already went out, its last sentence dropped at the flush:
     t = Turn()
     out, _ = run(t.tokens("Intro. ") + [t.pending("c"), t.failed("c")] + t.tokens("Bad one. Bad two.") + [t.end()])
     assert texts(out) == ["Intro.", FAILURE_NOTICES["en"], ""]
-    assert [r["is_last_in_turn"] for r in out] == [False, False, True]
-    assert [r["sentence_seq"] for r in out] == [0, 1, 2]
+    assert [r.is_last_in_turn for r in out] == [False, False, True]
+    assert [r.sentence_seq for r in out] == [0, 1, 2]
 
 
 def test_pending_holds_until_ready_from_another_agent():
@@ -148,7 +149,7 @@ def test_pending_holds_until_ready_from_another_agent():
     assert texts(out) == ["Let me check."]
     out.extend(gate.apply(retrieval.ready("c1"), 0))
     assert texts(out) == ["Let me check.", "Your order shipped Monday.", "It comes Friday."]
-    assert out[-1]["is_last_in_turn"] and out[-1]["agent_id"] == "llm"
+    assert out[-1].is_last_in_turn and out[-1].agent_id == "llm"
 
 
 def test_ready_before_the_mark_is_not_lost():
@@ -163,8 +164,8 @@ def test_failed_claim_is_replaced_by_a_spoken_notice_and_later_claims_still_flow
     out, _ = run(t.tokens("Veamos. ") + [t.pending("c1")] + t.tokens("Dato falso. ") + [t.pending("c2")]
                  + t.tokens("Dato bueno. ") + [t.end(), t.ready("c2"), t.failed("c1")])
     assert texts(out) == ["Veamos.", FAILURE_NOTICES["es"], "Dato bueno."]
-    assert [r["sentence_seq"] for r in out] == [0, 1, 2]
-    assert out[-1]["is_last_in_turn"]
+    assert [r.sentence_seq for r in out] == [0, 1, 2]
+    assert out[-1].is_last_in_turn
 
 
 @pytest.mark.parametrize("policy, expected", [("release", ["Alpha.", "Beta."]), ("drop", ["Alpha.", FAILURE_NOTICES["en"]])])
@@ -180,7 +181,7 @@ def test_hold_timeout_policy(policy, expected):
     assert session.tick(12 * S - 1) == []
     out.extend(session.tick(12 * S))
     assert texts(out) == expected
-    assert out[-1]["is_last_in_turn"]
+    assert out[-1].is_last_in_turn
     assert session.next_deadline_us() is None
 
 
@@ -189,7 +190,7 @@ def test_cancel_of_a_turn_drops_buffered_and_held_text_and_ignores_later_events(
     events = (t1.tokens("Spoken. ") + [t1.pending("c")] + t1.tokens("Held. Buffered") + [cancel(turn="t1")]
               + t1.tokens(" more. ") + [t1.ready("c"), t1.end()] + t2.tokens("Next turn. ") + [t2.end()])
     out, gate = run(events)
-    assert [(r["turn_id"], r["text"]) for r in out] == [("t1", "Spoken."), ("t2", "Next turn.")]
+    assert [(r.turn_id, r.text) for r in out] == [("t1", "Spoken."), ("t2", "Next turn.")]
     assert gate.session("s1").is_cancelled("t1")
 
 
@@ -214,7 +215,7 @@ def test_a_whole_session_cancel_is_resolved_into_the_turns_it_cancelled():
     t1, t2 = Turn("t1"), Turn("t2")
     session = GateSession("s1", CONFIG)
     for e in t1.tokens("One. ") + [t1.end()] + t2.tokens("Two two"):
-        session.apply(e, e["produced_at_us"])
+        session.apply(e, e.produced_at_us)
         assert session.controls == []
     session.apply(cancel(at=1), 10**12)
     [resolution] = session.controls
@@ -244,7 +245,7 @@ def test_events_of_another_session_are_rejected():
 def test_gate_sentences_runs_many_sessions():
     a, b = Turn(session="a"), Turn(session="b")
     out = gate_sentences(a.tokens("From a. ") + b.tokens("From b. ") + [b.end(), a.end()], CONFIG)
-    assert sorted((r["session_id"], r["text"]) for r in out) == [("a", "From a."), ("b", "From b.")]
+    assert sorted((r.session_id, r.text) for r in out) == [("a", "From a."), ("b", "From b.")]
 
 
 TEXT = "Intro first. The price is 1,234.56 dollars. Dr. Smith agrees! Is it true? Yes. "
@@ -285,8 +286,8 @@ def test_any_split_gives_the_same_requests_and_state_survives_json(cuts, mark_at
         out.extend(session.apply(e, i))
         state = session.to_state()
     assert texts(out) == reference
-    assert [r["sentence_seq"] for r in out] == list(range(len(out)))
-    assert out[-1]["is_last_in_turn"] and sum(r["is_last_in_turn"] for r in out) == 1
+    assert [r.sentence_seq for r in out] == list(range(len(out)))
+    assert out[-1].is_last_in_turn and sum(r.is_last_in_turn for r in out) == 1
     spoken = "".join(t for t in texts(out) if t not in FAILURE_NOTICES.values()).replace(" ", "")
     if not failed:  # nothing lost or repeated
         assert spoken == TEXT.replace(" ", "")
@@ -307,7 +308,7 @@ def test_crash_and_redelivery_from_any_point_repeats_nothing(crash_at, rewind):
     restored = GateSession.from_state("s1", CONFIG, json.loads(json.dumps(session.to_state())))
     for e in events[max(0, crash_at + 1 - rewind):]:
         out.extend(restored.apply(e, 0))
-    assert [(r["sentence_seq"], r["text"]) for r in out] == [(r["sentence_seq"], r["text"]) for r in straight]
+    assert [(r.sentence_seq, r.text) for r in out] == [(r.sentence_seq, r.text) for r in straight]
 
 
 def test_claim_ids_reused_by_the_next_turn_still_match():
@@ -315,7 +316,7 @@ def test_claim_ids_reused_by_the_next_turn_still_match():
     r1, r2 = Turn("t1", agent="retriever"), Turn("t2", agent="retriever")
     out, _ = run(t1.tokens("One. ") + [t1.pending("c"), r1.ready("c")] + t1.tokens("Two. ") + [t1.end()]
                  + [r2.failed("c")] + t2.tokens("Three. ") + [t2.pending("c")] + t2.tokens("Four. ") + [t2.end()])
-    assert [(r["turn_id"], r["text"]) for r in out] == [
+    assert [(r.turn_id, r.text) for r in out] == [
         ("t1", "One."), ("t1", "Two."), ("t2", "Three."), ("t2", FAILURE_NOTICES["en"])]
 
 
@@ -323,7 +324,7 @@ def test_bench_helpers_number_events_and_find_the_releasing_ones():
     from voicebus.ops.bench.gate import TEXT, bench_core, releasing_events, turn_events
 
     events = turn_events("s", "t", TEXT, 4)
-    assert "".join(e["text"] for e in events) == TEXT and [e["seq"] for e in events] == list(range(len(events)))
+    assert "".join(e.text for e in events) == TEXT and [e.seq for e in events] == list(range(len(events)))
     released_by = releasing_events(events)
     # one per request the core gives (with speculation, a tentative release and its settlement)
     assert len(released_by) == len(gate_sentences(events, GateConfig(), now_us=0)) >= 3
@@ -343,7 +344,7 @@ def test_buffered_mode_sends_the_whole_turn_as_one_request_at_its_end():
         out.extend(gate.apply(e, 0))
     assert out == []
     out = gate.apply(t.end(), 7)
-    assert [(r["text"], r["sentence_seq"], r["is_last_in_turn"]) for r in out] == [
+    assert [(r.text, r.sentence_seq, r.is_last_in_turn) for r in out] == [
         ("First one. Second one. Third one.", 0, True)]
     with pytest.raises(SettingsError):
         GateConfig.from_settings(Settings(gate_mode="sometimes"))
@@ -363,16 +364,16 @@ def settle(requests):
     with its sentence_seq settles it (empty text: confirmed, its text spoken; else replaced)."""
     held, spoken = {}, []
     for r in requests:
-        seq = r["sentence_seq"]
-        if r["tentative"]:
-            if r["text"]:
-                held[seq] = r["text"]
+        seq = r.sentence_seq
+        if r.tentative:
+            if r.text:
+                held[seq] = r.text
             else:
                 assert held.pop(seq, None) is not None, f"withdrawal of {seq} that is not held"
             continue
-        text = r["text"] or held.get(seq, "") if seq in held else r["text"]
+        text = r.text or held.get(seq, "") if seq in held else r.text
         held.pop(seq, None)
-        spoken.append((seq, text, r["is_last_in_turn"]))
+        spoken.append((seq, text, r.is_last_in_turn))
     assert not held, f"tentative requests never settled: {held}"
     return spoken
 
@@ -384,7 +385,7 @@ def steps(events, config=SPEC):
 
 
 def brief(requests):
-    return [(r["sentence_seq"], r["text"], r["tentative"]) for r in requests]
+    return [(r.sentence_seq, r.text, r.tentative) for r in requests]
 
 
 def test_a_certain_stop_is_released_tentative_at_once_and_the_next_token_confirms_it():
@@ -393,7 +394,7 @@ def test_a_certain_stop_is_released_tentative_at_once_and_the_next_token_confirm
               t._event("TOKEN", " are you?"), t.end()]
     got = [brief(rs) for rs in steps(events)]
     assert got == [[], [(0, "Hello world.", True)], [(0, "", False)], [(1, "How are you?", True)], [(1, "", False)]]
-    assert steps(events)[-1][0]["is_last_in_turn"]
+    assert steps(events)[-1][0].is_last_in_turn
     assert settle([r for rs in steps(events) for r in rs]) == [(0, "Hello world.", False), (1, "How are you?", True)]
 
 
@@ -403,7 +404,7 @@ def test_no_speculation_after_an_abbreviation_a_number_or_an_initial(text):
     t = Turn()
     events = [t._event("TOKEN", w) for w in _words(text)] + [t.end()]
     out = [r for rs in steps(events) for r in rs]
-    tentative_texts = [r["text"] for r in out if r["tentative"]]
+    tentative_texts = [r.text for r in out if r.tentative]
     assert tentative_texts == [text]  # only the real end, never at the abbreviation's dot
     assert settle(out) == [(0, text, True)]
 
@@ -424,7 +425,7 @@ def test_a_stop_that_turns_out_no_end_is_withdrawn_and_its_seq_reused(tokens, re
     events = [t._event("TOKEN", tok) for tok in tokens] + [t.end()]
     per_event = steps(events)
     out = [r for rs in per_event for r in rs]
-    first = out.index(next(r for r in out if r["tentative"] and r["text"] == retracted))
+    first = out.index(next(r for r in out if r.tentative and r.text == retracted))
     # The token that undoes the stop withdraws it at once (tentative, empty text, same seq).
     assert brief([out[first + 1]]) == [(0, "", True)]
     assert settle(out) == [(0, final, True)]
@@ -442,10 +443,10 @@ def test_no_speculation_while_a_claim_is_pending_or_when_off():
     t = Turn()
     events = t.tokens("One two. ", size=100) + [t.pending("c")] + [t._event("TOKEN", "Three four.")]
     # "One two." went out tentative before the mark; "Three four." may be held: never tentative.
-    assert [r["text"] for rs in steps(events) for r in rs if r["tentative"]] == ["One two."]
+    assert [r.text for rs in steps(events) for r in rs if r.tentative] == ["One two."]
     t = Turn()
     events = [t._event("TOKEN", "Hello world."), t._event("TOKEN", " How"), t.end()]
-    assert not [r for rs in steps(events, PLAIN) for r in rs if r["tentative"]]
+    assert not [r for rs in steps(events, PLAIN) for r in rs if r.tentative]
     assert GateConfig.from_settings(Settings()).speculative_release is True  # the default
 
 
@@ -463,7 +464,7 @@ def test_any_split_with_speculation_speaks_exactly_what_the_plain_gate_speaks(cu
             events.append(t._event("TOKEN", SPEC_TEXT[last:cut]))
             last = cut
     events.append(t.end())
-    plain = [(r["sentence_seq"], r["text"], r["is_last_in_turn"]) for rs in steps(events, PLAIN) for r in rs]
+    plain = [(r.sentence_seq, r.text, r.is_last_in_turn) for rs in steps(events, PLAIN) for r in rs]
     # Through JSON between every two events, as the gate worker keeps it.
     state, out = None, []
     for i, e in enumerate(events):
@@ -480,7 +481,7 @@ def test_a_turn_the_gate_fails_on_withdraws_its_tentative_sentence_before_ending
     assert brief(out) == [(0, "Hello world.", True)]
     closing = session.end_failed_turn(t._event("TOKEN", " more"), 1, RuntimeError("a bug"))
     # the worker must not wait for a settlement that will never come
-    assert brief(closing) == [(0, "", True), (0, "", False)] and closing[-1]["is_last_in_turn"]
+    assert brief(closing) == [(0, "", True), (0, "", False)] and closing[-1].is_last_in_turn
     assert settle(out + closing) == [(0, "", True)]
 
 
@@ -546,7 +547,7 @@ def test_an_inline_phoneme_span_is_one_word_whatever_the_split(size):
     assert texts(out) == ["I like [Dr. U.S.](/dˈɑk.təɹ ju ˈɛs?/) a lot.", "[Kokoro](/kˈOkəɹO/).", "See [1].",
                           "Done."]
     speculated = [r for rs in steps(Turn(turn=f"t{size}").tokens(text, size) + [t.end()]) for r in rs]
-    assert not any(r["tentative"] and "Dr." in r["text"] and "lot" not in r["text"] for r in speculated)
+    assert not any(r.tentative and "Dr." in r.text and "lot" not in r.text for r in speculated)
 
 
 def test_split_text_never_cuts_inside_a_phoneme_span():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from hypothesis import given, settings as hsettings, strategies as st
 
@@ -31,7 +32,7 @@ def run(session, events, t0=5_000 * S, controls=None):
 
 
 def spoken(requests):
-    return [(r["turn_id"], r["text"]) for r in requests if r["text"]]
+    return [(r.turn_id, r.text) for r in requests if r.text]
 
 
 def host_and_expert(**expert_fields):
@@ -49,9 +50,9 @@ def test_two_agents_overlapping_are_heard_whole_turn_after_whole_turn():
                            ("host-1", "About the sea."),
                            ("expert-1", "Thanks for having me."), ("expert-1", "The sea is deep.")]
     for turn in ("host-1", "expert-1"):  # each turn numbered from 0, its end flagged once
-        mine = [r for r in out if r["turn_id"] == turn]
-        assert [r["sentence_seq"] for r in mine] == list(range(len(mine)))
-        assert [r["is_last_in_turn"] for r in mine].count(True) == 1 and mine[-1]["is_last_in_turn"]
+        mine = [r for r in out if r.turn_id == turn]
+        assert [r.sentence_seq for r in mine] == list(range(len(mine)))
+        assert [r.is_last_in_turn for r in mine].count(True) == 1 and mine[-1].is_last_in_turn
     assert session.controls == [] and session.idle
 
 
@@ -67,7 +68,7 @@ def test_a_queued_turn_goes_out_the_moment_the_speaker_ends_and_its_wait_is_repo
     out = session.apply(host.end(), 7_000 * S)
     # the host's last sentence (its end was certain only at END_OF_TURN), then the whole queued turn
     assert spoken(out) == [("h", "First part."), ("e", "Waiting here."), ("e", "Done.")]
-    assert out[0]["is_last_in_turn"] and out[-1]["is_last_in_turn"]
+    assert out[0].is_last_in_turn and out[-1].is_last_in_turn
     [granted] = [e for e in session.floor_events if e.event == GRANTED]
     assert granted.turn_id == "e" and granted.waited_us == 7_000 * S - 6_000 * S
 
@@ -175,8 +176,8 @@ def test_a_cancelled_waiting_turn_never_plays_and_a_cancelled_speaker_passes_the
     assert run(session, c.tokens("Charlie. ", size=9) + [c.end()]) == []
     assert session.apply(cancel(turn="b"), 6_000 * S) == []  # waiting: dropped, nothing goes out
     out = session.apply(cancel(turn="a"), 6_001 * S)  # the speaker: the floor passes to c
-    assert spoken(out) == [("c", "Charlie.")] and out[-1]["is_last_in_turn"]
-    assert "b" not in {r["turn_id"] for r in out}
+    assert spoken(out) == [("c", "Charlie.")] and out[-1].is_last_in_turn
+    assert "b" not in {r.turn_id for r in out}
     assert session.idle
 
 
@@ -188,7 +189,7 @@ def test_a_turn_beyond_the_waiting_bound_is_refused_with_an_end_and_a_reason():
         assert run(session, Turn(f"t{n}", agent=f"a{n}").tokens("Wait. ", size=6)) == []
     late = Turn("t3", agent="a3")
     out = session.apply(late.tokens("Too late. ", size=10)[0], 6_000 * S)
-    assert [(r["turn_id"], r["sentence_seq"], r["text"], r["is_last_in_turn"]) for r in out] == [("t3", 0, "", True)]
+    assert [(r.turn_id, r.sentence_seq, r.text, r.is_last_in_turn) for r in out] == [("t3", 0, "", True)]
     [refused] = session.floor_events
     assert refused.event == REFUSED and "limit 2" in refused.reason
     assert run(session, late.tokens("More. ", size=6) + [late.end()]) == []  # later events ignored
@@ -218,7 +219,7 @@ def test_no_interleaving_of_three_agents_ever_splices_turns(order, sizes, policy
     texts = ["One a. One b. One c. ", "Two a. Two b. ", "Three a. Three b. Three c. "]
     streams = [Turn(f"t{i}", agent=f"a{i}", floor=policy).tokens(texts[i], size=sizes[i]) for i in range(3)]
     for i, stream in enumerate(streams):
-        stream.append(Turn(f"t{i}", agent=f"a{i}").end() | {"seq": len(stream)})
+        stream.append(replace(Turn(f"t{i}", agent=f"a{i}").end(), seq=len(stream)))
     events, positions = [], [0, 0, 0]
     for pick in order + [0, 1, 2] * 40:
         if positions[pick] < len(streams[pick]):
@@ -230,17 +231,17 @@ def test_no_interleaving_of_three_agents_ever_splices_turns(order, sizes, policy
     out = []
     for i, e in enumerate(events):
         out.extend(session.apply(e, 5_000 * S + i * 1000))
-    blocks = [r["turn_id"] for r in out]
+    blocks = [r.turn_id for r in out]
     finished = []
     for i, turn in enumerate(blocks):
         if i and blocks[i - 1] != turn:
             finished.append(blocks[i - 1])
         assert turn not in finished, f"turn {turn} spliced: {blocks}"
     for turn in set(blocks):
-        seqs = [r["sentence_seq"] for r in out if r["turn_id"] == turn and not r.get("tentative")]
+        seqs = [r.sentence_seq for r in out if r.turn_id == turn and not r.tentative]
         assert seqs == list(range(len(seqs)))
     if policy == "queue" and cancel_at is None:
-        assert [r for r in out if r["is_last_in_turn"]] and len({r["turn_id"] for r in out if r["is_last_in_turn"]}) == 3
+        assert [r for r in out if r.is_last_in_turn] and len({r.turn_id for r in out if r.is_last_in_turn}) == 3
 
 
 def test_a_replayed_two_speaker_conversation_keeps_its_recorded_turn_order():

@@ -14,9 +14,9 @@ import pytest
 
 from voicebus.bus import end_offsets, ensure_topics, make_consumer, make_producer, publish, read_to_end
 from voicebus.codecs import Codec
-from voicebus.gate.app import POSITIONS_KEY, READY_LINE, start_gate_subprocess, stored_positions
+from voicebus.gate.app import POSITIONS_KEY, READY_LINE, stored_positions
+from voicebus.gate.cli import start_gate_subprocess
 from voicebus.gate.core import FAILURE_NOTICES, GateConfig, gate_sentences
-from voicebus.schemas.messages import ControlEvent
 from voicebus.topics import text_topic
 from tests.foreign import foreign_encode
 from tests.pipeline.gate.test_core import Turn, cancel
@@ -24,7 +24,7 @@ from tests.waiting import eventually
 
 
 def session_of(event) -> str:
-    return event.session_id if isinstance(event, ControlEvent) else event["session_id"]
+    return event.session_id
 
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(240)]
@@ -213,7 +213,7 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         + [("retriever", rb.ready("order"))]
         + [("raw", (text_topic(settings, "llm"), b"not avro at all"))]
         + [("raw", (text_topic(settings, "llm"),
-                    foreign_encode("TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0]),
+                    foreign_encode("TextEvent", Turn(session="sx", language="klingon").tokens("Qapla'.")[0].to_record()),
                     b"sx"))]
         + [("llm", Turn(session="sy", turn="t9").pending(None))]  # a mark without a claim id
         + [("newcomer", x) for x in f.tokens("A new agent speaks. ") + [f.end()]]
@@ -243,9 +243,10 @@ async def test_sessions_from_two_agents_evidence_timeout_cancel_and_dead_letters
         assert [x[1] for x in sessions[s]] == list(range(len(sessions[s]))), s
         assert [x[3] for x in sessions[s]] == [False] * (len(sessions[s]) - 1) + [True], s
     # The pure core gives the same for the sessions whose outcome does not depend on timing.
-    core = by_session(gate_sentences([ev for agent, ev in phase1 + phase2
-                                      if agent != "raw" and session_of(ev) not in ("sx", "sy")],
-                                     GateConfig.from_settings(settings.replace(hold_timeout_s=3600))))
+    released = gate_sentences([ev for agent, ev in phase1 + phase2
+                               if agent != "raw" and session_of(ev) not in ("sx", "sy")],
+                              GateConfig.from_settings(settings.replace(hold_timeout_s=3600)))
+    core = by_session(r.to_record() for r in released)
     for s in ("sa", "sb", "sc"):
         assert sessions[s] == core[s], s
 

@@ -348,7 +348,7 @@ async def test_a_text_event_whose_voice_is_no_voice_spec_is_dead_lettered_and_ne
     bad_events = bad.tokens("No. ", size=4) + [bad.end()]
     async with make_producer(settings) as producer:
         for e in bad_events:
-            await producer.send_and_wait(text_topic(settings, "llm"), foreign_encode("TextEvent", e), key=b"blends")
+            await producer.send_and_wait(text_topic(settings, "llm"), foreign_encode("TextEvent", e.to_record()), key=b"blends")
     async with Requests(settings) as requests:
         await send(settings, "llm", good.tokens("Heard in a blend. ") + [good.end()])
         await requests.until(ended(1), "the good turn")
@@ -377,7 +377,7 @@ async def test_a_turns_lexicon_rewrites_its_requests_and_a_bad_one_is_dead_lette
     bad = Turn(turn="bad", session="words", lexicon=[{**entry, "match": "x", "phonemes": "k#"}])
     good = Turn(turn="good", session="words", lexicon=lexicon)
     async with make_producer(settings) as producer:
-        await producer.send_and_wait(text_topic(settings, "llm"), foreign_encode("TextEvent", bad.tokens("No. ")[0]),
+        await producer.send_and_wait(text_topic(settings, "llm"), foreign_encode("TextEvent", bad.tokens("No. ")[0].to_record()),
                                      key=b"words")
     async with Requests(settings) as requests:
         await send(settings, "llm", good.tokens("Kokoro reads SQL. ") + [good.end()])
@@ -632,7 +632,8 @@ async def test_a_zombie_gate_resumed_after_its_partitions_moved_publishes_nothin
     import subprocess
     import threading
 
-    from voicebus.gate.app import READY_LINE, start_gate_subprocess
+    from voicebus.gate.app import READY_LINE
+    from voicebus.gate.cli import start_gate_subprocess
 
     settings = make_settings(partitions=1)
     await ensure_topics(settings)

@@ -207,7 +207,7 @@ def test_the_zombie_gate_s_announcements_fence_lines_and_duplicates_are_read_fro
     # a speculative release and its confirmation are two requests of one sentence, not a repeat
     probe = [("t", 0, True, "One."), ("t", 0, False, "One."), ("t", 1, False, "Two."), ("t", 1, False, "Two.")]
     assert released_twice(probe) == {"t#1#False#Two.": 2}
-    cmd = ["py", "-m", "voicebus.gate.app", "--announce", "--log-level", "WARNING", "--metrics-port", "9"]
-    assert _gate_cmd(cmd, "INFO", 6.0) == ["py", "-m", "voicebus.gate.app", "--announce", "--metrics-port", "9",
+    cmd = ["py", "-m", "voicebus.gate.cli", "--announce", "--log-level", "WARNING", "--metrics-port", "9"]
+    assert _gate_cmd(cmd, "INFO", 6.0) == ["py", "-m", "voicebus.gate.cli", "--announce", "--metrics-port", "9",
                                            "--log-level", "INFO", "--session-timeout", "6"]
     assert _gate_cmd(_gate_cmd(cmd, "INFO", 6.0), "INFO", 6.0) == _gate_cmd(cmd, "INFO", 6.0)

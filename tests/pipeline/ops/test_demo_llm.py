@@ -4,6 +4,8 @@ from the beginning to their end, and each sentence's release latency from them."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from voicebus.agents.sdk import Publisher
@@ -19,14 +21,13 @@ pytestmark = pytest.mark.kafka
 
 async def test_a_turn_is_read_back_and_each_sentence_gets_its_release_latency(make_settings):
     settings = make_settings(partitions=2, speculative_release=False)  # one request per sentence
-    events = turn_events("s1", "t1", "reader", "One here. Two there. ")
-    for i, e in enumerate(events):
-        e["produced_at_us"] = 1_000_000 + i * 20_000
+    events = [replace(e, produced_at_us=1_000_000 + i * 20_000)
+              for i, e in enumerate(turn_events("s1", "t1", "reader", "One here. Two there. "))]
     # The gate releases "One here." on event 2 and "Two there." on END_OF_TURN (event 6); as if it
     # had done so 30 ms after each.
-    requests = [r for i in (2, 6) for r in gate_sentences(events[: i + 1], settings, now_us=events[i]["produced_at_us"])
-                if r["sentence_seq"] == (0 if i == 2 else 1)]
-    requests = [{**r, "released_at_us": r["released_at_us"] + 30_000} for r in requests]
+    requests = [r for i in (2, 6) for r in gate_sentences(events[: i + 1], settings, now_us=events[i].produced_at_us)
+                if r.sentence_seq == (0 if i == 2 else 1)]
+    requests = [replace(r, released_at_us=r.released_at_us + 30_000) for r in requests]
     await ensure_topics(settings, [settings.synthesis_topic])
     async with Publisher(settings, "reader") as agent:  # creates and registers the text topic
         for e in events:

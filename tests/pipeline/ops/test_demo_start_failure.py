@@ -38,7 +38,7 @@ def test_an_edge_that_cannot_listen_stops_the_gate_and_worker_already_started(ma
         args = build_parser().parse_args(["demo", "--tiny", "--conversations", "support", "--out", str(tmp_path)])
         with pytest.raises(OSError):
             run_demo(args, settings)
-    left = [pid for pid, cmd in _children() if "voicebus.gate.app" in cmd]
+    left = [pid for pid, cmd in _children() if "voicebus.gate.cli" in cmd]
     for pid in left:  # only when the assertion below fails: leave no process behind
         os.kill(pid, signal.SIGKILL)
     assert not left  # the gate process was stopped

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ import pytest
 from voicebus.ops.local_llm import MODEL_ALIAS, LocalLlmServer, server_command
 from voicebus.ops.bench.agents import turn_events
 from voicebus.ops.daemon import free_port
+from voicebus.schemas.messages import SynthesisRequest
 from voicebus.settings import Settings
 from voicebus.latency import percentile, release_latencies_ms
 
@@ -39,31 +41,35 @@ def test_the_server_command_serves_the_model_on_loopback_under_its_alias(tmp_pat
                     "--model_alias": MODEL_ALIAS, "--n_ctx": "2048", "--n_threads": "2"}
 
 
+def released(seq: int, text: str, at_us: int, tentative: bool = False) -> SynthesisRequest:
+    """A request of turn s/t of agent a: sentence `seq` with `text`, released at `at_us`."""
+    return SynthesisRequest(session_id="s", turn_id="t", agent_id="a", sentence_seq=seq, text=text, language="a",
+                            voice="af_heart", first_token_at_us=1_000_000, text_complete_at_us=at_us,
+                            released_at_us=at_us, tentative=tentative)
+
+
 def test_release_latency_runs_from_the_token_that_completed_each_sentence():
-    events = turn_events("s", "t", "a", "One here. Two there. ")  # 4-character tokens, then END_OF_TURN
-    for i, e in enumerate(events):
-        e["produced_at_us"] = 1_000_000 + i * 20_000  # one every 20 ms
+    # 4-character tokens, then END_OF_TURN, one every 20 ms
+    events = [replace(e, produced_at_us=1_000_000 + i * 20_000)
+              for i, e in enumerate(turn_events("s", "t", "a", "One here. Two there. "))]
     # Tokens: "One ", "here", ". Tw", "o th", "ere.", " ", END_OF_TURN. Token 2 carries the stop of
     # "One here." and the next non-space character, so it releases it; "Two there." is followed by
     # a space only, so END_OF_TURN (event 6) releases it.
-    requests = [{"sentence_seq": 0, "text": "One here.", "released_at_us": 1_060_000 + 5_000},
-                {"sentence_seq": 1, "text": "Two there.", "released_at_us": 1_000_000 + 6 * 20_000 + 7_000}]
-    assert [e["text"] for e in events] == ["One ", "here", ". Tw", "o th", "ere.", " ", ""]
+    requests = [released(0, "One here.", 1_060_000 + 5_000), released(1, "Two there.", 1_000_000 + 6 * 20_000 + 7_000)]
+    assert [e.text for e in events] == ["One ", "here", ". Tw", "o th", "ere.", " ", ""]
     plain = Settings(speculative_release=False)
     assert release_latencies_ms(events, requests, plain) == [25.0, 7.0]
-    requests[0]["text"] = "something else"  # the gate released other text: not comparable, left out
+    requests[0] = replace(requests[0], text="something else")  # the gate released other text: not comparable, left out
     assert release_latencies_ms(events, requests, plain) == [7.0]
 
 
 def test_with_speculation_a_sentence_is_released_by_its_tentative_request():
-    events = turn_events("s", "t", "a", "One here. Two there. ")
-    for i, e in enumerate(events):
-        e["produced_at_us"] = 1_000_000 + i * 20_000
+    events = [replace(e, produced_at_us=1_000_000 + i * 20_000)
+              for i, e in enumerate(turn_events("s", "t", "a", "One here. Two there. "))]
     # "ere." (event 4) ends the turn's text with a stop: the gate releases "Two there." tentative
     # there; END_OF_TURN confirms it with an empty request that releases nothing new.
-    requests = [{"sentence_seq": 0, "text": "One here.", "released_at_us": 1_045_000},
-                {"sentence_seq": 1, "text": "Two there.", "tentative": True, "released_at_us": 1_083_000},
-                {"sentence_seq": 1, "text": "", "tentative": False, "released_at_us": 1_121_000}]
+    requests = [released(0, "One here.", 1_045_000), released(1, "Two there.", 1_083_000, tentative=True),
+                released(1, "", 1_121_000, tentative=False)]
     assert release_latencies_ms(events, requests, Settings(speculative_release=True)) == [5.0, 3.0]
 
 

@@ -122,7 +122,7 @@ async def test_a_retracted_tentative_sentence_never_reaches_a_player(make_settin
                                               timeout_s=120, what="the tentative sentence synthesized and parked")
                     tentative_job = parked[0]
                     held_chunks = len(tentative_job.held)
-                    assert tentative_job.request["tentative"] and tentative_job.request["text"] == "Visit example."
+                    assert tentative_job.request.tentative and tentative_job.request.text == "Visit example."
                     await turn.token("com")
                     await eventually(lambda: tentative_job not in worker.scheduler.parked, timeout_s=60,
                                      what="the withdrawal applied")

@@ -5,78 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from voicebus.synthesis.engine import (
-    SAMPLE_RATE,
-    SynthesisEngine,
-    UnknownLanguage,
-    chunk_pcm,
-    resolve_language,
-    split_for_early_audio,
-    trim_silence,
-)
-
-LONG = (
-    "When the morning train finally pulled into the station after a long delay, the passengers, "
-    "who had been waiting since dawn in the cold, hurried towards the exits without a word."
-)
-
-
-def test_split_keeps_words_and_makes_a_short_first_piece():
-    pieces = split_for_early_audio(LONG)
-    assert " ".join(pieces) == " ".join(LONG.split())
-    assert len(pieces) >= 2
-    assert len(pieces[0].split()) <= 8
-    assert all(len(p.split()) <= 30 for p in pieces)
-
-
-def test_split_prefers_clause_boundaries_and_leaves_short_sentences_whole():
-    assert split_for_early_audio("Hello there, friend.") == ["Hello there, friend."]
-    assert split_for_early_audio("Yes, of course, we can do that for you today.")[0] == "Yes, of course,"
-
-
-def test_an_opening_sentence_can_end_its_first_piece_at_its_first_clause():
-    text = "Thanks for waiting, I found your order."
-    assert split_for_early_audio(text) == [text]  # it fits one piece
-    assert split_for_early_audio(text, first_clause_min_words=3) == ["Thanks for waiting,", "I found your order."]
-    # a first clause shorter than the minimum is kept with the next one
-    assert split_for_early_audio("Yes, of course, we can do that.", first_clause_min_words=3)[0] == "Yes, of course,"
-    assert split_for_early_audio("No commas in this one at all.", first_clause_min_words=3) == ["No commas in this one at all."]
-
-
-def test_chunk_pcm_sizes_and_tail_merge():
-    pcm = bytes(2 * 1000)
-    assert [len(c) // 2 for c in chunk_pcm(pcm, 300)] == [300, 300, 400]
-    assert [len(c) // 2 for c in chunk_pcm(pcm, 400)] == [400, 400, 200]
-
-
-def pcm16(*parts: tuple[int, int]) -> bytes:
-    """PCM16 made of (samples, amplitude) runs; amplitude 0 is digital silence."""
-    return np.concatenate([np.full(n, a, dtype="<i2") for n, a in parts]).tobytes()
-
-
-def test_trim_silence_keeps_the_sound_and_at_most_the_margins():
-    audio = pcm16((6000, 0), (10, 5), (100, 2000), (50, 20), (100, -3000), (9000, 1))
-    trimmed = np.frombuffer(trim_silence(audio, max_lead_samples=480, max_trail_samples=2400), "<i2")
-    # 480 quiet samples (-60 dBFS and below counts as quiet), all 250 of sound, 2400 of trail
-    assert len(trimmed) == 480 + 250 + 2400
-    assert trimmed[480] == 2000 and trimmed[480 + 249] == -3000
-    # margins longer than the silence there keep all of it
-    assert trim_silence(audio, 10**6, 10**6) == audio
-
-
-def test_trim_silence_never_empties_silent_audio_nor_cuts_into_sound():
-    silent = pcm16((4800, 0), (100, 12))
-    assert trim_silence(silent, 0, 0) == silent
-    loud = pcm16((300, 500))
-    assert trim_silence(loud, 0, 0) == loud
-    assert trim_silence(pcm16((100, 0), (300, 500)), -5, -5) == loud  # negative margins are zero
-    assert trim_silence(b"", 10, 10) == b""
-
+from voicebus.schemas.contract import UnknownLanguage
+from voicebus.synthesis.engine import SAMPLE_RATE, SynthesisEngine
+from tests.pipeline.synthesis.test_pieces import LONG
 
 def test_language_aliases():
-    assert [resolve_language(x) for x in ("en", "a", "EN-GB", "es", "pt", "p")] == ["a", "a", "b", "e", "p", "p"]
+    engine = SynthesisEngine.tiny()
+    assert engine.phonemize("hello", "EN-GB") and engine.phonemize("hola", "es")
     with pytest.raises(UnknownLanguage):
-        resolve_language("klingon")
+        engine.phonemize("hello", "klingon")
+    with pytest.raises(UnknownLanguage):  # an empty language is not English by default in the worker
+        engine.phonemize("hello", "")
 
 
 def test_output_is_pcm16_mono_in_chunks_of_about_chunk_ms(tiny_engine: SynthesisEngine):
@@ -131,45 +70,6 @@ def test_unknown_voice_falls_back(tiny_engine: SynthesisEngine):
 def test_spanish_goes_through_espeak(tiny_engine: SynthesisEngine):
     assert tiny_engine.phonemize("Hola, amigo.", "es")
     assert list(tiny_engine.stream("Hola.", "es", "ef_tiny"))
-
-
-def test_trimming_in_parts_is_trimming_the_whole():
-    """`PartTrimmer` fed a piece's audio in parts, at any cut points, publishes exactly what
-    `trimmed` makes of the whole: lead cut, quiet stretches inside kept, trail rule at the end."""
-    import random
-
-    import numpy as np
-
-    from voicebus.synthesis.engine import PartTrimmer, trimmed
-
-    rng = random.Random(4)
-    quiet, loud = np.zeros(1, "<i2"), np.full(1, 900, "<i2")
-    for case in range(60):
-        runs = [np.repeat(rng.choice([quiet, loud]), rng.randint(1, 400)) for _ in range(rng.randint(1, 8))]
-        pcm = np.concatenate(runs).tobytes()
-        undecoded = rng.choice([0, 50, 5000])
-        expected, cut = trimmed(pcm, 30, 120, undecoded_trail_samples=undecoded)
-        points = sorted(rng.sample(range(0, len(pcm) // 2), min(3, len(pcm) // 2)))
-        parts = [pcm[2 * a : 2 * b] for a, b in zip([0, *points], [*points, len(pcm) // 2])]
-        trimmer = PartTrimmer(30, 120, undecoded_trail_samples=undecoded)
-        got = b"".join(trimmer.feed(p, last=i == len(parts) - 1) for i, p in enumerate(parts))
-        assert got == expected, case
-        assert trimmer.cut == cut, case
-
-
-def test_a_long_sentence_is_not_cut_mid_phrase_when_the_first_audio_comes_from_a_window():
-    """With windowed decoding a sentence is cut only at clause punctuation
-    when it must be (its words over the phoneme-safe limit), never after its 8th word."""
-    from voicebus.synthesis.engine import WINDOWED_PIECE_MAX_WORDS, piece_limits
-
-    text = "The technician will call you tomorrow morning before nine to confirm the visit."
-    first, rest = piece_limits(windowed=True)
-    assert split_for_early_audio(text, first, rest) == [text]
-    assert split_for_early_audio(text, *piece_limits(windowed=False))[0].endswith("before")
-    long = ", ".join(["one two three four five six seven eight nine ten"] * 8) + "."
-    pieces = split_for_early_audio(long, first, rest)
-    assert len(pieces) > 1 and all(p.endswith((",", ".")) for p in pieces)
-    assert all(len(p.split()) <= WINDOWED_PIECE_MAX_WORDS for p in pieces)
 
 
 def test_the_first_chunk_is_published_once_the_first_window_is_decoded():
@@ -365,13 +265,6 @@ def test_the_fallback_voice_may_be_a_mix_of_voices_that_are_there():
 
 
 # --- pronunciation: inline phoneme spans (docs/protocol.md, "Pronunciation") ---------------------------
-
-
-def test_a_phoneme_span_is_one_word_the_pieces_never_cut():
-    text = "One, two, three four five six seven [New York. City](/nˈu jˈɔɹk, sˈɪti/) eight nine."
-    pieces = split_for_early_audio(text, 3, 4)
-    assert "[New York. City](/nˈu jˈɔɹk, sˈɪti/)" in " ".join(pieces)
-    assert all(p.count("[") == p.count("/)") for p in pieces)
 
 
 @pytest.mark.parametrize("language, plain, spanned, phonemes, words", [

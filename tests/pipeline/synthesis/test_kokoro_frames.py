@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from voicebus.synthesis import kokoro_frames
-from voicebus.synthesis.engine import SILENCE_THRESHOLD, trim_silence
+from voicebus.synthesis.pcm import SILENCE_THRESHOLD, trim_silence
 from voicebus.synthesis.kokoro_frames import KokoroInternalsChanged, check_kokoro_internals, sound_span
 
 

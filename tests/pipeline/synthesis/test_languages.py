@@ -12,7 +12,8 @@ import pytest
 from voicebus.ops.bench import languages
 from voicebus.ops.bench.seams import to_16k
 from voicebus.ops.bench.words import GREEDY
-from voicebus.synthesis.engine import SynthesisEngine, build_g2p
+from voicebus.synthesis.engine import SynthesisEngine
+from voicebus.synthesis.g2p import build_g2p
 
 # Kokoro code -> (a typical sentence, a number): every one phonemized, no digit left
 TYPICAL = {

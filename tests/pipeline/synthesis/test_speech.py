@@ -36,7 +36,7 @@ def test_two_english_sentences_are_transcribed_back(real_engine, spoken, whisper
 
 @pytest.mark.model
 def test_speech_starts_within_the_lead_margin_and_pauses_are_bounded(real_engine):
-    from voicebus.synthesis.engine import SILENCE_THRESHOLD
+    from voicebus.synthesis.pcm import SILENCE_THRESHOLD
 
     # two sentences, each its own forward pass: the pause between them is trail + lead at most
     pieces = [b"".join(real_engine.stream(text, "en", "af_heart")) for text in ("Hello there.", "How are you?")]
@@ -56,16 +56,21 @@ def test_opus_at_24_kbits_is_transcribed_as_the_pcm_is(real_engine, spoken, whis
     and encoded as a worker does, then decoded as a player does, is heard by Whisper tiny.en with
     a word error rate at most 0.02 above the PCM's own (docs/worker.md)."""
     from voicebus.audio_codec import AudioFormat, OpusDecoder
-    from voicebus.synthesis.scheduler import ChunkAssembler, SynthesisJob
+    from voicebus.synthesis.chunks import ChunkAssembler
+    from voicebus.synthesis.scheduler import SynthesisJob
     from voicebus.schemas.contract import AudioEncoding
+    from voicebus.schemas.messages import SynthesisRequest
 
-    job = SynthesisJob({"session_id": "s", "turn_id": "t", "sentence_seq": 0, "is_last_in_turn": True}, received_at_us=0)
+    request = SynthesisRequest(session_id="s", turn_id="t", agent_id="a", sentence_seq=0, text="", language="a",
+                               voice="af_heart", is_last_in_turn=True, first_token_at_us=0, text_complete_at_us=0,
+                               released_at_us=0)
+    job = SynthesisJob(request, received_at_us=0)
     assembler = ChunkAssembler(job, chunk_ms=150, sample_rate=real_engine.sample_rate,
                                audio=AudioFormat(AudioEncoding.OPUS, real_engine.sample_rate))
     chunks = assembler.feed(spoken) + assembler.finish()
     decoder = OpusDecoder(real_engine.sample_rate)
-    opus_pcm = b"".join(decoder.decode(c["pcm"]) for c in chunks) + decoder.flush()
-    opus_bytes = sum(len(c["pcm"]) for c in chunks)
+    opus_pcm = b"".join(decoder.decode(c.pcm) for c in chunks) + decoder.flush()
+    opus_bytes = sum(len(c.pcm) for c in chunks)
 
     pcm_heard, opus_heard = transcribe(whisper, spoken), transcribe(whisper, opus_pcm)
     pcm_wer = word_error_rate(words(SENTENCES), words(pcm_heard))
@@ -86,7 +91,7 @@ def test_no_word_starts_before_its_piece_sounds(spoken_pieces):
     before that bound, the last word of a piece ended as much as 330 ms after it, beyond the
     piece's audio."""
     from voicebus.synthesis.kokoro_frames import SAMPLES_PER_FRAME
-    from voicebus.synthesis.engine import sounding_span
+    from voicebus.synthesis.pcm import sounding_span
 
     pieces: list[list] = []  # with windowed decoding, a piece comes in parts (its words on the first)
     for p in spoken_pieces:

@@ -8,7 +8,9 @@ import torch
 from misaki.token import MToken
 
 from voicebus.codecs import Codec
-from voicebus.synthesis.scheduler import ChunkAssembler, SynthesisJob, synthesis_args
+from voicebus.schemas.messages import SynthesisRequest
+from voicebus.synthesis.chunks import ChunkAssembler
+from voicebus.synthesis.scheduler import SynthesisJob, synthesis_args
 from voicebus.synthesis.words import (ACOUSTIC_LEAD_FRAMES, FRAME_S, TimedWord, WordTiming, english_words, heard_words,
                                       phoneme_words, place)
 
@@ -71,7 +73,7 @@ def test_a_number_spoken_as_several_groups_stays_one_word():
 def test_place_moves_by_the_trimmed_samples_and_the_pieces_before_and_clamps():
     words = [TimedWord("a", 0.0, 0.1), TimedWord("b", 0.1, 5.0)]
     placed = place(words, SR, raw_offset=1200, piece_samples=6000, sentence_offset=10_000)
-    assert placed == [WordTiming("a", 10_000, 11_200), WordTiming("b", 11_200, 16_000)]
+    assert placed == [WordTiming(text="a", start=10_000, end=11_200), WordTiming(text="b", start=11_200, end=16_000)]
 
 
 def test_no_word_starts_before_the_piece_sounds_nor_ends_in_the_silence_after_it():
@@ -79,26 +81,34 @@ def test_no_word_starts_before_the_piece_sounds_nor_ends_in_the_silence_after_it
     the first word starts where the sound does, not at the start of the margin."""
     words = [TimedWord("a", 0.0, 0.1), TimedWord("b", 0.1, 5.0)]
     placed = place(words, SR, raw_offset=1200, piece_samples=6000, sentence_offset=10_000, sound=(480, 5000))
-    assert placed == [WordTiming("a", 10_480, 11_200), WordTiming("b", 11_200, 15_000)]
+    assert placed == [WordTiming(text="a", start=10_480, end=11_200), WordTiming(text="b", start=11_200, end=15_000)]
 
 
 def test_heard_words_counts_a_word_in_progress():
-    words = [WordTiming("one", 0, 100), WordTiming("two", 100, 200), WordTiming("three", 200, 300)]
+    words = [WordTiming(text="one", start=0, end=100), WordTiming(text="two", start=100, end=200),
+             WordTiming(text="three", start=200, end=300)]
     assert heard_words(words, 150) == (words[:2], words[2:])
     assert heard_words(words, 0) == ([], words)
     assert heard_words(words, 10**6) == (words, [])
 
 
+def last_sentence(text: str, language: str) -> SynthesisRequest:
+    """A turn's only sentence (its request's timestamps all 0)."""
+    return SynthesisRequest(session_id="s", turn_id="t", agent_id="a", sentence_seq=0, text=text, language=language,
+                            voice="af_heart", speed=1.0, is_last_in_turn=True, first_token_at_us=0,
+                            text_complete_at_us=0, released_at_us=0)
+
+
 def test_words_go_out_on_the_chunk_that_holds_their_start():
-    job = SynthesisJob({"session_id": "s", "turn_id": "t", "sentence_seq": 0, "text": "x", "language": "a",
-                        "voice": "af_heart", "is_last_in_turn": True}, received_at_us=1)
+    job = SynthesisJob(last_sentence("x", "a"), received_at_us=1)
     chunk = 2400  # 100 ms
     assembler = ChunkAssembler(job, chunk_ms=100, sample_rate=SR)
-    words = [WordTiming("a", 0, 2000), WordTiming("b", 3000, 5000), WordTiming("c", 7500, 9000)]
+    words = [WordTiming(text="a", start=0, end=2000), WordTiming(text="b", start=3000, end=5000),
+             WordTiming(text="c", start=7500, end=9000)]
     out = assembler.feed(bytes(2 * chunk * 3), words[:2])  # two chunks out (one held back)
     out += assembler.feed(bytes(2 * chunk), words[2:])
     out += assembler.finish()
-    assert [[w["text"] for w in c["words"]] for c in out] == [["a"], ["b"], [], ["c"]]
+    assert [[w.text for w in c.words] for c in out] == [["a"], ["b"], [], ["c"]]
     codec = Codec()
     assert codec.decode(codec.encode("AudioChunk", out[1])).value["words"] == [{"text": "b", "start": 3000, "end": 5000}]
 
@@ -106,20 +116,19 @@ def test_words_go_out_on_the_chunk_that_holds_their_start():
 @pytest.mark.parametrize("text,language", [("Hello there, how are you doing on this fine day today?", "en"),
                                            ("Hola, tengo veinte años y vivo en Madrid.", "es")])
 def test_the_engine_times_every_written_word_in_order_within_the_audio(tiny_engine, text, language):
-    job = SynthesisJob({"session_id": "s", "turn_id": "t", "sentence_seq": 0, "text": text, "language": language,
-                        "voice": "af_heart", "speed": 1.0, "is_last_in_turn": True}, received_at_us=1)
+    job = SynthesisJob(last_sentence(text, language), received_at_us=1)
     assembler = ChunkAssembler(job, chunk_ms=100, sample_rate=SR)
     chunks = []
     for timed in tiny_engine.stream_timed(chunk_ms=100, **synthesis_args(job)):
         chunks += assembler.feed(timed.pcm, timed.words)
     chunks += assembler.finish()
-    words = [w for c in chunks for w in c["words"]]
-    total = sum(len(c["pcm"]) for c in chunks) // 2
-    assert [w["text"] for w in words] == text.split()
-    starts = [w["start"] for w in words]
-    assert starts == sorted(starts) and all(0 <= w["start"] <= w["end"] <= total for w in words)
+    words = [w for c in chunks for w in c.words]
+    total = sum(len(c.pcm) for c in chunks) // 2
+    assert [w.text for w in words] == text.split()
+    starts = [w.start for w in words]
+    assert starts == sorted(starts) and all(0 <= w.start <= w.end <= total for w in words)
     before = 0
     for c in chunks:  # each word rides on the chunk whose audio holds its start
-        n = len(c["pcm"]) // 2
-        assert all(before <= w["start"] < before + n or c["is_last_chunk"] for w in c["words"])
+        n = len(c.pcm) // 2
+        assert all(before <= w.start < before + n or c.is_last_chunk for w in c.words)
         before += n

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 
 import pytest
 
 from voicebus.codecs import Codec
-from voicebus.schemas.messages import ControlEvent
+from voicebus.schemas.messages import ControlEvent, SynthesisRequest
+from voicebus.synthesis.chunks import ChunkAssembler, chunk_duration_ms
 from voicebus.synthesis.scheduler import (
-    ChunkAssembler,
     OffsetTracker,
     Outcome,
     SchedulerFull,
     SynthesisJob,
     SynthesisScheduler,
-    chunk_duration_ms,
     synthesis_args,
 )
 
@@ -26,11 +26,11 @@ SAMPLE_RATE = 24000
 
 
 def request(session="s1", turn="t1", seq=0, text="Hello there.", last=False, first_token_at_us=1_000):
-    return {
-        "session_id": session, "turn_id": turn, "agent_id": "a", "sentence_seq": seq, "text": text,
-        "language": "a", "voice": "af_heart", "speed": 1.0, "is_last_in_turn": last,
-        "first_token_at_us": first_token_at_us, "text_complete_at_us": 2_000, "released_at_us": 3_000,
-    }
+    return SynthesisRequest(
+        session_id=session, turn_id=turn, agent_id="a", sentence_seq=seq, text=text,
+        language="a", voice="af_heart", speed=1.0, is_last_in_turn=last,
+        first_token_at_us=first_token_at_us, text_complete_at_us=2_000, released_at_us=3_000,
+    )
 
 
 def cancel(session="s1", turn="t1", issued_at_us=5_000, turn_ids=()):
@@ -195,8 +195,8 @@ def test_the_assembler_stamps_chunks_and_measures_the_real_time_factor_on_its_cl
     clock.now_us += 9_000_000  # publishing the last chunks is not synthesis
     out += assembler.finish()
     assert assembler.realtime_factor == pytest.approx(1.0)
-    assert {c["synthesis_started_at_us"] for c in out} == {1_000_000}
-    assert out[0]["audio_ready_at_us"] == 1_500_000 and out[-1]["audio_ready_at_us"] == 12_000_000
+    assert {c.synthesis_started_at_us for c in out} == {1_000_000}
+    assert out[0].audio_ready_at_us == 1_500_000 and out[-1].audio_ready_at_us == 12_000_000
 
 
 def test_the_real_time_watch_warns_once_when_the_worker_falls_behind_and_again_after_it_recovered():
@@ -228,21 +228,21 @@ def test_chunks_are_timed_ordered_flagged_and_valid_audio_chunks(engine):
     job = SynthesisJob(request(text="Hello there, how are you today?", last=True), received_at_us=2_500)
     chunks, raw = build_chunks(engine, job)
     assert len(chunks) >= 3
-    assert b"".join(c["pcm"] for c in chunks) == raw  # nothing lost or reordered
-    assert [c["chunk_seq"] for c in chunks] == list(range(len(chunks)))
-    assert [c["is_last_chunk"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
-    assert [c["is_last_in_turn"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert b"".join(c.pcm for c in chunks) == raw  # nothing lost or reordered
+    assert [c.chunk_seq for c in chunks] == list(range(len(chunks)))
+    assert [c.is_last_chunk for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert [c.is_last_in_turn for c in chunks] == [False] * (len(chunks) - 1) + [True]
     for c in chunks[:-1]:
         assert chunk_duration_ms(c) == pytest.approx(CHUNK_MS)
     assert 0 < chunk_duration_ms(chunks[-1]) < CHUNK_MS * 1.25
     first = chunks[0]
-    assert (first["first_token_at_us"], first["text_complete_at_us"], first["released_at_us"]) == (1_000, 2_000, 3_000)
-    assert first["request_received_at_us"] == 2_500
-    assert first["request_received_at_us"] <= first["synthesis_started_at_us"] <= first["audio_ready_at_us"]
-    assert all(a["audio_ready_at_us"] <= b["audio_ready_at_us"] for a, b in zip(chunks, chunks[1:]))
+    assert (first.first_token_at_us, first.text_complete_at_us, first.released_at_us) == (1_000, 2_000, 3_000)
+    assert first.request_received_at_us == 2_500
+    assert first.request_received_at_us <= first.synthesis_started_at_us <= first.audio_ready_at_us
+    assert all(a.audio_ready_at_us <= b.audio_ready_at_us for a, b in zip(chunks, chunks[1:]))
     codec = Codec()
     for c in chunks:  # the wire contract accepts them
-        assert codec.decode(codec.encode("AudioChunk", c)).value["chunk_seq"] == c["chunk_seq"]
+        assert codec.decode(codec.encode("AudioChunk", c)).value["chunk_seq"] == c.chunk_seq
 
 
 def test_where_the_engine_pauses_to_decode_more_nothing_made_so_far_is_held_back():
@@ -254,21 +254,21 @@ def test_where_the_engine_pauses_to_decode_more_nothing_made_so_far_is_held_back
     chunk_bytes = SAMPLE_RATE * CHUNK_MS // 1000 * 2
     window = b"\x01\x00" * (chunk_bytes + chunk_bytes // 2 // 2)  # two chunks and a half, in two feeds
     out = assembler.feed(window[:chunk_bytes]) + assembler.feed(window[chunk_bytes:], pause=True)
-    assert [len(c["pcm"]) for c in out] == [chunk_bytes, chunk_bytes, chunk_bytes // 2]  # all of it, now
-    assert not any(c["is_last_chunk"] for c in out)
+    assert [len(c.pcm) for c in out] == [chunk_bytes, chunk_bytes, chunk_bytes // 2]  # all of it, now
+    assert not any(c.is_last_chunk for c in out)
     tiny = assembler.feed(b"\x01\x00" * 10, pause=True)  # under a quarter chunk: kept for what follows
     assert tiny == []
     rest = assembler.feed(b"\x02\x00" * (chunk_bytes // 2)) + assembler.finish()
-    assert [(len(c["pcm"]), c["is_last_chunk"]) for c in rest] == [(chunk_bytes + 20, True)]
-    assert [c["chunk_seq"] for c in out + rest] == list(range(4))
+    assert [(len(c.pcm), c.is_last_chunk) for c in rest] == [(chunk_bytes + 20, True)]
+    assert [c.chunk_seq for c in out + rest] == list(range(4))
     # Opus: what goes out before the end is whole 20 ms frames, the rest waits for the next window
     from voicebus.schemas.contract import split_opus_packets
 
     opus = opus_assembler(SynthesisJob(request(last=True), received_at_us=10))
     early = opus.feed(b"\x01\x00" * (8 * 480 + 3 * 480 + 100), pause=True)  # a chunk, 3 frames and a bit
-    assert [len(split_opus_packets(c["pcm"])) for c in early] == [8, 3]
+    assert [len(split_opus_packets(c.pcm)) for c in early] == [8, 3]
     closing = opus.feed(b"\x01\x00" * 380) + opus.finish()  # the bit and the rest: one more frame
-    assert [(len(split_opus_packets(c["pcm"])), c["is_last_chunk"]) for c in closing] == [(1 + 1, True)]
+    assert [(len(split_opus_packets(c.pcm)), c.is_last_chunk) for c in closing] == [(1 + 1, True)]
 
 
 def test_end_of_turn_marker_yields_one_empty_last_chunk_without_synthesis():
@@ -276,8 +276,8 @@ def test_end_of_turn_marker_yields_one_empty_last_chunk_without_synthesis():
     assert job.is_end_marker
     chunks = ChunkAssembler(job, chunk_ms=CHUNK_MS, sample_rate=SAMPLE_RATE).finish()
     assert len(chunks) == 1
-    assert chunks[0]["pcm"] == b"" and chunks[0]["is_last_chunk"] and chunks[0]["is_last_in_turn"]
-    assert chunks[0]["sentence_seq"] == 4 and chunks[0]["chunk_seq"] == 0
+    assert chunks[0].pcm == b"" and chunks[0].is_last_chunk and chunks[0].is_last_in_turn
+    assert chunks[0].sentence_seq == 4 and chunks[0].chunk_seq == 0
 
 
 def test_a_failed_sentence_sends_what_it_has_then_an_empty_last_chunk_with_its_reason():
@@ -286,16 +286,16 @@ def test_a_failed_sentence_sends_what_it_has_then_an_empty_last_chunk_with_its_r
     chunk_bytes = SAMPLE_RATE * CHUNK_MS // 1000 * 2
     out = assembler.feed(b"\x01\x00" * (chunk_bytes // 2 * 2 + 10))  # two chunks and a bit: one held back
     out += assembler.finish(end_reason="no-voices")
-    assert [c["chunk_seq"] for c in out] == [0, 1, 2]
-    assert [len(c["pcm"]) for c in out] == [chunk_bytes, chunk_bytes + 20, 0]
-    assert [(c["is_last_chunk"], c["is_last_in_turn"], c["end_reason"]) for c in out] == [
+    assert [c.chunk_seq for c in out] == [0, 1, 2]
+    assert [len(c.pcm) for c in out] == [chunk_bytes, chunk_bytes + 20, 0]
+    assert [(c.is_last_chunk, c.is_last_in_turn, c.end_reason) for c in out] == [
         (False, False, ""), (False, False, ""), (True, True, "no-voices")]
     codec = Codec()
-    assert all(codec.decode(codec.encode("AudioChunk", c)).value["end_reason"] == c["end_reason"] for c in out)
+    assert all(codec.decode(codec.encode("AudioChunk", c)).value["end_reason"] == c.end_reason for c in out)
     # nothing made yet: the closing chunk alone, and a sentence inside the turn does not end the turn
     inner = ChunkAssembler(SynthesisJob(request(last=False), received_at_us=10), chunk_ms=CHUNK_MS,
                            sample_rate=SAMPLE_RATE).finish(end_reason="engine-error")
-    assert [(c["pcm"], c["is_last_chunk"], c["is_last_in_turn"], c["end_reason"]) for c in inner] == [
+    assert [(c.pcm, c.is_last_chunk, c.is_last_in_turn, c.end_reason) for c in inner] == [
         (b"", True, False, "engine-error")]
 
 
@@ -318,20 +318,20 @@ def test_opus_chunks_are_whole_packets_of_whole_frames_and_decode_to_the_sentenc
     assert assembler.chunk_bytes == 160 * 24 * 2  # 150 ms rounded to whole 20 ms frames
     pcm = tone_pcm(0.98)  # 6 chunks and 20 ms: the last takes the rest (as PCM does)
     chunks = assembler.feed(pcm[:20_000]) + assembler.feed(pcm[20_000:]) + assembler.finish()
-    assert [c["chunk_seq"] for c in chunks] == list(range(6))
-    assert [c["is_last_chunk"] for c in chunks] == [False] * 5 + [True]
-    assert all(c["encoding"] == AudioEncoding.OPUS for c in chunks)
+    assert [c.chunk_seq for c in chunks] == list(range(6))
+    assert [c.is_last_chunk for c in chunks] == [False] * 5 + [True]
+    assert all(c.encoding == AudioEncoding.OPUS for c in chunks)
     # each chunk's packets stand alone: one per 20 ms frame (the last also holds the encoder's flush)
-    assert [len(split_opus_packets(c["pcm"])) for c in chunks[:-1]] == [8] * 5
-    assert len(split_opus_packets(chunks[-1]["pcm"])) == 9 + 1
+    assert [len(split_opus_packets(c.pcm)) for c in chunks[:-1]] == [8] * 5
+    assert len(split_opus_packets(chunks[-1].pcm)) == 9 + 1
     decoder = OpusDecoder(SAMPLE_RATE)
-    decoded = np.frombuffer(b"".join(decoder.decode(c["pcm"]) for c in chunks) + decoder.flush(), "<i2")
+    decoded = np.frombuffer(b"".join(decoder.decode(c.pcm) for c in chunks) + decoder.flush(), "<i2")
     assert 23_520 <= len(decoded) <= 23_520 + 2 * 480
     assert 0.25 < np.abs(decoded).max() / 32767 < 0.35  # the 0.3 tone
-    assert sum(len(c["pcm"]) for c in chunks) * 10 < len(pcm)  # over 10x smaller than PCM16
+    assert sum(len(c.pcm) for c in chunks) * 10 < len(pcm)  # over 10x smaller than PCM16
     codec = Codec()
     for c in chunks:  # the wire contract accepts them
-        assert codec.decode(codec.encode("AudioChunk", c)).value["pcm"] == c["pcm"]
+        assert codec.decode(codec.encode("AudioChunk", c)).value["pcm"] == c.pcm
 
 
 def test_an_opus_sentence_that_fails_flushes_its_audio_before_the_empty_closing_chunk():
@@ -341,17 +341,18 @@ def test_an_opus_sentence_that_fails_flushes_its_audio_before_the_empty_closing_
     assembler = opus_assembler(job)
     out = assembler.feed(b"\x01\x00" * (assembler.chunk_bytes + 10))  # two chunks and a bit: one held back
     out += assembler.finish(end_reason="no-voices")
-    assert [(c["chunk_seq"], c["is_last_chunk"], c["end_reason"]) for c in out] == [
+    assert [(c.chunk_seq, c.is_last_chunk, c.end_reason) for c in out] == [
         (0, False, ""), (1, False, ""), (2, True, "no-voices")]
-    assert len(split_opus_packets(out[1]["pcm"])) > 8 and out[2]["pcm"] == b""  # the flush rides with the audio
+    assert len(split_opus_packets(out[1].pcm)) > 8 and out[2].pcm == b""  # the flush rides with the audio
     # an end-of-turn marker opens no encoder and carries no packet
     marker = opus_assembler(SynthesisJob(request(text="", seq=4, last=True), received_at_us=1)).finish()
-    assert [(c["pcm"], c["is_last_in_turn"]) for c in marker] == [(b"", True)]
+    assert [(c.pcm, c.is_last_in_turn) for c in marker] == [(b"", True)]
 
 
 def test_what_the_engine_cannot_speak_is_named_by_reason():
     from voicebus.codecs import InvalidMessage
-    from voicebus.synthesis.engine import EngineError, NoVoices, UnknownLanguage
+    from voicebus.schemas.contract import UnknownLanguage
+    from voicebus.synthesis.engine import EngineError, NoVoices
     from voicebus.synthesis.worker import speak_failure_reason
 
     assert speak_failure_reason(UnknownLanguage("x")) == "unknown-language"
@@ -398,9 +399,8 @@ def test_only_a_turns_first_sentence_asks_for_an_early_first_clause():
     from voicebus.synthesis.scheduler import SynthesisJob
 
     def args_for(seq):
-        request = {"session_id": "s", "turn_id": "t", "sentence_seq": seq, "text": "Hi, there you are.",
-                   "language": "a", "voice": "af_heart"}
-        return synthesis_args(SynthesisJob(request, received_at_us=0), opening_clause_min_words=3)
+        job = SynthesisJob(request("s", "t", seq, "Hi, there you are."), received_at_us=0)
+        return synthesis_args(job, opening_clause_min_words=3)
 
     assert args_for(0)["first_clause_min_words"] == 3
     assert args_for(1)["first_clause_min_words"] == 0
@@ -410,11 +410,11 @@ def test_only_a_turns_first_sentence_asks_for_an_early_first_clause():
 
 
 def tentative(seq=0, text="Hello there.", **kw):
-    return {**request(seq=seq, text=text, **kw), "tentative": True}
+    return replace(request(seq=seq, text=text, **kw), tentative=True)
 
 
 def confirm(seq=0, last=False):
-    return {**request(seq=seq, text="", last=last), "tentative": False}
+    return request(seq=seq, text="", last=last)  # empty and not tentative: a confirmation
 
 
 def test_a_confirmed_tentative_job_publishes_held_chunks_with_the_turn_end_of_its_confirmation():
@@ -429,7 +429,7 @@ def test_a_confirmed_tentative_job_publishes_held_chunks_with_the_turn_end_of_it
     assert sched.next_job() is None
     sched.submit(confirm(last=True), origin=("p", 1))
     again = sched.next_job()
-    assert again is job and not job.unconfirmed and job.request["is_last_in_turn"] and job.request["text"] == "Hello there."
+    assert again is job and not job.unconfirmed and job.request.is_last_in_turn and job.request.text == "Hello there."
     sched.finish(job)
     assert sched.next_job().key.sentence_seq == 1
     assert [o for _, o in rec.settled] == [Outcome.SETTLEMENT, Outcome.SPOKEN]
@@ -445,14 +445,14 @@ def test_a_withdrawn_tentative_job_is_dropped_and_its_seq_spoken_by_the_replacem
         job = sched.next_job()
         if where == "parked":
             sched.park(job)
-    sched.submit({**tentative(text=""), "text": ""})  # withdrawn
+    sched.submit(tentative(text=""))  # withdrawn
     if where == "running":
         assert job.stop_requested and job.stop_reason is Outcome.RETRACTED
         assert sched.finish(job) is Outcome.RETRACTED
     assert sorted(o.value for _, o in rec.settled) == ["retracted", "settlement"]
     sched.submit(request(text="Go to example.com now!"))  # the same key: not a duplicate
     replacement = sched.next_job()
-    assert replacement.request["text"] == "Go to example.com now!" and not replacement.unconfirmed
+    assert replacement.request.text == "Go to example.com now!" and not replacement.unconfirmed
 
 
 def test_a_final_request_with_other_text_replaces_a_running_tentative_one_in_order():
@@ -464,7 +464,7 @@ def test_a_final_request_with_other_text_replaces_a_running_tentative_one_in_ord
     assert job.stop_reason is Outcome.RETRACTED
     assert sched.next_job() is None  # the session's running job must end first
     sched.finish(job)
-    assert sched.next_job().request["text"] == 'He said "stop."'
+    assert sched.next_job().request.text == 'He said "stop."'
 
 
 def test_a_cancel_drops_a_parked_tentative_job():

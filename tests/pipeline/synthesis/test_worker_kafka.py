@@ -20,6 +20,7 @@ from voicebus.ops.daemon import free_port
 from voicebus.bus import ensure_topics, make_consumer, make_producer, publish, read_to_end
 from voicebus.clock import now_us
 from voicebus.codecs import Codec
+from voicebus.schemas.messages import SynthesisRequest
 from voicebus.synthesis.worker import SynthesisWorker
 from tests.waiting import eventually
 
@@ -43,9 +44,9 @@ def engine():
 
 def request(session, turn, seq, text, last=False):
     t = now_us()
-    return {"session_id": session, "turn_id": turn, "agent_id": "test", "sentence_seq": seq, "text": text,
-            "language": "a", "voice": "af_heart", "speed": 1.0, "is_last_in_turn": last,
-            "first_token_at_us": t - 3000, "text_complete_at_us": t - 2000, "released_at_us": t - 1000}
+    return SynthesisRequest(session_id=session, turn_id=turn, agent_id="test", sentence_seq=seq, text=text,
+                            language="a", voice="af_heart", speed=1.0, is_last_in_turn=last,
+                            first_token_at_us=t - 3000, text_complete_at_us=t - 2000, released_at_us=t - 1000)
 
 
 def turn_requests(session, turn, texts):

@@ -99,8 +99,8 @@ def contract_breaking_request() -> bytes:
     codec = Codec()
     buf = io.BytesIO()
     buf.write(MAGIC + codec.fingerprint_of("SynthesisRequest"))
-    schemaless_writer(buf, parse_schema(schemas.load("SynthesisRequest")), {**request("bad", "t1", 0, "Hi."),
-                                                                             "sentence_seq": -1})
+    schemaless_writer(buf, parse_schema(schemas.load("SynthesisRequest")),
+                      dataclasses.replace(request("bad", "t1", 0, "Hi."), sentence_seq=-1).to_record())
     return buf.getvalue()
 
 
@@ -112,11 +112,10 @@ async def test_a_sentence_the_engine_cannot_speak_still_ends_its_sentence_and_tu
     dead-lettered with its reason and its offset settled."""
     settings = make_settings(partitions=1)
     strict = dataclasses.replace(engine, fallback_voice=None)
-    missing = {"voice": "zz_missing"}
     t1 = turn_requests("s1", "t1", ["One.", "Two.", "Three."])
-    t1[1].update(missing)  # a failed sentence inside the turn
+    t1[1] = dataclasses.replace(t1[1], voice="zz_missing")  # a failed sentence inside the turn
     t2 = turn_requests("s1", "t2", ["Four.", "Five."])
-    t2[1].update(missing)  # the turn's last sentence fails
+    t2[1] = dataclasses.replace(t2[1], voice="zz_missing")  # the turn's last sentence fails
     async with Bus(settings) as bus:
         await bus.raw(settings.synthesis_topic, contract_breaking_request(), b"bad")
         async with SynthesisWorker(settings, strict, worker_id="w1", warm_up=False) as worker:
@@ -208,10 +207,10 @@ async def test_tentative_requests_confirmed_withdrawn_and_failed_through_the_bro
     strict = dataclasses.replace(engine, fallback_voice=None)
 
     def tentative(turn, seq, text, **extra):
-        return {**request("s1", turn, seq, text), "tentative": True, **extra}
+        return dataclasses.replace(request("s1", turn, seq, text), tentative=True, **extra)
 
     def settlement(turn, seq, *, tentative=False, last=False, text=""):
-        return {**request("s1", turn, seq, text, last=last), "tentative": tentative}
+        return dataclasses.replace(request("s1", turn, seq, text, last=last), tentative=tentative)
 
     async with Bus(settings) as bus:
         async with SynthesisWorker(settings, strict, worker_id="w1", warm_up=False) as worker:
