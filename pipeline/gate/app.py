@@ -72,6 +72,7 @@ from voicebus import tracing
 from voicebus.gate.core import GateConfig, GateSession
 from voicebus.schemas.contract import FloorEventKind
 from voicebus.schemas.messages import ControlEvent, FloorEvent, SynthesisRequest, TextEvent
+from voicebus.retry import Backoff, retrying
 from voicebus.settings import Settings
 from voicebus.shell import RecordPolicy, Supervisor, TopicDiscovery, serve_health
 from voicebus.topics import fixed_topics, session_key, text_topic_pattern
@@ -379,28 +380,35 @@ class GateWorker:
             log.info("gate: partitions %s revoked", sorted(partitions))
 
     async def _assign(self, partitions: set[int]) -> None:
-        backoff = 0.2
-        while not self._stopping.is_set():  # aiokafka swallows a callback's error: the partitions would sit unread
-            try:
-                async with self._lock:
-                    new = partitions - self._owned
-                    await self._recover(new)
-                    self._owned |= new
-                    await self._assign_text()
-                self.recovery_error = None
-                break
-            except Exception as exc:  # noqa: BLE001 - any failure leaves the partitions unserved: say so, retry
-                # A broker error, a changelog partition not read in time, or a state record this
-                # gate cannot load: the partitions are not served until it succeeds, so /healthz
-                # says why (503) and the recovery is tried again for as long as the gate runs.
-                self.recovery_error = f"recovering partitions {sorted(partitions)}: {type(exc).__name__}: {exc}"[:500]
-                self.recovery_failures += 1
-                log.error("gate: recovering partitions %s failed (%r); retrying in %.1f s", sorted(partitions),
-                          exc, backoff)
-                # the consumer's stop waits for this callback: a stopping gate must not sleep here
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                backoff = min(5.0, backoff * 2)
+        # aiokafka swallows a callback's error: the partitions would sit unread. Any failure (a
+        # broker error, a changelog partition not read in time, a state record this gate cannot
+        # load) leaves them unserved until the recovery succeeds, so /healthz says why (503) and
+        # it is tried again for as long as the gate runs.
+        def failed(exc: BaseException, attempt: int, wait_s: float) -> None:
+            self.recovery_error = f"recovering partitions {sorted(partitions)}: {type(exc).__name__}: {exc}"[:500]
+            self.recovery_failures += 1
+            log.error("gate: recovering partitions %s failed (%r); retrying in %.1f s", sorted(partitions), exc, wait_s)
+
+        async def pause(seconds: float) -> None:  # the consumer's stop waits for this callback: never sleep through it
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), seconds)
+
+        if self._stopping.is_set():
+            return
+        try:
+            async for attempt in retrying(wait=Backoff(0.2, 5.0), stop=self._stopping.is_set, on_retry=failed,
+                                          sleep=pause):
+                with attempt:
+                    async with self._lock:
+                        new = partitions - self._owned
+                        await self._recover(new)
+                        self._owned |= new
+                        await self._assign_text()
+        except Exception:  # noqa: BLE001 - the last failure, the gate stopping: nothing left to serve
+            if not self._stopping.is_set():
+                raise
+            return
+        self.recovery_error = None
         if self._stopping.is_set():
             return
         log.info("gate: partitions %s assigned and recovered (%d sessions)", sorted(partitions), len(self._sessions))
@@ -835,21 +843,18 @@ class GateWorker:
 
         partitions = {partition} if isinstance(partition, int) else partition
         await self._fence(partitions)
-        backoff = 0.1
-        while True:
-            try:
-                futures = [await self.producer.send(t, v, key=k, partition=p, headers=h[0] if h else None)
-                           for t, k, v, p, *h in records]
-                for fut in futures:
-                    await fut  # acked before the state that produced it is written
-                return
-            except KafkaError as exc:
-                if not partitions <= self._owned:
-                    raise PartitionRevoked(f"partitions {sorted(partitions - self._owned)} revoked while "
-                                           f"their output failed: {exc}") from exc
-                log.warning("gate: send failed (%s); retrying in %.1f s", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+        try:
+            async for attempt in retrying(
+                    wait=Backoff(0.1, 5.0), retry_on=KafkaError, retry_if=lambda _: partitions <= self._owned,
+                    on_retry=lambda exc, n, wait_s: log.warning("gate: send failed (%s); retrying in %.1f s", exc, wait_s)):
+                with attempt:
+                    futures = [await self.producer.send(t, v, key=k, partition=p, headers=h[0] if h else None)
+                               for t, k, v, p, *h in records]
+                    for fut in futures:
+                        await fut  # acked before the state that produced it is written
+        except KafkaError as exc:  # not retried: a partition was revoked meanwhile
+            raise PartitionRevoked(f"partitions {sorted(partitions - self._owned)} revoked while "
+                                   f"their output failed: {exc}") from exc
 
     async def _commit_control(self, force: bool = False, only: set[int] | None = None) -> None:
         """(Under the lock.) Commit the control positions applied (those not committed yet)."""
