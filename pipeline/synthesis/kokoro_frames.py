@@ -286,9 +286,12 @@ def decode_sound(
 
 # Predicted energy at or below which a frame inside a phrase is silence to the ear: N = -3.5
 # decodes to a peak of 8 samples (-72 dBFS) and -2.2 to 76 (-53 dBFS), both more than 40 dB
-# under the speech around them. (`SOUND_ENERGY_THRESHOLD` is lower: it must keep every frame
-# that makes any sample at all.)
-INNER_SILENCE_ENERGY = -3.0
+# under the speech around them. -3 (measured on jf_alpha) left Kokoro's own voices pausing where
+# their energy decays slowly (af_heart: -2.2 to -2.7 for 4 frames after "corner", 200-310 ms
+# heard); -2 removes those and leaves every language's Whisper transcript as it was
+# (docs/benchmarks.md, "Per language"). (`SOUND_ENERGY_THRESHOLD` is lower: it must keep every
+# frame that makes any sample at all.)
+INNER_SILENCE_ENERGY = -2.0
 
 # Frames kept of a longer silence inside a phrase: 75 ms of predicted silence, which decodes to
 # 130-150 ms under -40 dB with the decays around it. A stop's closure ("visit": 2 frames) is
