@@ -118,7 +118,6 @@ def run_gate_worker(settings: "Settings", **options: Any) -> int:
     """Run one gate worker in this process until SIGINT/SIGTERM; 2 when it cannot start."""
     from voicebus.gate.app import GateStartError, GateWorker
 
-    options.pop("loglevel", None)
     worker = GateWorker(settings, **options)
 
     async def main() -> None:
