@@ -281,10 +281,10 @@ class TurnHeard(Message):
     published_at_us: int = 0
 
 
-# The types `typed` hands as objects (every class above, as the stages take them).
-MESSAGES: Mapping[str, type[Message]] = {cls.MESSAGE_TYPE: cls for cls in (ControlEvent, FloorEvent, TextEvent, AudioChunk, PlaybackReport, TurnHeard)}
 CLASSES: tuple[type[Message], ...] = (ControlEvent, FloorEvent, TextEvent, SynthesisRequest, AudioChunk,
                                       PlaybackReport, TurnHeard)
+# The types `typed` hands as objects: every message type of the contract.
+MESSAGES: Mapping[str, type[Message]] = {cls.MESSAGE_TYPE: cls for cls in CLASSES}
 
 
 def typed(message_type: str, value: Mapping[str, Any]) -> Any:
