@@ -284,14 +284,15 @@ def decode_sound(
 
 # --- pauses inside a phrase -------------------------------------------------
 
-# Predicted energy at or below which a frame inside a phrase is silence to the ear: N = -3.5
-# decodes to a peak of 8 samples (-72 dBFS) and -2.2 to 76 (-53 dBFS), both more than 40 dB
-# under the speech around them. -3 (measured on jf_alpha) left Kokoro's own voices pausing where
-# their energy decays slowly (af_heart: -2.2 to -2.7 for 4 frames after "corner", 200-310 ms
-# heard); -2 removes those and leaves every language's Whisper transcript as it was
-# (docs/benchmarks.md, "Per language"). (`SOUND_ENERGY_THRESHOLD` is lower: it must keep every
-# frame that makes any sample at all.)
-INNER_SILENCE_ENERGY = -2.0
+# Predicted energy at or below which a frame inside a phrase is silence to the ear: -3.5
+# decodes to a peak of 8 samples (-72 dBFS), -2.2 to 76 (-53 dBFS). -3 (measured on jf_alpha) left
+# af_heart pausing 200-310 ms where its energy decays slowly; -2 left hf_alpha 200-220 ms at five
+# unpunctuated Hindi word boundaries, each a decay over 8 frames from about -0.8; -1.4 removes
+# those too. Every language's Whisper word error rate stays within 0.02 of -2's but Hindi's
+# (+0.034; its character error rate falls), French's by one word (docs/benchmarks.md, "Per
+# language"). (`SOUND_ENERGY_THRESHOLD` is lower: it must keep every frame that makes any
+# sample at all.)
+INNER_SILENCE_ENERGY = -1.4
 
 # Frames kept of a longer silence inside a phrase: 75 ms of predicted silence, which decodes to
 # 130-150 ms under -40 dB with the decays around it. A stop's closure ("visit": 2 frames) is
@@ -601,7 +602,8 @@ class _Folded:
 
         if frame_weights is None:
             return torch.full((steps,), 1.0 / steps, device=self.device)
-        index = (torch.arange(steps, device=self.device) * len(frame_weights) // steps).clamp(max=len(frame_weights) - 1)
+        frames = frame_weights.shape[0]  # not len(): traced by torch.onnx.export as a dynamic size
+        index = (torch.arange(steps, device=self.device) * frames // steps).clamp(max=frames - 1)
         w = frame_weights[index]
         return w / w.sum()
 
@@ -670,19 +672,32 @@ class FoldedGenerator(_Folded):
 
     def __call__(self, prepared: DecoderInput, start: int = 0, stop: int | None = None) -> "torch.Tensor":
         import torch
-        import torch.nn.functional as F
 
         stop = prepared.count if stop is None else stop
         gen = self.gen
-        style = prepared.style.float()
         frame_weights = None if prepared.weights is None else prepared.weights[start:stop].float().to(self.device)
+        har_spec, har_phase = gen.stft.transform(prepared.source[:, SAMPLES_PER_FRAME * start : SAMPLES_PER_FRAME * stop])
+        x = self.core(prepared.x[:, :, 2 * start : 2 * stop], torch.cat([har_spec, har_phase], dim=1),
+                      prepared.style.float(), frame_weights)
+        spec = torch.exp(x[:, : self.post_n_fft // 2 + 1, :])
+        phase = torch.sin(x[:, self.post_n_fft // 2 + 1 :, :])
+        return gen.stft.inverse(spec, phase).reshape(-1)
+
+    def core(self, x: "torch.Tensor", har: "torch.Tensor", style: "torch.Tensor",
+             frame_weights: "torch.Tensor | None") -> "torch.Tensor":
+        """The generator between the harmonic source's STFT and the inverse STFT: the frame-rate
+        half's output ``x`` [1, C, 2 * frames], the STFT's magnitude and phase ``har`` [1, 2 *
+        bins, steps], ``style`` [1, S] and the frames' weights (None: kokoro's uniform norms)
+        to ``conv_post``'s output [1, n_fft + 2, steps] in float32 (`voicebus bench precision`
+        runs this part through other runtimes)."""
+        import torch
+        import torch.nn.functional as F
 
         def weights_over(steps: int) -> "torch.Tensor":
             return self._weights_over(frame_weights, steps)
 
-        x = self._laid_out(prepared.x[:, :, 2 * start : 2 * stop])
-        har_spec, har_phase = gen.stft.transform(prepared.source[:, SAMPLES_PER_FRAME * start : SAMPLES_PER_FRAME * stop])
-        har = self._laid_out(torch.cat([har_spec, har_phase], dim=1))
+        x = self._laid_out(x)
+        har = self._laid_out(har)
         for i in range(self.num_upsamples):
             x = F.leaky_relu(x, negative_slope=0.1)
             source = self._apply_conv(self.noise_convs[i], har)
@@ -698,10 +713,7 @@ class FoldedGenerator(_Folded):
                 xs = y if xs is None else xs + y
             x = xs / self.num_kernels
         x = F.leaky_relu(x.float())
-        x = self._apply_conv(self.conv_post, x).squeeze(2).contiguous()
-        spec = torch.exp(x[:, : self.post_n_fft // 2 + 1, :])
-        phase = torch.sin(x[:, self.post_n_fft // 2 + 1 :, :])
-        return gen.stft.inverse(spec, phase).reshape(-1)
+        return self._apply_conv(self.conv_post, x).squeeze(2).contiguous()
 
 
 class Bfloat16Bert:

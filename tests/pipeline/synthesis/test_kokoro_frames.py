@@ -570,6 +570,29 @@ def test_a_long_silence_inside_a_phrase_is_cut_to_its_edges():
     assert cut == list(range(6, 13))
 
 
+# Predicted energies of hf_alpha's slow decays into five unpunctuated Hindi word boundaries
+# (after "हैं", "वाले", "वाली", "में", "बाद"; the per-language bench's sentences, seeded), each
+# heard as a 200-220 ms pause when only its frames at or below -2 were cut.
+HINDI_DECAYS = (
+    ([-0.9, -1.6, -2.1, -2.7, -3.1, -3.3, -3.4, -3.5], ["̃"] * 7 + [" "]),
+    ([-0.8, -1.5, -2.1, -2.5, -2.8, -2.9, -3.2, -3.5], ["ː"] * 5 + [" "] * 3),
+    ([-1.0, -1.5, -1.9, -2.3, -2.6, -2.6], ["i"] * 5 + [" "]),
+    ([-0.3, -1.1, -1.7, -2.2, -2.7, -3.1, -3.3, -3.2], ["ː"] * 8),
+    ([-0.8, -1.5, -2.1, -2.6, -3.0, -3.3, -3.6, -3.7, -2.6], ["ː"] * 7 + [" "] * 2),
+)
+
+
+@pytest.mark.parametrize("decay, owners", HINDI_DECAYS)
+def test_a_slow_decay_into_a_word_boundary_is_cut_from_where_it_is_inaudible(decay, owners):
+    """A decay is cut from its first frame at or below `INNER_SILENCE_ENERGY` (-1.4): at -2 the
+    third was not cut at all, and the others kept 200 ms of quiet (docs/worker.md,
+    "Mid-phrase pauses")."""
+    energy = [LOUD] * 3 + decay + [LOUD] * 3
+    cut = kokoro_frames.inner_silence(energy, ["a"] * 3 + owners + ["k"] * 3, keep=3)
+    quiet = [i for i, e in enumerate(energy) if e <= -1.4]
+    assert cut == quiet[2:-1]  # of the quiet run, its first 2 frames and its last are kept
+
+
 def test_a_closure_and_a_punctuated_pause_are_not_cut():
     closure = [LOUD] * 4 + [QUIET] * 2 + [LOUD] * 4  # the 't' of "visit"
     assert kokoro_frames.inner_silence(closure, ["ɪ"] * 4 + ["t"] * 2 + ["ə"] * 4, keep=3) == []
