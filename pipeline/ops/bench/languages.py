@@ -9,6 +9,10 @@ seeded per sentence:
   spaces) of multilingual Whisper base's transcript (`heard`), greedy;
 - **mid-phrase pauses** (`inner_pauses`): silences of at least 200 ms inside the speech that
   fall where the text has no punctuation;
+- **reading error** for Japanese and Chinese (`reading`): the error rate over what is said,
+  not how it is written: the katakana reading (UniDic, through fugashi) or the pinyin syllables
+  with their tones (pypinyin) of the text and of the transcript, so a homophone written with
+  other characters (薬局 heard as 役曲) is no error and a wrong tone is one;
 - **RTF**: synthesis time over the duration of the audio, all sentences together.
 
 Windows are of fixed sizes (`SynthesisEngine.adaptive_windows` off): sized from the decode
@@ -77,6 +81,38 @@ def units(text: str, language: str) -> list[str]:
     if language in BY_CHARACTER:
         return [c for c in kept if not c.isspace()]
     return kept.split()
+
+
+READ = frozenset({"ja", "zh"})  # written with characters that homophones share: `reading` too
+_TAGGER: list = []
+
+
+def reading(text: str, language: str) -> list[str]:
+    """What is said in ``text``: for Japanese the katakana of UniDic's reading of each word
+    (fugashi with unidic-lite, the dictionary misaki's Japanese G2P uses), one unit per kana; for
+    Chinese the pinyin syllables with tone numbers (pypinyin; the neutral tone is 5), one unit per
+    syllable, read in simplified characters. Punctuation and spaces are no units; a word with no
+    reading (a digit, a Latin word) counts by its characters."""
+    if language == "ja":
+        if not _TAGGER:
+            import fugashi
+
+            _TAGGER.append(fugashi.Tagger())
+        words = [(getattr(w.feature, "kana", None), w.surface) for w in _TAGGER[0](text)]
+        said = "".join(kana if kana and kana != "*" else surface for kana, surface in words)
+        return [c for c in said if unicodedata.category(c)[0] in "LMN"]
+    if language == "zh":
+        from pypinyin import Style, lazy_pinyin
+
+        syllables = lazy_pinyin(_simplified(text), style=Style.TONE3, neutral_tone_with_five=True)
+        return [u for s in syllables for u in ([s] if s.isalnum() else [c for c in s if c.isalnum()])]
+    raise ValueError(f"no reading for {language!r}: only {sorted(READ)}")
+
+
+def reading_error_rate(reference: str, hypothesis: str, language: str) -> tuple[int, int]:
+    """(edits, reference length) in `reading` units."""
+    expected = reading(reference, language)
+    return word_errors(expected, reading(hypothesis, language)), len(expected)
 
 
 _TO_SIMPLIFIED = []
@@ -156,10 +192,11 @@ def speak(engine, text: str, language: str, voice: str) -> tuple[np.ndarray, lis
 
 def measure(engine, whisper, language: str, voice: str, texts: list[str]) -> dict:
     """One row of the table: `error_rate` (words, or characters for ja/zh; for hi, characters
-    too), mid-phrase pauses and real-time factor over ``texts``, seeded per sentence."""
+    too), for ja/zh `reading_error_rate`, mid-phrase pauses and real-time factor over ``texts``,
+    seeded per sentence."""
     seed, adaptive = engine.seed, engine.adaptive_windows
     engine.adaptive_windows = False  # window sizes from the decode speed would differ run to run
-    errors = reference = char_errors = chars = 0
+    errors = reference = char_errors = chars = read_errors = read = 0
     pauses: list = []
     synth_s = audio_s = 0.0
     try:
@@ -174,11 +211,15 @@ def measure(engine, whisper, language: str, voice: str, texts: list[str]) -> dic
             errors, reference = errors + e, reference + n
             e, n = error_rate(text, transcript, "zh")  # characters, whatever the language
             char_errors, chars = char_errors + e, chars + n
+            if language in READ:
+                e, n = reading_error_rate(text, transcript, language)
+                read_errors, read = read_errors + e, read + n
             pauses += [(i, *p) for p in inner_pauses(groups, audio)]
     finally:
         engine.seed, engine.adaptive_windows = seed, adaptive
     return {"language": language, "voice": voice, "sentences": len(texts), "units": reference,
             "rate": errors / max(1, reference), "cer": char_errors / max(1, chars),
+            "reading": read_errors / read if read else None,
             "measure": "CER" if language in BY_CHARACTER else "WER",
             "pauses": pauses, "rtf": synth_s / max(1e-9, audio_s), "audio_s": audio_s}
 
@@ -194,12 +235,14 @@ def run(engine, whisper, languages=LANGUAGES, extra_voices: dict[str, list[str]]
     rows = []
     plan = [(lang, default_voice(lang)) for lang in languages]
     plan += [(lang, voice) for lang, voices in (extra_voices or {}).items() for voice in voices]
-    print(f"{'language':<8} {'voice':<12} {'WER/CER':>11} {'target':>6} {'CER':>6} {'mid-phrase pauses':>17} {'RTF':>6}  (sentences, units)")
+    print(f"{'language':<8} {'voice':<12} {'WER/CER':>11} {'target':>6} {'CER':>6} {'reading':>7} {'mid-phrase pauses':>17} "
+          f"{'RTF':>6}  (sentences, units)")
     for language, voice in plan:
         row = measure(engine, whisper, language, voice, texts[language])
         rows.append(row)
+        said = "" if row["reading"] is None else f"{row['reading']:.3f}"
         print(f"{language:<8} {voice:<12} {row['measure']:>5} {row['rate']:.3f} {TARGETS[language]:>6.2f} {row['cer']:>6.3f} "
-              f"{len(row['pauses']):>17} {row['rtf']:>6.2f}  ({row['sentences']}, {row['units']})", flush=True)
+              f"{said:>7} {len(row['pauses']):>17} {row['rtf']:>6.2f}  ({row['sentences']}, {row['units']})", flush=True)
     for row in rows:
         for sentence, start_ms, length_ms, group in row["pauses"]:
             print(f"  {row['language']} {row['voice']}: sentence {sentence}, {length_ms} ms at {start_ms} ms, after {group!r}")

@@ -21,7 +21,14 @@ Candidates, each built from the loaded model's weights:
 - ``int8-convs``: the float32 folded generator with every residual-block convolution run as
   a dynamically quantized int8 convolution (fbgemm: int8 weights per output channel, each
   input quantized per tensor at run time);
-- ``int8-bert``: float32 decoding with PL-BERT's linear layers dynamically quantized to int8.
+- ``int8-bert``: float32 decoding with PL-BERT's linear layers dynamically quantized to int8;
+- ``onnxruntime``: the float32 folded generator between its STFT and inverse STFT exported to
+  ONNX and run by ONNX Runtime's CPU provider (the STFT, inverse STFT and the rest in torch);
+- ``openvino``: the same ONNX graph compiled by OpenVINO for its CPU plugin in float32
+  (``pip install openvino``; not a dependency of voicebus).
+
+The default run is the first six; ``onnxruntime`` and ``openvino`` run when named in
+``--candidates`` (whether another CPU runtime decodes faster at equal quality, A/B against float32).
 
 Times: PL-BERT, the rest of the prediction, and the decoder over each sentence's sounding
 frames (one window), medians over the sentences and repeats, each candidate's time over the
@@ -35,13 +42,17 @@ import statistics
 import time
 
 CANDIDATES = ("float32", "float32-seed", "bfloat16", "bfloat16-bert32", "int8-convs", "int8-bert")
+RUNTIMES = ("onnxruntime", "openvino")  # not in the default run: named in --candidates
 REFERENCE_SEED, OTHER_SEED = 0, 1
 WER_GATE = 0.02
 
 
 def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("precision", help="Kokoro on CPU: each precision candidate's speed and quality gate, A/B")
-    p.add_argument("--candidates", default=",".join(CANDIDATES), help=f"comma-separated, of {', '.join(CANDIDATES)}")
+    p.add_argument("--candidates", default=",".join(CANDIDATES),
+                   help=f"comma-separated, of {', '.join(CANDIDATES + RUNTIMES)} (default: {', '.join(CANDIDATES)}); "
+                        "onnxruntime: the float32 generator's core exported to ONNX, run by ONNX Runtime on the CPU; "
+                        "openvino: the same ONNX graph run by OpenVINO's CPU plugin in float32 (pip install openvino)")
     p.add_argument("--repeats", type=int, default=1, help="timed passes over the sentences (quality: the first pass)")
     p.add_argument("--sentences", type=int, default=20, help="how many of the 20 English gate sentences")
     p.add_argument("--voice", default="af_heart")
@@ -96,6 +107,71 @@ def _int8_bert(model):
     return lambda input_ids, attention_mask: bert(input_ids, attention_mask=attention_mask)
 
 
+def _runtime_generator(model, runtime: str):
+    """A `FoldedGenerator` in float32 whose `FoldedGenerator.core` (from the harmonic source's
+    STFT to ``conv_post``) is exported once to ONNX (opset 17, dynamic lengths) and run by
+    ``runtime``: ``onnxruntime`` (CPU provider, torch's intra-op threads, all graph
+    optimizations) or ``openvino`` (CPU plugin, float32, latency). The STFT, the inverse STFT
+    and everything before the generator stay torch's. Called like a `FoldedGenerator`."""
+    import importlib
+    import os
+    import tempfile
+
+    import torch
+
+    from voicebus.synthesis.kokoro_frames import SAMPLES_PER_FRAME, FoldedGenerator
+
+    package = runtime  # the candidate is named after its pip package
+    try:
+        lib = importlib.import_module(package)
+    except ImportError as e:
+        raise SystemExit(f"the {runtime} candidate needs {package}: pip install {package} ({e})") from None
+
+    class Core(torch.nn.Module):  # what torch.onnx.export traces
+        def __init__(self, generator):
+            super().__init__()
+            self.generator = generator
+
+        def forward(self, x, har, style, fw):
+            return FoldedGenerator.core(self.generator, x, har, style, fw)
+
+    class RuntimeGenerator(FoldedGenerator):
+        def core(self, x, har, style, frame_weights):
+            fw = torch.ones(x.shape[-1] // 2) if frame_weights is None else frame_weights
+            feed = {"x": x, "har": har, "style": style, "fw": fw}
+            return torch.from_numpy(self.infer({name: feed[name].float().contiguous().numpy() for name in self.inputs}))
+
+    generator = RuntimeGenerator(model, torch.float32)
+    gen, frames = generator.gen, 24  # the example's length; every length is an ONNX dynamic axis
+    example = torch.Generator().manual_seed(0)
+    har = torch.cat(gen.stft.transform(torch.randn(1, SAMPLES_PER_FRAME * frames, generator=example)), dim=1)
+    args = (torch.randn(1, gen.ups[0].in_channels, 2 * frames, generator=example), har,
+            torch.randn(1, gen.resblocks[0].adain1[0].fc.in_features, generator=example), torch.ones(frames))
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="voicebus-precision-") as folder:
+        path = os.path.join(folder, "generator.onnx")
+        with torch.no_grad():
+            torch.onnx.export(Core(generator).eval(), args, path, input_names=["x", "har", "style", "fw"],
+                              output_names=["out"], opset_version=17, dynamo=False,
+                              dynamic_axes={"x": {2: "x_steps"}, "har": {2: "har_steps"}, "fw": {0: "frames"},
+                                            "out": {2: "out_steps"}})
+        if runtime == "onnxruntime":
+            options = lib.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            options.graph_optimization_level = lib.GraphOptimizationLevel.ORT_ENABLE_ALL
+            session = lib.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            generator.inputs = [i.name for i in session.get_inputs()]
+            generator.infer = lambda feed: session.run(None, feed)[0]
+        else:
+            compiled = lib.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                              "INFERENCE_PRECISION_HINT": "f32",
+                                                              "PERFORMANCE_HINT": "LATENCY"})
+            request = compiled.create_infer_request()
+            generator.inputs = [i.get_any_name() for i in compiled.inputs]
+            generator.infer = lambda feed: request.infer(feed)[compiled.outputs[0]]
+    return generator
+
+
 def build_candidates(engine, names: list[str]) -> dict:
     """name -> (generator, frame-rate half, bert, seed) for each candidate in ``names``."""
     import warnings
@@ -125,8 +201,10 @@ def build_candidates(engine, names: list[str]) -> dict:
                 built[name] = (_int8_conv_generator(model), f32[1], None, REFERENCE_SEED)
             elif name == "int8-bert":
                 built[name] = (*f32, _int8_bert(model), REFERENCE_SEED)
+            elif name in RUNTIMES:
+                built[name] = (_runtime_generator(model, name), f32[1], None, REFERENCE_SEED)
             else:
-                raise SystemExit(f"unknown candidate {name!r}: use {', '.join(CANDIDATES)}")
+                raise SystemExit(f"unknown candidate {name!r}: use {', '.join(CANDIDATES + RUNTIMES)}")
     return built
 
 

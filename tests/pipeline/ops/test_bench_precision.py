@@ -37,3 +37,35 @@ def test_every_candidate_builds_and_an_unknown_one_is_refused_with_the_known_one
     assert list(built) == list(precision.CANDIDATES)
     with pytest.raises(SystemExit, match="int8-convs"):
         precision.build_candidates(tiny_engine, ["float16"])
+
+
+def runtime_and_reference(tiny_engine, runtime: str):
+    """The float32 candidate's audio and ``runtime``'s, of one sentence longer than the
+    exported example (the ONNX graph's lengths are dynamic)."""
+    built = precision.build_candidates(tiny_engine, ["float32", runtime])
+    phonemes = tiny_engine.phonemize("This sentence is longer than the exported example.", "en")[0]
+    ref_s = tiny_engine.voice_pack(tiny_engine.voices[0])[len(phonemes) - 1]
+    return [precision.decode(tiny_engine, phonemes, ref_s, built[name])[0] for name in ("float32", runtime)]
+
+
+def test_the_onnxruntime_candidate_decodes_the_float32_generator_s_audio(tiny_engine):
+    import numpy as np
+
+    reference, audio = runtime_and_reference(tiny_engine, "onnxruntime")
+    assert audio.dtype == np.float32 and audio.shape == reference.shape
+    assert np.abs(audio - reference).max() < 1e-3  # the same computation in another runtime
+
+
+def test_the_openvino_candidate_decodes_the_same_or_says_how_to_install_it(tiny_engine):
+    """OpenVINO is optional (not a dependency of voicebus): with it, the candidate decodes the
+    float32 generator's audio; without it, asking for it names the package to install."""
+    import importlib.util
+
+    import numpy as np
+
+    if importlib.util.find_spec("openvino") is None:
+        with pytest.raises(SystemExit, match="pip install openvino"):
+            precision.build_candidates(tiny_engine, ["float32", "openvino"])
+        return
+    reference, audio = runtime_and_reference(tiny_engine, "openvino")
+    assert np.abs(audio - reference).max() < 1e-3

@@ -1,0 +1,37 @@
+"""`voicebus.ops.bench.languages`: what its error rates count (the per-language bench's judge)."""
+
+from __future__ import annotations
+
+import pytest
+
+from voicebus.ops.bench import languages
+
+
+def test_a_japanese_homophone_in_other_kanji_is_no_reading_error():
+    # Whisper base writes 薬局 (pharmacy, yakkyoku) as 役曲: two characters wrong, one kana
+    text = "一番近い薬局はどこにあるか教えていただけますか？"
+    heard = "一番近い役曲はどこにあるか教えていただけますか"
+    assert languages.error_rate(text, heard, "ja") == (2, 23)
+    assert languages.reading(text, "ja")[:12] == list("イチバンチカイヤッキョク")
+    assert languages.reading_error_rate(text, heard, "ja") == (1, 30)  # ヤッキョク / ヤクキョク
+
+
+def test_chinese_is_read_in_toned_syllables_whatever_the_script():
+    text = "请问最近的药店在哪里？"
+    assert languages.reading(text, "zh") == ["qing3", "wen4", "zui4", "jin4", "de5", "yao4", "dian4", "zai4", "na3", "li3"]
+    assert languages.reading_error_rate(text, "請問最近的藥店在哪裡?", "zh") == (0, 10)  # traditional, same words
+    # 伞 (san3, umbrella) heard as 閃 (shan3): another syllable, one error of 14
+    assert languages.reading_error_rate("别忘了带伞，晚些时候可能会下雨。", "別忘了帶閃晚些時候可能會下雨", "zh") == (1, 14)
+
+
+def test_a_wrong_tone_is_a_reading_error():
+    assert languages.reading_error_rate("面包", "面堡", "zh") == (1, 2)  # bao1 heard as bao3
+
+
+def test_digits_and_punctuation_in_a_reading():
+    assert languages.reading("会議は2時から。", "ja") == list("カイギハ2ジカラ")
+
+
+def test_only_japanese_and_chinese_have_a_reading():
+    with pytest.raises(ValueError, match="no reading for 'en'"):
+        languages.reading("Hello.", "en")
