@@ -65,19 +65,24 @@ def _offline_japanese_g2p():
     ``unidic``, whose dictionary is downloaded at run time, and ``pyopenjtalk`` (built from
     source, its dictionary downloaded at first use), which ``misaki.ja`` imports but the cutlet
     G2P never calls: both are left out."""
+    from misaki.cutlet import HEPBURN, Cutlet
+
+    cutlet = Cutlet.__new__(Cutlet)  # the attributes Cutlet.__init__ sets, its tagger offline
+    cutlet.tagger = unidic_lite_tagger()
+    cutlet.table = dict(HEPBURN)
+    cutlet.exceptions = {}
+    return cutlet
+
+
+def unidic_lite_tagger():
+    """A fugashi (MeCab) tagger on the UniDic-lite dictionary bundled in its wheel: fugashi's
+    default tagger takes ``unidic`` first where it is installed, downloaded or not."""
     import os
 
     import unidic_lite
     from fugashi import Tagger
-    from misaki.cutlet import HEPBURN, Cutlet
 
-    # the attributes Cutlet.__init__ sets, its tagger on the bundled dictionary (fugashi's
-    # default tagger takes ``unidic`` first where it is installed, downloaded or not)
-    cutlet = Cutlet.__new__(Cutlet)
-    cutlet.tagger = Tagger(f'-d "{unidic_lite.DICDIR}" -r "{os.path.join(unidic_lite.DICDIR, "mecabrc")}"')
-    cutlet.table = dict(HEPBURN)
-    cutlet.exceptions = {}
-    return cutlet
+    return Tagger(f'-d "{unidic_lite.DICDIR}" -r "{os.path.join(unidic_lite.DICDIR, "mecabrc")}"')
 
 
 def _quiet_jieba() -> None:

@@ -95,9 +95,9 @@ def reading(text: str, language: str) -> list[str]:
     reading (a digit, a Latin word) counts by its characters."""
     if language == "ja":
         if not _TAGGER:
-            import fugashi
+            from voicebus.synthesis.g2p import unidic_lite_tagger
 
-            _TAGGER.append(fugashi.Tagger())
+            _TAGGER.append(unidic_lite_tagger())
         words = [(getattr(w.feature, "kana", None), w.surface) for w in _TAGGER[0](text)]
         said = "".join(kana if kana and kana != "*" else surface for kana, surface in words)
         return [c for c in said if unicodedata.category(c)[0] in "LMN"]
