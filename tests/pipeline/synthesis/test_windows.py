@@ -59,12 +59,12 @@ VOICES = (CALIBRATED_VOICE, "own")
 def spoken_pauses(engine, whisper_base, languages=LONG_PHRASES, voice: str = CALIBRATED_VOICE) -> dict:
     """`mid_phrase_pauses` of the engine's speech of each of ``languages``' long phrase, seeded;
     ``voice`` "own": each language's default voice."""
-    from voicebus.schemas.contract import DEFAULT_VOICES, kokoro_code
+    from voicebus.ops.bench.languages import default_voice
 
     engine.seed = 0  # the decoder's noise, and so where the audio falls under the threshold, fixed
     try:
         return {lang: mid_phrase_pauses(whisper_base, pcm_to_float(b"".join(engine.stream(
-            LONG_PHRASES[lang], lang, DEFAULT_VOICES[kokoro_code(lang)] if voice == "own" else voice))), lang)
+            LONG_PHRASES[lang], lang, default_voice(lang) if voice == "own" else voice))), lang)
                 for lang in languages}
     finally:
         engine.seed = None
