@@ -27,8 +27,8 @@ from voicebus.schemas.contract import (
     AudioEncoding,
     MalformedOpusPayload,
     PlaybackKind,
+    check_opus_packets,
     is_valid_id,
-    split_opus_packets,
 )
 
 PROTOCOL_VERSION = 1
@@ -149,15 +149,18 @@ def check_payload(encoding: int, payload: bytes) -> None:
             raise MalformedFrame(f"PCM16 payload has an odd length ({len(payload)} bytes): not whole PCM16LE samples")
     elif encoding == ENCODING_OPUS:
         try:
-            split_opus_packets(payload)
+            check_opus_packets(payload)
         except MalformedOpusPayload as exc:
             raise MalformedFrame(f"Opus payload: {exc}") from None
     else:
         raise MalformedFrame(f"unknown audio encoding 0x{encoding:02x}")
 
 
-def encode_audio(frame: AudioFrame) -> bytes:
-    check_payload(frame.encoding, frame.pcm)
+def encode_audio(frame: AudioFrame, checked: bool = False) -> bytes:
+    """The binary frame of ``frame``; its payload checked (`check_payload`) unless the caller
+    did (``checked``: the edge checks each chunk once, before it builds the frame)."""
+    if not checked:
+        check_payload(frame.encoding, frame.pcm)
     header = AUDIO_HEADER.pack(
         FRAME_AUDIO, frame.version, frame.flags, frame.encoding, frame.turn, frame.sentence, frame.chunk, frame.sample_rate
     )

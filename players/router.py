@@ -445,7 +445,7 @@ class SessionRouter:
         )
         frame = protocol.encode_audio(protocol.AudioFrame(
             turn.number, sentence, chunk_seq, chunk.sample_rate, chunk.pcm, flags, protocol.ENCODINGS[encoding],
-        ))
+        ), checked=True)  # checked above, before any state changed
         words = chunk.words
         if words:
             # the words of this chunk go just before its audio (and into the replay with it), so a

@@ -25,7 +25,7 @@ What is here:
 - `violations(message_type, value)`: the checks (the codec raises `InvalidMessage` with them;
   a `Violation` with a ``reason`` of its own, such as ``invalid-voice``, gives the dead letter
   that reason when it is the record's only kind of problem);
-- the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`): an OPUS AudioChunk's
+- the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`, `check_opus_packets`): an OPUS AudioChunk's
   ``pcm`` holds whole packets, each a 2-byte little-endian length then the packet, the same bytes
   on the bus and in the edge's audio frames (docs/protocol.md).
 
@@ -579,19 +579,31 @@ def split_opus_packets(payload: "bytes | bytearray | memoryview") -> list[bytes]
     """The packets of a payload `pack_opus_packets` made; `MalformedOpusPayload` when a length
     is zero, too large or runs past the end."""
     data = memoryview(payload)
-    packets: list[bytes] = []
-    at = 0
-    while at < len(data):
-        if at + OPUS_LENGTH_BYTES > len(data):
-            raise MalformedOpusPayload(f"{len(data) - at} stray byte(s) at offset {at} of an Opus payload")
-        size = int.from_bytes(data[at:at + OPUS_LENGTH_BYTES], "little")
+    return [bytes(data[at:at + size]) for at, size in _opus_packet_spans(data)]
+
+
+def check_opus_packets(payload: "bytes | bytearray | memoryview") -> int:
+    """How many packets a payload `pack_opus_packets` made holds, with `split_opus_packets`'
+    checks and errors but no packet copied: what the codec's contract check and the edge's frame
+    check run on every chunk."""
+    return len(_opus_packet_spans(payload))
+
+
+def _opus_packet_spans(data: "bytes | bytearray | memoryview") -> list[tuple[int, int]]:
+    """(offset, length) of each packet of an Opus payload; `MalformedOpusPayload` as above."""
+    spans: list[tuple[int, int]] = []
+    at, end = 0, len(data)
+    while at < end:
+        if at + OPUS_LENGTH_BYTES > end:
+            raise MalformedOpusPayload(f"{end - at} stray byte(s) at offset {at} of an Opus payload")
+        size = data[at] | data[at + 1] << 8  # OPUS_LENGTH_BYTES, little-endian
         at += OPUS_LENGTH_BYTES
-        if not 0 < size <= MAX_OPUS_PACKET_BYTES or at + size > len(data):
+        if not 0 < size <= MAX_OPUS_PACKET_BYTES or at + size > end:
             raise MalformedOpusPayload(f"Opus packet length {size} at offset {at - OPUS_LENGTH_BYTES} "
-                                       f"(1..{MAX_OPUS_PACKET_BYTES}, {len(data) - at} bytes left)")
-        packets.append(bytes(data[at:at + size]))
+                                       f"(1..{MAX_OPUS_PACKET_BYTES}, {end - at} bytes left)")
+        spans.append((at, size))
         at += size
-    return packets
+    return spans
 
 
 _ID = re.compile(r"[^\x00-\x1f\x7f]+")
@@ -715,7 +727,7 @@ def violations(message_type: str, value: Mapping[str, Any], limits: Limits = LIM
                 if isinstance(rate, int) and rate not in OPUS_SAMPLE_RATES:
                     problems.append(f"sample_rate {rate} is not an Opus rate {sorted(OPUS_SAMPLE_RATES)}")
                 try:
-                    split_opus_packets(audio)
+                    check_opus_packets(audio)
                 except MalformedOpusPayload as exc:
                     problems.append(str(exc))
         label("worker_id")

@@ -310,3 +310,31 @@ def test_a_hostile_lexicon_costs_no_time():
     lexicon = [_entry("(" * 50 + ")" * 50, regex=True, say="x")] * 32
     assert contract.lexicon_problems(lexicon)
     assert time.perf_counter() - started < 0.5
+
+
+def test_checking_an_opus_payload_finds_what_splitting_it_finds_for_any_bytes():
+    from hypothesis import given, settings, strategies as st
+
+    packets = st.lists(st.binary(min_size=1, max_size=contract.MAX_OPUS_PACKET_BYTES), max_size=6)
+    payloads = st.one_of(
+        packets.map(contract.pack_opus_packets),  # well framed
+        packets.map(contract.pack_opus_packets).flatmap(  # framed, then cut or given stray bytes
+            lambda p: st.tuples(st.just(p), st.integers(0, len(p)), st.binary(max_size=3)).map(
+                lambda c: c[0][:c[1]] + c[2])),
+        st.binary(max_size=64),  # anything
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(payloads)
+    def check(payload):
+        try:
+            split = contract.split_opus_packets(payload)
+        except contract.MalformedOpusPayload as exc:
+            with pytest.raises(contract.MalformedOpusPayload) as checked:
+                contract.check_opus_packets(payload)
+            assert str(checked.value) == str(exc)  # the same reason, word for word
+        else:
+            assert contract.check_opus_packets(payload) == len(split)
+            assert contract.pack_opus_packets(split) == payload
+
+    check()
