@@ -15,6 +15,7 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -23,7 +24,7 @@ from aiokafka.errors import (KafkaError, KafkaTimeoutError, NodeNotReadyError, N
                              TopicAlreadyExistsError)
 
 from voicebus.codecs import CONFLUENT, Codec, Decoded
-from voicebus.schemas.messages import Message
+from voicebus.schemas.messages import Message, typed
 from voicebus.settings import Settings, reveal
 
 if TYPE_CHECKING:
@@ -469,7 +470,8 @@ async def publish(producer: AIOKafkaProducer, codec: Codec, topic: str, message_
 
 @dataclass(frozen=True)
 class DecodedRecord:
-    """A consumer record that decoded cleanly: where it came from, its key and its message."""
+    """A consumer record that decoded cleanly: where it came from, its key and its message
+    (`typed`: as the contract's object, what a stage's handler works with)."""
 
     topic: str
     partition: int
@@ -477,3 +479,10 @@ class DecodedRecord:
     key: bytes | None
     timestamp_ms: int
     message: Decoded
+
+    @cached_property
+    def typed(self) -> Any:
+        """The message as its typed object (`voicebus.schemas.messages.typed`): a `TextEvent`,
+        `ControlEvent`, `SynthesisRequest`, `AudioChunk`, ...; the decoded dict for a type with
+        no class. Built once, on first use."""
+        return typed(self.message.type, self.message.value)

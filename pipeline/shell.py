@@ -49,7 +49,6 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 from voicebus.bus import DecodedRecord, make_consumer, seek_to_beginning_quietly, topics_matching
 from voicebus.clock import now_us
 from voicebus.codecs import Codec, CodecError, deadletter_headers
-from voicebus.schemas.messages import typed
 from voicebus.settings import Settings
 
 if TYPE_CHECKING:
@@ -470,7 +469,7 @@ class ControlFollower:
     async def _apply(self, batch: dict) -> None:
         for tp, records in batch.items():
             for record in records:
-                if await self.policy.process(record, self.message_type, lambda d: self.on_event(typed(self.message_type, d.message.value))):
+                if await self.policy.process(record, self.message_type, lambda d: self.on_event(d.typed)):
                     self.applied += 1
                 self._next[tp] = record.offset + 1
 

@@ -379,7 +379,7 @@ class KafkaLink:
 
     async def _route(self, record: Any, consumed_ns: int, received_us: int) -> None:
         def route(decoded: Any) -> None:
-            chunk = AudioChunk.from_record(decoded.message.value)
+            chunk: AudioChunk = decoded.typed
             self.router.route(chunk, consumed_ns, received_us, self._trace_of(chunk, record))
 
         await self.policy.process(record, "AudioChunk", route)
@@ -452,7 +452,7 @@ class KafkaLink:
         was first read, so here it is only skipped."""
         try:
             decoded = self.policy.decode(record, "AudioChunk")
-            self.router.route(AudioChunk.from_record(decoded.message.value), time.perf_counter_ns(), now_us())
+            self.router.route(decoded.typed, time.perf_counter_ns(), now_us())
             return True
         except Exception as exc:  # noqa: BLE001 - one bad record costs itself only
             log.debug("edge: skipping re-read record %s[%s]@%s: %r", record.topic, record.partition, record.offset, exc)

@@ -6,8 +6,9 @@ imported (`SchemaDrift`): the same field names, and a default exactly where the 
 equal to it. A schema that gains a field and a class that does not follow fail at import, in
 every stage and in the tests, not on the bus.
 
-`typed(message_type, value)` is what the stages' plumbing (`voicebus.shell`) hands a handler:
-the typed object for the types in `MESSAGES`, the decoded dict for the others. Stages build
+`typed(message_type, value)` is what the stages' plumbing hands a handler (a decoded record's
+`voicebus.bus.DecodedRecord.typed`): the typed object for the types in `MESSAGES`, the decoded
+dict for the others. Stages build
 messages with the classes and publish them as they are (`voicebus.codecs.Codec.encode` takes a
 `Message` or a dict).
 

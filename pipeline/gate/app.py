@@ -518,7 +518,7 @@ class GateWorker:
             raise
 
     def _apply_in_batch(self, decoded: Any, record: Any, partition: int, batch: "_Batch") -> None:
-        event = TextEvent.from_record(decoded.message.value)
+        event: TextEvent = decoded.typed
         sid = event.session_id
         if self._partition_of(sid) != partition:
             raise WrongPartition(f"session {sid!r} hashes to partition {self._partition_of(sid)}, "
@@ -669,7 +669,7 @@ class GateWorker:
         room = _Batch()  # a session this cancel makes room for: the evicted one's tombstone
 
         def handle(decoded: Any) -> None:
-            event = ControlEvent.from_record(decoded.message.value)
+            event: ControlEvent = decoded.typed
             sid = event.session_id
             if sid not in self._sessions and len(self._sessions) >= self.settings.gate_max_sessions:
                 # A cancel of a session the gate does not hold is remembered (its turns may come

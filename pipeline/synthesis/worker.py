@@ -81,7 +81,7 @@ from voicebus.synthesis.scheduler import (
 )
 from voicebus.tracing import LiveSpan, StageTracer, TraceParent, tracer_for
 from voicebus.schemas import contract
-from voicebus.schemas.messages import AudioChunk, ControlEvent, SynthesisRequest
+from voicebus.schemas.messages import AudioChunk, ControlEvent
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -363,7 +363,7 @@ class SynthesisWorker(Owned):
                     self._traces.popitem(last=False)
 
         def submit(decoded: Any) -> None:
-            self.scheduler.submit(SynthesisRequest.from_record(decoded.message.value), received_at_us=received_at,
+            self.scheduler.submit(decoded.typed, received_at_us=received_at,
                                   origin=(tp, record.offset))
 
         if not await self.policy.process(record, "SynthesisRequest", submit):

@@ -55,6 +55,19 @@ async def test_one_bad_record_costs_only_itself_and_every_failure_reaches_the_ca
     assert policy.failures.labels("test", "handler-error")._value.get() == 1
 
 
+def test_a_decoded_record_hands_its_message_as_the_contracts_typed_object(make_settings):
+    from voicebus.schemas.contract import ControlAction
+    from voicebus.schemas.messages import ControlEvent
+
+    codec = Codec()
+    decoded = RecordPolicy("test", make_settings(), codec, None).decode(
+        Record(codec.encode("ControlEvent", control("s", turn_ids=("t0",)))), "ControlEvent")
+    event = decoded.typed
+    assert isinstance(event, ControlEvent) and event.action is ControlAction.CANCEL
+    assert (event.session_id, event.turn_id, event.turn_ids) == ("s", "t1", ("t0",))
+    assert decoded.typed is event  # built once, whatever reads it
+
+
 async def test_a_topic_listing_that_finds_no_broker_is_reported_and_tried_again_not_a_task_death():
     """bench chaos, broker_leader: the gate's listing reached the broker just killed and its task
     died (an ERROR traceback, a restart) on every failover. A listing that cannot reach a broker
