@@ -4,7 +4,8 @@ Tone audio (no model) through the real broker: for each encoding (PCM16, Opus) x
 sessions, N edge processes (the real `voicebus.players.edge` app with its Kafka link, each in its own
 process as deployed, one consumer group sharing the audio topic's partitions) and player
 processes of light WebSocket players (`_Listener`: the protocol spoken on a bare asyncio
-transport, thousands per process), ``--listeners`` per session. Listener j of session i first
+transport, thousands per process, on uvloop where it is installed: ``--player-loop``),
+``--listeners`` per session. Listener j of session i first
 reaches edge (i * listeners + j) % N (what a round-robin load balancer does); an edge that does
 not own the session redirects it to the owner. This process waits until the edges agree who owns
 which partition, publishes every session's turn in real time (one chunk per session every chunk
@@ -38,7 +39,7 @@ The topics of a run have ``--partitions`` partitions (default 24, the deployment
 share for 1, 2, 3, 4, 6 and 8 edges; a session's partition is the hash of its id, so shares are
 even only on average).
 
-Size: about 550 lines: one benchmark (its edges, light listeners, load and report). Benchmarks are
+Size: about 580 lines: one benchmark (its edges, light listeners, load and report). Benchmarks are
 not on the runtime path.
 """
 
@@ -69,6 +70,10 @@ QUICK = {"edges": [1, 2], "sessions": [10]}
 PARTITIONS = 24
 LISTENERS_PER_PROCESS = 2500  # light players per player process (each a socket and a few hundred bytes)
 SLOTS = 16  # steps of a chunk period over which the sessions' chunks are spread
+# The light players' event loop: uvloop reads a frame for about half the CPU of asyncio's own
+# loop, and on a machine the players share with the edges every core-second they do not take
+# is one the edges get (the players are the bench's load, not what it measures).
+PLAYER_LOOPS = ("uvloop", "asyncio")
 
 
 def register(bench_subparsers) -> None:
@@ -82,6 +87,9 @@ def register(bench_subparsers) -> None:
                    help="players per session (default 1): listeners = sessions x this, all on the session's edge")
     p.add_argument("--listeners-per-process", type=int, default=LISTENERS_PER_PROCESS,
                    help=f"light players per player process (default {LISTENERS_PER_PROCESS})")
+    p.add_argument("--player-loop", default=None,
+                   help="the light players' event loop, comma-separated for an A/B in one run: uvloop, asyncio "
+                        "(default uvloop where installed, as in the dev extra)")
     p.add_argument("--partitions", type=int, default=PARTITIONS,
                    help=f"partitions of the run's topics, shared by the edges (default {PARTITIONS})")
     p.add_argument("--quick", action="store_true", help=f"the smallest grid: edges {QUICK['edges']}, "
@@ -97,6 +105,12 @@ def run(args: argparse.Namespace, settings) -> int:
         return _run(args, live)
 
 
+def _default_player_loop() -> str:
+    import importlib.util
+
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
+
 def _run(args: argparse.Namespace, settings) -> int:
     edges = QUICK["edges"] if args.quick else [int(n) for n in args.edges.split(",") if n.strip()]
     sessions = QUICK["sessions"] if args.quick else [int(n) for n in args.sessions.split(",") if n.strip()]
@@ -104,20 +118,26 @@ def _run(args: argparse.Namespace, settings) -> int:
     encodings = [e.strip() for e in args.encodings.split(",") if e.strip()]
     log_level = getattr(args, "log_level", None)
     runs = []
-    print(f"bench scale: {seconds:g} s of tone per session, {CHUNK_MS} ms chunks, broker {settings.bootstrap}")
     listeners = max(1, getattr(args, "listeners", 1))
     per_process = getattr(args, "listeners_per_process", LISTENERS_PER_PROCESS)
-    print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'listeners':>9} {'bus KB/s/session':>16} {'MB/edge':>8} "
+    player_loops = [name.strip() for name in (getattr(args, "player_loop", None) or _default_player_loop()).split(",")]
+    unknown = sorted(set(player_loops) - set(PLAYER_LOOPS))
+    if unknown:
+        raise SystemExit(f"--player-loop: {', '.join(unknown)}? (one or more of {', '.join(PLAYER_LOOPS)})")
+    print(f"bench scale: {seconds:g} s of tone per session, {CHUNK_MS} ms chunks, broker {settings.bootstrap}, "
+          f"players on {', '.join(player_loops)}")
+    print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'listeners':>9} {'players':>7} {'bus KB/s/session':>16} {'MB/edge':>8} "
           f"{'max/mean':>8} {'frames/edge':>11} {'RSS MB/edge':>11} {'CPU/edge':>8} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'bus p99':>7} {'complete':>8} {'behind ms':>9}")
     for encoding in encodings:
         for n_sessions in sessions:
-            for n_edges in edges:
+            for n_edges, player_loop in ((n, loop) for n in edges for loop in player_loops):
                 r = asyncio.run(_one(settings.replace(partitions=getattr(args, "partitions", PARTITIONS)),
-                                     encoding, n_edges, n_sessions, seconds, log_level, listeners, per_process))
+                                     encoding, n_edges, n_sessions, seconds, log_level, listeners, per_process,
+                                     player_loop))
                 runs.append(r)
                 cpu = max(r["cpu_by_edge"], default=float("nan"))
-                print(f"{encoding:>8} {n_edges:>5} {n_sessions:>8} {r['listeners']:>9} "
+                print(f"{encoding:>8} {n_edges:>5} {n_sessions:>8} {r['listeners']:>9} {player_loop:>7} "
                       f"{r['bus_bytes_per_session_s'] / 1e3:>16.2f} {r['bytes_per_edge'] / 1e6:>8.2f} "
                       f"{r['bytes_max_over_mean']:>8.2f} {r['frames_per_edge']:>11.0f} {r['rss_mb_per_edge']:>11.1f} "
                       f"{cpu:>8.0%} {r['frame_p50_ms']:>7.2f} {r['frame_p99_ms']:>7.2f} "
@@ -146,7 +166,7 @@ def _turn_template(encoding: str, seconds: float) -> list[AudioChunk]:
 
 async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: float,
                log_level: str | None = None, listeners: int = 1,
-               per_process: int = LISTENERS_PER_PROCESS) -> dict:
+               per_process: int = LISTENERS_PER_PROCESS, player_loop: str = PLAYER_LOOPS[0]) -> dict:
     from voicebus.bus import ensure_topics, make_producer, session_key
     from voicebus.codecs import codec_for
     from voicebus.players.auth import issue_token
@@ -202,7 +222,8 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
                 for i in range(n_sessions) for j in range(listeners)]
         shares = [plan[at:at + per_process] for at in range(0, len(plan), per_process)]
         ready, done = ctx.Queue(), ctx.Queue()
-        clients = [ctx.Process(target=_players_main, args=(k, share, len(template), ready, stop, done), daemon=True)
+        clients = [ctx.Process(target=_players_main, args=(k, share, len(template), ready, stop, done, player_loop),
+                               daemon=True)
                    for k, share in enumerate(shares)]
         for p in clients:
             p.start()
@@ -280,6 +301,7 @@ async def _one(settings, encoding: str, n_edges: int, n_sessions: int, seconds: 
     return {
         "edges": n_edges, "sessions": n_sessions, "encoding": encoding,
         "listeners_per_session": listeners, "listeners": n_listeners, "player_processes": len(clients),
+        "player_loop": player_loop,
         "bus_bytes_per_session_s": bus_bytes / (len(template) * CHUNK_MS / 1000),
         "bytes_per_edge": statistics.mean(st["consumed_bytes"] for st in stats) if stats else 0,
         "bytes_max_over_mean": (max(st["consumed_bytes"] for st in stats)
@@ -422,8 +444,13 @@ async def _edge(settings, index: int, stop, results) -> None:
     results.put(("stats", index, stats))
 
 
-def _players_main(index: int, plan: list, expected: int, ready, stop, done) -> None:
-    asyncio.run(_players(index, plan, expected, ready, stop, done))
+def _players_main(index: int, plan: list, expected: int, ready, stop, done, loop: str = PLAYER_LOOPS[0]) -> None:
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(_players(index, plan, expected, ready, stop, done))
+    else:
+        asyncio.run(_players(index, plan, expected, ready, stop, done))
 
 
 class _Listener(asyncio.Protocol):

@@ -18,9 +18,15 @@ pytestmark = pytest.mark.kafka
 def test_bench_scale_reports_per_listener_delivery_and_per_edge_cost(make_settings, tmp_path):
     out = tmp_path / "scale.json"
     args = argparse.Namespace(edges="2", sessions="50", encodings="opus", seconds=0.5, quick=False, json=out,
-                              partitions=4, listeners=4, listeners_per_process=100)
+                              partitions=4, listeners=4, listeners_per_process=100, player_loop="asyncio,uvloop")
     assert run(args, make_settings()) == 0
-    [r] = json.loads(out.read_text())["runs"]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["player_loop"] for r in runs] == ["asyncio", "uvloop"]  # the players' loop, A/B in one run
+    for r in runs:
+        _assert_delivered_and_measured(r)
+
+
+def _assert_delivered_and_measured(r: dict) -> None:
     assert (r["encoding"], r["edges"], r["sessions"], r["listeners"], r["edges_reporting"]) == ("opus", 2, 50, 200, 2)
     assert r["player_processes"] == 2 and r["listeners_reporting"] == 200
     # every listener heard every chunk of its session's turn, once and in order
@@ -38,6 +44,13 @@ def test_bench_scale_reports_per_listener_delivery_and_per_edge_cost(make_settin
     assert 0 <= r["frame_p50_ms"] <= r["frame_p99_ms"]
     # from the broker's append time (whole milliseconds) to the listener: later, never much earlier
     assert -1 <= r["bus_to_listener_p50_ms"] <= r["bus_to_listener_p99_ms"] <= r["bus_to_listener_max_ms"]
+
+
+def test_an_unknown_player_loop_is_refused_before_any_run(make_settings, tmp_path):
+    args = argparse.Namespace(edges="1", sessions="1", encodings="opus", seconds=0.5, quick=False, json=None,
+                              partitions=4, listeners=1, listeners_per_process=100, player_loop="uvloop,trio")
+    with pytest.raises(SystemExit, match="trio"):
+        run(args, make_settings())
 
 
 def test_opus_puts_over_10x_fewer_bytes_per_session_on_the_bus_than_pcm16():
