@@ -15,6 +15,11 @@ frames a token lasts, which sets the decoder's work. Random weights give about h
 ``max_dur`` a token (25 with the real config); the duration head's bias is set so a token
 lasts about `FRAMES_PER_TOKEN` frames, near the released model's speech rate. The sentences are
 fixed phoneme strings (no G2P); the voices random style rows.
+
+``--dtype bfloat16`` or ``float16`` runs both modes under `torch.autocast` (the weights stay
+float32; matrix products and convolutions run in the lower precision, as on a GPU one would);
+the generator's STFT and inverse STFT stay float32 (`_float32_stft`: a complex tensor of half
+precision has no multiply on the CPU, and the phase is the last place to round).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from voicebus.latency import percentile
 FRAMES_PER_TOKEN = 3.5
 SAMPLE_RATE = 24000
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64"
+DTYPES = ("float32", "bfloat16", "float16")
 
 # With ``--tiny`` each sentence is cut to its first symbols: the tiny config shrinks the text
 # side only (its decoder is Kokoro's), and the bench is there to show the code path runs.
@@ -53,6 +59,8 @@ def register(bench_subparsers) -> None:
     p = bench_subparsers.add_parser("gpu", help="Kokoro-82M throughput at many sessions: one batched forward pass vs one per session")
     p.add_argument("--concurrency", default=DEFAULT_CONCURRENCY, help=f"comma-separated session counts (default {DEFAULT_CONCURRENCY})")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="float32 (default), or bfloat16 / float16 under torch.autocast (STFTs in float32)")
     p.add_argument("--tiny", action="store_true", help="the tiny test config instead of Kokoro-82M's (code path only)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per concurrency and mode; the median is reported")
     p.add_argument("--sentences", type=int, default=2, help="sentences each session speaks (default 2)")
@@ -177,7 +185,8 @@ def _environment(device: str, tiny: bool, args) -> dict:
 
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     return {"device": device, "device_name": name, "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "config": "tiny" if tiny else "kokoro-82m-v1.0", "weights": "random", "dtype": "float32",
+            "config": "tiny" if tiny else "kokoro-82m-v1.0", "weights": "random",
+            "dtype": getattr(args, "dtype", "float32"),
             "frames_per_token": FRAMES_PER_TOKEN, "sentences": args.sentences, "repeats": args.repeats}
 
 
@@ -239,13 +248,42 @@ def _bench(args: argparse.Namespace, device: str) -> tuple[list[dict], dict]:
     import torch
 
     model = build_model(args.tiny, device)
+    dtype = getattr(args, "dtype", "float32")
+    if dtype != "float32":
+        generator = model.decoder.generator
+        generator.stft = _float32_stft(generator.stft, device)
     env = _environment(device, args.tiny, args)
     rows = []
-    with torch.inference_mode():
-        print(f"bench gpu: {env['config']} (random weights) on {env['device_name']}, {args.sentences} sentence(s) a session, "
-              f"median of {args.repeats}")
+    autocast = torch.autocast(device.split(":")[0], dtype=getattr(torch, dtype), enabled=dtype != "float32")
+    with torch.inference_mode(), autocast:
+        print(f"bench gpu: {env['config']} (random weights) on {env['device_name']}, {dtype}, "
+              f"{args.sentences} sentence(s) a session, median of {args.repeats}")
         print(f"{'sessions':>8} {'mode':>9} {'speech/s':>10} {'ttfa p50':>9} {'ttfa max':>9} {'speech s':>9} {'wall s':>8}")
         for sessions in parse_concurrency(args.concurrency):
             rows.append(_level(model, sessions, args, device))
             _print_row(rows[-1])
     return rows, env
+
+
+def _float32_stft(stft, device: str):
+    """The generator's STFT (kokoro's ``TorchSTFT``: ``transform``, ``inverse``) wrapped to run
+    outside autocast, in float32, whatever the precision around it (a module, as the generator's
+    child must be)."""
+    import torch
+
+    device_type = device.split(":")[0]
+
+    class Float32STFT(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = stft
+
+        def transform(self, x):
+            with torch.autocast(device_type, enabled=False):
+                return self.inner.transform(x.float())
+
+        def inverse(self, magnitude, phase):
+            with torch.autocast(device_type, enabled=False):
+                return self.inner.inverse(magnitude.float(), phase.float())
+
+    return Float32STFT()

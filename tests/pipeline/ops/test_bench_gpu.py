@@ -34,6 +34,19 @@ def test_the_bench_runs_on_the_cpu_and_writes_both_modes_per_concurrency(tmp_pat
     assert "speedup" in capsys.readouterr().out
 
 
+def test_the_bench_runs_under_bfloat16_autocast_with_its_stfts_in_float32(tmp_path):
+    from voicebus.cli import main
+
+    out = tmp_path / "gpu.json"
+    # a complex tensor of half precision has no multiply on the CPU: the inverse STFT would fail
+    assert main(["bench", "gpu", "--tiny", "--device", "cpu", "--concurrency", "2", "--repeats", "1",
+                 "--sentences", "1", "--threads", "1", "--dtype", "bfloat16", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["environment"]["dtype"] == "bfloat16"
+    [level] = data["levels"]
+    assert level["batched"]["speech_s"] == level["unbatched"]["speech_s"] > 0
+
+
 def test_concurrency_levels_are_positive_integers():
     from voicebus.ops.bench.gpu import parse_concurrency
 
