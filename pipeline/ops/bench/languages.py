@@ -53,6 +53,21 @@ def sentences() -> dict[str, list[str]]:
     return json.loads(data.read_text(encoding="utf-8"))
 
 
+def heldout_sentences() -> dict[str, list[str]]:
+    """Ten more sentences for Hindi, Japanese and Chinese (``data/languages_heldout.json``), none
+    of them in `sentences` or the tests: the second set a default voice is chosen on (`sweep`)."""
+    data = resources.files("voicebus.ops.bench") / "data" / "languages_heldout.json"
+    return json.loads(data.read_text(encoding="utf-8"))
+
+
+def voices_of(language: str) -> list[str]:
+    """Every Kokoro voice of ``language``, by name."""
+    from voicebus.schemas.contract import KOKORO_VOICES, kokoro_code
+
+    code = kokoro_code(language, default=None)
+    return sorted(name for name, info in KOKORO_VOICES.items() if info.language == code)
+
+
 def default_voice(language: str) -> str:
     """The language's default voice (the contract's), or the first Kokoro voice of it by name."""
     from voicebus.schemas.contract import DEFAULT_VOICES, KOKORO_VOICES
@@ -246,4 +261,29 @@ def run(engine, whisper, languages=LANGUAGES, extra_voices: dict[str, list[str]]
     for row in rows:
         for sentence, start_ms, length_ms, group in row["pauses"]:
             print(f"  {row['language']} {row['voice']}: sentence {sentence}, {length_ms} ms at {start_ms} ms, after {group!r}")
+    return rows
+
+
+def sweep(engine, whisper, languages: list[str]) -> list[dict]:
+    """`measure` for every voice of each of ``languages``, on the bench's sentences and on the
+    held-out ones where the language has them (`heldout_sentences`); prints one line per voice
+    and set. A language's default changes to a voice with no mid-phrase pause and fewer errors
+    than it on both sets (of several, the fewest over both): how ``hf_beta`` and ``zm_yunxia``
+    were chosen (docs/benchmarks.md)."""
+    sets = {"bench": sentences(), "held-out": heldout_sentences()}
+    rows = []
+    print(f"{'language':<8} {'voice':<14} {'set':<8} {'WER/CER':>11} {'CER':>6} {'reading':>7} {'pauses':>6} {'RTF':>6}")
+    for language in languages:
+        default = default_voice(language)
+        for voice in voices_of(language):
+            for name, texts in sets.items():
+                if language not in texts:
+                    continue
+                row = {**measure(engine, whisper, language, voice, texts[language]), "set": name,
+                       "default": voice == default}
+                rows.append(row)
+                said = "" if row["reading"] is None else f"{row['reading']:.3f}"
+                shown = voice + ("*" if row["default"] else "")
+                print(f"{language:<8} {shown:<14} {name:<8} {row['measure']:>5} {row['rate']:.3f} {row['cer']:>6.3f} "
+                      f"{said:>7} {len(row['pauses']):>6} {row['rtf']:>6.2f}", flush=True)
     return rows

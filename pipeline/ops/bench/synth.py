@@ -71,8 +71,11 @@ def register(bench_subparsers) -> None:
                    help="also mid-phrase pauses and es/pt intelligibility (multilingual Whisper base), Kokoro's pauses kept / shortened")
     p.add_argument("--languages", action="store_true",
                    help="also per language: WER (CER for ja/zh) to multilingual Whisper base, mid-phrase pauses, RTF")
+    p.add_argument("--voice-sweep", default=None, metavar="LANGS",
+                   help="also every voice of these languages (comma-separated, e.g. hi,ja,zh) on the bench's "
+                        "sentences and held-out ones: what each default voice was chosen on")
     p.add_argument("--quality-only", action="store_true",
-                   help="skip the timing A/B (with --quality, --pauses, --languages or --seam-png)")
+                   help="skip the timing A/B (with --quality, --pauses, --languages, --voice-sweep or --seam-png)")
     p.set_defaults(func=run)
 
 
@@ -242,6 +245,17 @@ def _languages(engine, settings) -> None:
     print(f"  ({time.perf_counter() - t0:.0f} s)")
 
 
+def _voice_sweep(engine, settings, languages: list[str]) -> None:
+    """`voicebus.ops.bench.languages.sweep`: every voice of ``languages``, two sets of sentences."""
+    from voicebus.ops.bench import languages as bench_languages
+    from voicebus.ops.bench.words import base_whisper
+
+    t0 = time.perf_counter()
+    print("every voice, multilingual Whisper base (greedy), the engine's defaults, seeded per sentence (*: the default):")
+    bench_languages.sweep(engine, base_whisper(settings.cache_dir), languages)
+    print(f"  ({time.perf_counter() - t0:.0f} s)")
+
+
 def run(args, settings) -> int:
     import os
 
@@ -309,6 +323,8 @@ def run(args, settings) -> int:
         _pauses(engine, voice, settings)
     if args.languages:
         _languages(engine, settings)
+    if getattr(args, "voice_sweep", None):
+        _voice_sweep(engine, settings, [lang.strip() for lang in args.voice_sweep.split(",") if lang.strip()])
     if args.seam_png:
         from voicebus.ops.bench import seams
 

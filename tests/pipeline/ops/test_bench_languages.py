@@ -35,3 +35,15 @@ def test_digits_and_punctuation_in_a_reading():
 def test_only_japanese_and_chinese_have_a_reading():
     with pytest.raises(ValueError, match="no reading for 'en'"):
         languages.reading("Hello.", "en")
+
+
+def test_the_held_out_sentences_are_new_and_the_sweep_covers_every_voice_of_a_language():
+    bench, held_out = languages.sentences(), languages.heldout_sentences()
+    assert sorted(held_out) == ["hi", "ja", "zh"] and all(len(texts) == 10 for texts in held_out.values())
+    for language, texts in held_out.items():
+        assert not set(texts) & set(bench[language])  # a second set, not the first again
+    assert languages.voices_of("zh") == ["zf_xiaobei", "zf_xiaoni", "zf_xiaoxiao", "zf_xiaoyi", "zm_yunjian",
+                                         "zm_yunxi", "zm_yunxia", "zm_yunyang"]
+    assert languages.voices_of("hi") == ["hf_alpha", "hf_beta", "hm_omega", "hm_psi"]
+    for language in ("hi", "ja", "zh"):
+        assert languages.default_voice(language) in languages.voices_of(language)
