@@ -95,8 +95,9 @@ SEGMENTER_LANGUAGE: Mapping[str, str] = {"a": "en", "b": "en", "e": "es", "p": "
                                          "j": "ja", "z": "zh"}
 # A voice of each language, for an event that names none when the configured default is of another.
 # Hindi's and Mandarin's were changed by a measured rule (`voicebus bench synth --voice-sweep
-# hi,ja,zh`, docs/benchmarks.md): to a voice with no mid-phrase pause and fewer errors than the
-# default on both the bench's sentences and held-out ones; of several, the fewest over both.
+# hi,ja,zh`, docs/benchmarks.md): to a voice with no mid-phrase pause and fewer characters wrong
+# (CER) than the default on both the bench's sentences and held-out ones; of several, the fewest
+# over both.
 DEFAULT_VOICES: Mapping[str, str] = {"a": "af_heart", "b": "bf_emma", "e": "ef_dora", "p": "pf_dora", "f": "ff_siwis",
                                      "i": "if_sara", "h": "hf_beta", "j": "jf_alpha", "z": "zm_yunxia"}
 KOKORO_CODES = frozenset(LANGUAGES.values())
