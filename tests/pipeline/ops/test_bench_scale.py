@@ -18,15 +18,10 @@ pytestmark = pytest.mark.kafka
 def test_bench_scale_reports_per_listener_delivery_and_per_edge_cost(make_settings, tmp_path):
     out = tmp_path / "scale.json"
     args = argparse.Namespace(edges="2", sessions="50", encodings="opus", seconds=0.5, quick=False, json=out,
-                              partitions=4, listeners=4, listeners_per_process=100, player_loop="asyncio,uvloop")
+                              partitions=4, listeners=4, listeners_per_process=100)
     assert run(args, make_settings()) == 0
-    runs = json.loads(out.read_text())["runs"]
-    assert [r["player_loop"] for r in runs] == ["asyncio", "uvloop"]  # the players' loop, A/B in one run
-    for r in runs:
-        _assert_delivered_and_measured(r)
-
-
-def _assert_delivered_and_measured(r: dict) -> None:
+    [r] = json.loads(out.read_text())["runs"]
+    assert r["player_loop"] == "uvloop"  # the default where it is installed (the dev extra)
     assert (r["encoding"], r["edges"], r["sessions"], r["listeners"], r["edges_reporting"]) == ("opus", 2, 50, 200, 2)
     assert r["player_processes"] == 2 and r["listeners_reporting"] == 200
     # every listener heard every chunk of its session's turn, once and in order

@@ -89,21 +89,26 @@ def test_the_engine_speaks_the_phonemes_of_a_span(tiny_engine: SynthesisEngine, 
 
 # --- real weights: heard back ---------------------------------------------------------------------
 
-# language -> (voice, sentence, the most Whisper base may get wrong: WER, or CER for ja, zh, hi)
+# language -> (sentence, the most Whisper base may get wrong in characters, spaces and
+# punctuation out). Characters, not words: Whisper base splits and joins words as it hears them,
+# and which it does moves with the audio's last bits: on a CPU with AMX (bfloat16 computed
+# otherwise than by AVX-512 BF16) it heard "Grazie per la tesa, un operator e rispondere a
+# breve.", 5 words of 8 wrong and 2 characters of 43.
 HEARD = {
-    "fr": ("ff_siwis", "Merci de patienter, un conseiller va prendre votre appel.", 0.4),
-    "it": ("if_sara", "Grazie per l'attesa, un operatore risponderà a breve.", 0.4),
-    # Whisper base mishears much clear Hindi (docs/benchmarks.md): characters, and a loose bound
-    "hi": ("hf_alpha", "आपका पार्सल कल सुबह आपके घर पहुँच जाएगा।", 0.6),
-    "ja": ("jf_alpha", "お電話ありがとうございます。担当者におつなぎします。", 0.3),
-    "zh": ("zf_xiaoxiao", "感谢您的耐心等待，客服人员马上为您服务。", 0.3),
+    "fr": ("Merci de patienter, un conseiller va prendre votre appel.", 0.15),
+    "it": ("Grazie per l'attesa, un operatore risponderà a breve.", 0.15),
+    # Whisper base mishears much clear Hindi (docs/benchmarks.md): a loose bound
+    "hi": ("आपका पार्सल कल सुबह आपके घर पहुँच जाएगा।", 0.6),
+    "ja": ("お電話ありがとうございます。担当者におつなぎします。", 0.3),
+    "zh": ("感谢您的耐心等待，客服人员马上为您服务。", 0.3),
 }
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("language", sorted(HEARD))
 def test_a_sentence_is_heard_back_in_its_language(real_engine, whisper_base, language):
-    voice, text, bound = HEARD[language]
+    text, bound = HEARD[language]
+    voice = languages.default_voice(language)  # what a turn that names no voice is spoken with
     # the decoder's noise and window sizes fixed: the same audio, run after run, however busy the machine
     real_engine.seed, real_engine.adaptive_windows = 0, False
     try:
@@ -111,7 +116,7 @@ def test_a_sentence_is_heard_back_in_its_language(real_engine, whisper_base, lan
     finally:
         real_engine.seed, real_engine.adaptive_windows = None, True
     heard = languages.heard(whisper_base, audio, language)
-    errors, length = languages.error_rate(text, heard, "zh" if language == "hi" else language)
+    errors, length = languages.error_rate(text, heard, "zh")  # characters, whatever the language
     assert errors / length <= bound, heard
     _, info = whisper_base.transcribe(to_16k(audio), beam_size=1, temperature=GREEDY)  # the language it hears
     assert info.language == language and info.language_probability >= 0.8, (info.language, info.language_probability)
