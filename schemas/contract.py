@@ -25,9 +25,9 @@ What is here:
 - `violations(message_type, value)`: the checks (the codec raises `InvalidMessage` with them;
   a `Violation` with a ``reason`` of its own, such as ``invalid-voice``, gives the dead letter
   that reason when it is the record's only kind of problem);
-- the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`, `check_opus_packets`): an OPUS AudioChunk's
-  ``pcm`` holds whole packets, each a 2-byte little-endian length then the packet, the same bytes
-  on the bus and in the edge's audio frames (docs/protocol.md).
+- the framing of Opus audio (`pack_opus_packets`, `split_opus_packets`, `check_opus_packets`):
+  an OPUS AudioChunk's ``pcm`` holds whole packets, each a 2-byte little-endian length then the
+  packet, the same bytes on the bus and in the edge's audio frames (docs/protocol.md).
 
 Size: about 750 lines, one module by design: it is the single place a stage, the SDK and the codec
 import the contract from (enums, languages, voices, limits, the checks, the Opus framing), next to

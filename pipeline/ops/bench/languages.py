@@ -70,11 +70,9 @@ def voices_of(language: str) -> list[str]:
 
 def default_voice(language: str) -> str:
     """The language's default voice (the contract's), or the first Kokoro voice of it by name."""
-    from voicebus.schemas.contract import DEFAULT_VOICES, KOKORO_VOICES
-    from voicebus.schemas.contract import kokoro_code
+    from voicebus.schemas.contract import DEFAULT_VOICES, kokoro_code
 
-    code = kokoro_code(language, default=None)
-    return DEFAULT_VOICES.get(code) or min(name for name in KOKORO_VOICES if name[:1] == code)
+    return DEFAULT_VOICES.get(kokoro_code(language, default=None)) or voices_of(language)[0]
 
 
 def heard(whisper, audio: np.ndarray, language: str) -> str:
