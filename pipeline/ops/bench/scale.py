@@ -101,14 +101,21 @@ def register(bench_subparsers) -> None:
 
 def run(args: argparse.Namespace, settings) -> int:
     configure_logging(getattr(args, "log_level", None))
+    _player_loops(args)  # a wrong name fails before a broker is started
     with bench_kafka(args, settings) as live:
         return _run(args, live)
 
 
-def _default_player_loop() -> str:
+def _player_loops(args: argparse.Namespace) -> list[str]:
+    """``--player-loop``'s loops; uvloop where installed (the dev extra), else asyncio."""
     import importlib.util
 
-    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    default = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+    loops = [name.strip() for name in (getattr(args, "player_loop", None) or default).split(",")]
+    unknown = sorted(set(loops) - set(PLAYER_LOOPS))
+    if unknown:
+        raise SystemExit(f"--player-loop: {', '.join(unknown)}? (one or more of {', '.join(PLAYER_LOOPS)})")
+    return loops
 
 
 def _run(args: argparse.Namespace, settings) -> int:
@@ -120,10 +127,7 @@ def _run(args: argparse.Namespace, settings) -> int:
     runs = []
     listeners = max(1, getattr(args, "listeners", 1))
     per_process = getattr(args, "listeners_per_process", LISTENERS_PER_PROCESS)
-    player_loops = [name.strip() for name in (getattr(args, "player_loop", None) or _default_player_loop()).split(",")]
-    unknown = sorted(set(player_loops) - set(PLAYER_LOOPS))
-    if unknown:
-        raise SystemExit(f"--player-loop: {', '.join(unknown)}? (one or more of {', '.join(PLAYER_LOOPS)})")
+    player_loops = _player_loops(args)
     print(f"bench scale: {seconds:g} s of tone per session, {CHUNK_MS} ms chunks, broker {settings.bootstrap}, "
           f"players on {', '.join(player_loops)}")
     print(f"{'encoding':>8} {'edges':>5} {'sessions':>8} {'listeners':>9} {'players':>7} {'bus KB/s/session':>16} {'MB/edge':>8} "
