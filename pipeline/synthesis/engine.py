@@ -122,6 +122,20 @@ def pick_precision(requested: str, device: str, cpu_bf16: Callable[[], bool] = c
     return torch.bfloat16 if requested == "bfloat16" else torch.float32
 
 
+def folded_decoder(model, precision: "torch.dtype") -> tuple:
+    """The engine's (generator, frame-rate half, PL-BERT or None) for a loaded model in
+    ``precision``: folded (`kokoro_frames.FoldedGenerator`, `FoldedFrameRateHalf`), PL-BERT in
+    bfloat16 too where the decoder is, and in float32 on a CPU the generator's wide convolutions
+    through short DFTs (`voicebus.synthesis.tiled_conv`: fewer multiplications, the same audio)."""
+    import torch
+
+    from voicebus.synthesis import kokoro_frames
+
+    bert = kokoro_frames.Bfloat16Bert(model, precision) if precision == torch.bfloat16 else None
+    return (kokoro_frames.FoldedGenerator(model, precision, tiled=True),
+            kokoro_frames.FoldedFrameRateHalf(model, precision), bert)
+
+
 # A phoneme alphabet for the tiny random-weight model (the real one comes with the weights).
 _TINY_SYMBOLS = (
     ";:,.!?—…\"()“” "
@@ -297,9 +311,7 @@ class SynthesisEngine:
         torch.set_grad_enabled(False)
         torch.set_num_threads(intra_op_threads(settings))
         precision = pick_precision(settings.synthesis_precision, device)
-        generator = kokoro_frames.FoldedGenerator(model, precision) if folded else None
-        half = kokoro_frames.FoldedFrameRateHalf(model, precision) if folded else None
-        bert = kokoro_frames.Bfloat16Bert(model, precision) if folded and precision == torch.bfloat16 else None
+        generator, half, bert = folded_decoder(model, precision) if folded else (None, None, None)
         return cls(
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),

@@ -33,7 +33,8 @@ crossfaded at the seams.
 
 `FoldedGenerator` is `generate`'s computation built once from the loaded model's weights: 2-D
 convolutions over channels-last tensors, AdaIN and Snake folded into per-channel scales, in
-float32 (the same audio within 1e-5) or bfloat16 (docs/worker.md, "The generator, folded").
+float32 (the same audio within 1e-5; on a CPU its wide convolutions optionally through short
+DFTs, `voicebus.synthesis.tiled_conv`) or bfloat16 (docs/worker.md, "The generator, folded").
 
 Size: about 960 lines, kept whole on purpose: this is the one module that reaches into kokoro's
 internals (its predictor, decoder and generator attributes, checked by `check_kokoro_internals`),
@@ -52,7 +53,12 @@ if TYPE_CHECKING:
 
     import torch
 
+from voicebus.synthesis.tiled_conv import MIN_TILED_KERNEL, TiledConv
+
 SAMPLES_PER_FRAME = 600
+# Fewer channels than this on either side, and a tiled convolution's transforms cost more than
+# its channel mixing saves (``conv_post``'s 22 outputs)
+MIN_TILED_CHANNELS = 64
 
 # Predicted energy N (Kokoro's log-energy-like curve) above which a frame may sound. Measured
 # on the offline pack: silent frames are at -8.3 to -9.5 and decode to |sample| <= 3;
@@ -515,6 +521,7 @@ class _FoldedConv(NamedTuple):
     dilation: tuple[int, int]
     output_padding: tuple[int, int] | None
     groups: int = 1
+    tiled: "TiledConv | None" = None  # the same convolution through short DFTs (float32, wide kernels)
 
 
 class _FoldedAdaIN(NamedTuple):
@@ -545,11 +552,14 @@ class _Folded:
     """What `FoldedGenerator` and `FoldedFrameRateHalf` share: kokoro's convolutions as
     channels-last 2-D ones in ``dtype``, and each AdaIN as a per-channel scale and shift."""
 
-    def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
+    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False) -> None:
         import torch
 
         self.dtype = dtype or torch.float32
         self.device = next(model.decoder.parameters()).device
+        # wide float32 convolutions through short DFTs (`tiled_conv`): fewer multiplications
+        # where the CPU has no bfloat16 arithmetic; a GPU or bfloat16 runs them directly
+        self.tiled = tiled and self.dtype == torch.float32 and self.device.type == "cpu"
 
     def _conv(self, conv, in_scale: "torch.Tensor | None" = None, dtype=None) -> _FoldedConv:
         import torch
@@ -559,10 +569,15 @@ class _Folded:
         if in_scale is not None:  # Conv1d weights are [out, in, k]: scale each input channel
             w = w * in_scale.reshape(1, -1, 1)
         transpose = isinstance(conv, torch.nn.ConvTranspose1d)
-        return _FoldedConv(w.unsqueeze(2).to(dtype).contiguous(memory_format=torch.channels_last),
-                           None if conv.bias is None else conv.bias.detach().to(dtype),
+        bias = None if conv.bias is None else conv.bias.detach().to(dtype)
+        tiled = None
+        out, cin, k = w.shape
+        if (self.tiled and dtype == torch.float32 and not transpose and conv.stride[0] == 1 and conv.groups == 1
+                and k >= MIN_TILED_KERNEL and min(out, cin) >= MIN_TILED_CHANNELS):
+            tiled = TiledConv(w, conv.dilation[0], conv.padding[0], bias)
+        return _FoldedConv(w.unsqueeze(2).to(dtype).contiguous(memory_format=torch.channels_last), bias,
                            (1, conv.stride[0]), (0, conv.padding[0]), (1, conv.dilation[0]),
-                           (0, conv.output_padding[0]) if transpose else None, conv.groups)
+                           (0, conv.output_padding[0]) if transpose else None, conv.groups, tiled)
 
     @staticmethod
     def _adain(adain, alpha: "torch.Tensor | None" = None) -> _FoldedAdaIN:
@@ -573,6 +588,10 @@ class _Folded:
     def _apply_conv(conv: _FoldedConv, x: "torch.Tensor") -> "torch.Tensor":
         import torch.nn.functional as F
 
+        if conv.tiled is not None and x.shape[0] == 1:  # [1, C, 1, T] channels-last is [T, C] in memory
+            steps = x.shape[-1]
+            y = conv.tiled(x.permute(0, 2, 3, 1).reshape(steps, x.shape[1]))
+            return y.reshape(1, 1, y.shape[0], y.shape[1]).permute(0, 3, 1, 2)
         if conv.output_padding is not None:  # a transposed convolution (the upsampling)
             return F.conv_transpose2d(x, conv.weight, conv.bias, conv.stride, conv.padding, conv.output_padding,
                                       conv.groups, conv.dilation)
@@ -629,10 +648,10 @@ class FoldedGenerator(_Folded):
     The harmonic source's STFT, the last convolution (``conv_post``: the log-magnitude and phase
     of the inverse STFT are sensitive to rounding) and the inverse STFT stay in float32."""
 
-    def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
+    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False) -> None:
         import torch
 
-        super().__init__(model, dtype)
+        super().__init__(model, dtype, tiled)
         gen = model.decoder.generator
         self.gen = gen
         self.num_kernels, self.num_upsamples, self.post_n_fft = gen.num_kernels, gen.num_upsamples, gen.post_n_fft

@@ -15,6 +15,8 @@ Candidates, each built from the loaded model's weights:
 
 - ``float32``: the folded decoder in float32 (the reference; ``float32-seed``: the same with
   another excitation seed, the gate's noise floor);
+- ``float32-tiled``: the same with the generator's wide convolutions through short DFTs
+  (`voicebus.synthesis.tiled_conv`; the engine's float32 path on a CPU);
 - ``bfloat16``: the folded decoder and PL-BERT in bfloat16 (the default where the CPU has it);
   ``bfloat16-bert32``: the decoder in bfloat16, PL-BERT in float32 (the same frames as float32:
   the decoder's share of the difference);
@@ -27,7 +29,7 @@ Candidates, each built from the loaded model's weights:
 - ``openvino``: the same ONNX graph compiled by OpenVINO for its CPU plugin in float32
   (``pip install openvino``; not a dependency of voicebus).
 
-The default run is the first six; ``onnxruntime`` and ``openvino`` run when named in
+The default run is the first seven; ``onnxruntime`` and ``openvino`` run when named in
 ``--candidates`` (whether another CPU runtime decodes faster at equal quality, A/B against float32).
 
 Times: PL-BERT, the rest of the prediction, and the decoder over each sentence's sounding
@@ -41,7 +43,7 @@ import json
 import statistics
 import time
 
-CANDIDATES = ("float32", "float32-seed", "bfloat16", "bfloat16-bert32", "int8-convs", "int8-bert")
+CANDIDATES = ("float32", "float32-seed", "float32-tiled", "bfloat16", "bfloat16-bert32", "int8-convs", "int8-bert")
 RUNTIMES = ("onnxruntime", "openvino")  # not in the default run: named in --candidates
 REFERENCE_SEED, OTHER_SEED = 0, 1
 WER_GATE = 0.02
@@ -59,6 +61,10 @@ def register(bench_subparsers) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--no-whisper", action="store_true", help="skip the word error rates (log-mel distances only)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (the code path only)")
+    p.add_argument("--layers", action="store_true",
+                   help="instead: each of the generator's convolutions, direct against through short DFTs "
+                        "(`tiled_conv`), over one window of --frames frames")
+    p.add_argument("--frames", type=int, default=28, help="--layers: the window's frames (28: a first window)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
     p.set_defaults(func=run)
 
@@ -191,6 +197,8 @@ def build_candidates(engine, names: list[str]) -> dict:
                 built[name] = (*f32, None, REFERENCE_SEED)
             elif name == "float32-seed":
                 built[name] = (*f32, None, OTHER_SEED)
+            elif name == "float32-tiled":  # the engine's float32 on a CPU: wide convolutions through DFTs
+                built[name] = (FoldedGenerator(model, torch.float32, tiled=True), f32[1], None, REFERENCE_SEED)
             elif name == "bfloat16":
                 built[name] = (FoldedGenerator(model, torch.bfloat16), FoldedFrameRateHalf(model, torch.bfloat16),
                                Bfloat16Bert(model, torch.bfloat16), REFERENCE_SEED)
@@ -288,8 +296,84 @@ def measure(engine, names: list[str], sentences: list[str], voice: str, repeats:
     return results
 
 
+def layer_times(model, frames: int, repeats: int = 9) -> list[dict]:
+    """Each distinct convolution of the generator's residual blocks (channels, kernel, dilation,
+    steps over a window of ``frames`` frames, how many), timed directly (channels-last, as the
+    folded generator runs it) and through `voicebus.synthesis.tiled_conv`, interleaved, medians
+    of ``repeats``; kernels under `MIN_TILED_KERNEL` are timed both ways too (they stay direct)."""
+    import torch
+    import torch.nn.functional as F
+
+    from voicebus.synthesis.tiled_conv import TiledConv
+
+    gen = model.decoder.generator
+    steps = 2 * frames  # the frame-rate half's output: two steps a frame
+    shapes: dict[tuple, int] = {}
+    for i, up in enumerate(gen.ups):
+        steps = (steps - 1) * up.stride[0] - 2 * up.padding[0] + up.kernel_size[0] + up.output_padding[0]
+        if i == len(gen.ups) - 1:
+            steps += 1  # kokoro's reflection pad
+        blocks = list(gen.resblocks[i * gen.num_kernels : (i + 1) * gen.num_kernels]) + [gen.noise_res[i]]
+        for block in blocks:
+            for conv in [*block.convs1, *block.convs2]:
+                key = (conv.in_channels, conv.kernel_size[0], conv.dilation[0], steps)
+                shapes[key] = shapes.get(key, 0) + 1
+    rows = []
+    with torch.inference_mode():
+        for (channels, kernel, dilation, length), count in sorted(shapes.items()):
+            weight = torch.randn(channels, channels, kernel) / (channels * kernel) ** 0.5
+            bias = torch.randn(channels)
+            padding = dilation * (kernel - 1) // 2
+            x = torch.randn(1, channels, 1, length).contiguous(memory_format=torch.channels_last)
+            folded = weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+            tiled = TiledConv(weight, dilation, padding, bias)
+            time_major = x.permute(0, 2, 3, 1).reshape(length, channels)
+            ways = {"direct": lambda: F.conv2d(x, folded, bias, 1, (0, padding), (1, dilation)),
+                    "tiled": lambda: tiled(time_major)}
+            spent: dict[str, list[float]] = {name: [] for name in ways}
+            for _ in range(repeats):
+                for name, way in ways.items():
+                    t0 = time.perf_counter()
+                    way()
+                    spent[name].append(time.perf_counter() - t0)
+            direct, through = statistics.median(spent["direct"]), statistics.median(spent["tiled"])
+            rows.append({"channels": channels, "kernel": kernel, "dilation": dilation, "steps": length, "count": count,
+                         "direct_ms": direct * 1000, "tiled_ms": through * 1000, "ratio": through / direct})
+    return rows
+
+
+def _run_layers(args, settings) -> int:
+    import torch
+
+    from voicebus.synthesis.engine import SynthesisEngine
+    from voicebus.synthesis.tiled_conv import MIN_TILED_KERNEL
+
+    engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings.replace(synthesis_precision="float32"))
+    torch.set_num_threads(args.threads)
+    rows = layer_times(engine.model, max(1, args.frames), repeats=max(3, 3 * args.repeats))
+    print(f"the generator's convolutions over a window of {args.frames} frames, {args.threads} thread(s), "
+          "direct vs through short DFTs, medians")
+    print(f"{'channels':>8} {'kernel':>6} {'dilation':>8} {'steps':>6} {'layers':>6} {'direct ms':>9} {'tiled ms':>8} "
+          f"{'ratio':>6}  engine")
+    for row in rows:
+        way = "tiled" if row["kernel"] >= MIN_TILED_KERNEL else "direct"
+        print(f"{row['channels']:8d} {row['kernel']:6d} {row['dilation']:8d} {row['steps']:6d} {row['count']:6d} "
+              f"{row['direct_ms']:9.2f} {row['tiled_ms']:8.2f} {row['ratio']:6.2f}  {way}")
+    direct = sum(r["direct_ms"] * r["count"] for r in rows)
+    engine_way = sum((r["tiled_ms"] if r["kernel"] >= MIN_TILED_KERNEL else r["direct_ms"]) * r["count"] for r in rows)
+    print(f"all {sum(r['count'] for r in rows)} convolutions: direct {direct:.1f} ms, the engine's way {engine_way:.1f} ms "
+          f"({engine_way / direct:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"frames": args.frames, "threads": args.threads, "layers": rows}, out, indent=1)
+    return 0
+
+
 def run(args, settings) -> int:
     import torch
+
+    if args.layers:
+        return _run_layers(args, settings)
 
     from voicebus.ops.bench import seams
     from voicebus.synthesis.engine import SynthesisEngine

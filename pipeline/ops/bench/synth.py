@@ -22,7 +22,8 @@ every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; 
 the model is loaded for it), and the generator: ``kokoro`` (kokoro's own, float32, as the engine
 was before `kokoro_frames.FoldedGenerator` and `FoldedFrameRateHalf`), ``fp32`` or ``bf16`` (folded, in that precision,
 bfloat16 with `kokoro_frames.Bfloat16Bert`; without either, the precision `Settings.synthesis_precision`
-gives); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
+gives), ``fp32tiled`` (folded float32 with its wide convolutions through `tiled_conv`, as the engine
+runs float32 on a CPU; ``fp32`` runs them directly); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `voicebus.ops.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
@@ -50,7 +51,7 @@ SENTENCES = {
     ),
 }
 
-GENERATORS = ("kokoro", "fp32", "bf16")  # the variants' generator options
+GENERATORS = ("kokoro", "fp32", "fp32tiled", "bf16")  # the variants' generator options
 
 OPENING_CLAUSE_MIN_WORDS = 3  # Settings.opening_clause_min_words' default: what a turn's first sentence gets
 
@@ -64,7 +65,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
     p.add_argument("--variants", default="before,after,windowed",
-                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -bf16")
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -fp32tiled, -bf16")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
     p.add_argument("--pauses", action="store_true",
@@ -82,7 +83,7 @@ def register(bench_subparsers) -> None:
 def _variant(name: str, threads: int) -> dict:
     """Engine attributes and thread count of a variant name: ``before``, ``after`` or
     ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked``,
-    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-bf16`` (e.g. ``after-1thread-no_grad``,
+    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-fp32tiled``, ``-bf16`` (e.g. ``after-1thread-no_grad``,
     ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
     base, *options = name.split("-")
     if base not in {"before", "after", "windowed"}:
@@ -160,14 +161,15 @@ def _generators(engine, named: set[str]) -> dict:
 
     from voicebus.synthesis.kokoro_frames import Bfloat16Bert, FoldedFrameRateHalf, FoldedGenerator
 
-    def folded(dtype):
+    def folded(dtype, tiled=False):
         bert = Bfloat16Bert(engine.model, dtype) if dtype == torch.bfloat16 else None
-        return FoldedGenerator(engine.model, dtype), FoldedFrameRateHalf(engine.model, dtype), bert
+        return FoldedGenerator(engine.model, dtype, tiled), FoldedFrameRateHalf(engine.model, dtype), bert
 
     built = {"default": (engine.generator, engine.frame_rate_half, engine.bert), "kokoro": (None, None, None)}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for name, dtype, tiled in (("fp32", torch.float32, False), ("fp32tiled", torch.float32, True),
+                               ("bf16", torch.bfloat16, False)):
         if name in named:
-            built[name] = folded(dtype)
+            built[name] = folded(dtype, tiled)
     return built
 
 

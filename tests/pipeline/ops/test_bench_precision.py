@@ -69,3 +69,13 @@ def test_the_openvino_candidate_decodes_the_same_or_says_how_to_install_it(tiny_
         return
     reference, audio = runtime_and_reference(tiny_engine, "openvino")
     assert np.abs(audio - reference).max() < 1e-3
+
+
+def test_the_layers_mode_times_each_of_the_generators_convolutions_both_ways(tiny_engine):
+    """`--layers`: every residual-block convolution of the generator, by shape, with the steps
+    of a window of that many frames (kokoro's upsampling: 20, then 120 a frame and one)."""
+    rows = precision.layer_times(tiny_engine.model, frames=4, repeats=1)
+    assert sum(row["count"] for row in rows) == 48  # 2 stages x (3 blocks + the noise block) x 6
+    assert {(row["channels"], row["steps"]) for row in rows} == {(256, 80), (128, 481)}
+    assert {row["kernel"] for row in rows} == {3, 7, 11} and {row["dilation"] for row in rows} == {1, 3, 5}
+    assert all(row["direct_ms"] > 0 and row["tiled_ms"] > 0 and row["ratio"] > 0 for row in rows)

@@ -176,6 +176,24 @@ def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_multiplies_it(
         pick_precision("int8", "cpu")
 
 
+def test_the_engine_s_float32_generator_runs_its_wide_convolutions_through_short_dfts(tiny_engine: SynthesisEngine):
+    """`folded_decoder`, what `SynthesisEngine.load` decodes with: in float32 on a CPU the
+    generator's 7- and 11-tap convolutions go through `tiled_conv` (fewer multiplications, the
+    same audio); in bfloat16 every convolution runs directly, and PL-BERT is bfloat16 too."""
+    import torch
+
+    from voicebus.synthesis.engine import folded_decoder
+
+    def tiled(generator):
+        return {conv.tiled is not None for block in generator.resblocks for layer in block for conv in layer[1::2]
+                if conv.weight.shape[-1] >= 7}
+
+    generator, half, bert = folded_decoder(tiny_engine.model, torch.float32)
+    assert tiled(generator) == {True} and generator.dtype == half.dtype == torch.float32 and bert is None
+    generator, half, bert = folded_decoder(tiny_engine.model, torch.bfloat16)
+    assert tiled(generator) == {False} and bert is not None
+
+
 def test_the_engine_decodes_with_its_folded_generator():
     """The engine's windows and its whole-span decodes go through `SynthesisEngine.generator`
     and `frame_rate_half` (the folded ones), and with them unset through kokoro's own: the same

@@ -383,16 +383,21 @@ def _span(tiny_engine, seed: int = 5, text: str = LONG_TEXT):
     return prepared
 
 
-def test_the_folded_generator_in_float32_is_kokoros_generator(tiny_engine):
+@pytest.mark.parametrize("tiled", [False, True], ids=["direct", "tiled"])
+def test_the_folded_generator_in_float32_is_kokoros_generator(tiny_engine, tiled):
     """`FoldedGenerator` (channels-last 2-D convolutions, AdaIN and Snake folded) computes
     kokoro's generator with this module's weighted norms: on a whole span, without weights, on
-    a window of it and on a window with a silence carrier (`window_input`)."""
+    a window of it and on a window with a silence carrier (`window_input`); with its wide
+    convolutions through short DFTs (`tiled_conv`, the engine's float32 path) too."""
     import torch
 
     from voicebus.synthesis.kokoro_frames import FoldedGenerator, window_input
 
     model = tiny_engine.model
-    folded = FoldedGenerator(model, torch.float32)
+    folded = FoldedGenerator(model, torch.float32, tiled=tiled)
+    wide = [conv for layers in folded.resblocks + folded.noise_res for layer in layers for conv in layer[1::2]]
+    assert [conv.tiled is not None for conv in wide] == [tiled and conv.weight.shape[-1] >= 7 for conv in wide]
+    assert any(conv.weight.shape[-1] >= 7 for conv in wide)
     with torch.inference_mode():
         prepared = _span(tiny_engine, text=FOLD_TEXT)
         unweighted = kokoro_frames.DecoderInput(prepared.x, prepared.source, prepared.style, None, prepared.silent)
