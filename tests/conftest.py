@@ -21,10 +21,12 @@ settings pointed at it.
 
 Mark tests that use them ``@pytest.mark.kafka`` (and ``@pytest.mark.registry`` for the registry).
 
-Tests marked ``soak`` (long loops that show a race is gone) or ``llm`` (a real LLM server, which
+Tests marked ``soak`` (long loops that show a race is gone), ``long`` (a slow case whose
+behaviour other tests of the default run cover too: the same fault or policy, another layer) or ``llm`` (a real LLM server, which
 needs the ``voicebus[llm]`` extra and its ~5 minute build) or ``quality`` (the real-weight quality
 gates of windowed decoding, off by default: minutes of synthesis and Whisper) are left out unless the ``-m``
-expression names them: ``pytest -m soak tests/...``, ``pytest -m llm tests/...`` run them.
+expression names them: ``pytest -m soak tests/...``, ``pytest -m "long or not long"`` (everything
+else too), ``pytest -m llm tests/...`` run them.
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ def screenshot_path(request: pytest.FixtureRequest, tmp_path) -> Callable[[str],
     return path
 
 
-OPT_IN_MARKERS = ("soak", "llm", "quality")  # deselected unless the -m expression names them
+OPT_IN_MARKERS = ("soak", "long", "llm", "quality")  # deselected unless the -m expression names them
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

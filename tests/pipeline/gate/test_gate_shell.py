@@ -226,7 +226,7 @@ async def test_a_rebalance_mid_turn_releases_every_sentence_exactly_once(make_se
         assert stored[s] == json.loads(owner._sessions[s].state), s
 
 
-@pytest.mark.parametrize("run", [pytest.param(i, marks=[pytest.mark.soak] if i >= 3 else [])
+@pytest.mark.parametrize("run", [pytest.param(i, marks=[pytest.mark.soak] if i >= 1 else [])
                                  for i in range(50)])
 async def test_a_restarted_worker_processes_what_was_sent_before_it_was_ready(run, make_settings, workers):
     settings = make_settings(partitions=2)

@@ -118,6 +118,7 @@ async def test_topics_on_the_cluster_are_replicated_3_times_and_every_node_leads
 
 
 @pytest.mark.kafka
+@pytest.mark.long  # the same fault through the whole pipeline: test_bench_chaos's broker_leader case
 @pytest.mark.timeout(420)
 async def test_a_sigkilled_leader_hands_over_and_acks_all_writes_go_on(kafka_cluster, make_cluster_settings):
     settings = make_cluster_settings(partitions=3)

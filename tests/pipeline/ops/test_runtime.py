@@ -157,6 +157,7 @@ HOST = "Welcome to the show tonight. We talk about the sea. It is deep and wide.
 EXPERT = "Thanks for having me. The sea covers most of the planet. Its depths are dark. Few have seen them."
 
 
+@pytest.mark.long  # queueing whole turns: the priority test below and test_bench_floor's short run
 async def test_two_agents_overlapping_in_a_session_are_heard_one_whole_turn_after_the_other(make_settings, engine):
     """The floor (queue, the default): a host and an expert start 4-sentence turns 0.5 s apart;
     the listener gets every sentence of the host's turn, then every sentence of the expert's."""
