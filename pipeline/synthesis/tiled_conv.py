@@ -13,9 +13,9 @@ arithmetic the generator's convolutions run near a core's float32 peak, so only 
 multiplications make them faster. Directly, a kernel of ``k`` taps costs ``2 k C_in`` per output
 sample and channel; here the mixing costs ``3 (n / 2 + 1) 2 C_in / (n - k + 1)`` (a complex
 product as three real ones), 4.7x fewer for ``k = 11`` and 3.6x for ``k = 7`` at ``n = 32``, and
-the transforms add work proportional to ``C``, not ``C²``. Measured per layer, the generator's
-7-tap convolutions take 0.53-0.76 of the direct time and its 11-tap ones 0.37-0.63; 3-tap ones
-would take longer and stay direct. The DFT of 32 points is exact to float32's rounding: the
+the transforms add work proportional to ``C``, not ``C²``. Measured per layer over a first
+window (`voicebus bench precision --layers`), the generator's 7-tap convolutions take 0.55-0.77
+of the direct time and its 11-tap ones 0.41-0.66; 3-tap ones would take longer and stay direct. The DFT of 32 points is exact to float32's rounding: the
 result is within 1e-5 (relative) of the direct convolution's.
 """
 
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-# Kernels at least this wide go through tiles: a 7-tap convolution took 0.53-0.76 of the direct
-# one's time, an 11-tap one 0.37-0.63, a 3-tap one 1.1-1.8 (256 channels over 560 and 1 200
-# steps, 128 over 3 361 and 7 200: a window's and a sentence's; 1 thread, Xeon AMX, 2026-12-05).
+# Kernels at least this wide go through tiles: over a first window a 7-tap convolution took
+# 0.55-0.77 of the direct one's time, an 11-tap one 0.41-0.66, a 3-tap one 1.13-1.55
+# (`voicebus bench precision --layers`, 1 thread, Xeon AMX, 2026-12-05; docs/benchmarks.md).
 MIN_TILED_KERNEL = 7
 # Samples per tile: 16 kept too few of each tile for an 11-tap kernel, 64 put more work in the
 # transforms than it saved in the mixing, for 128 and 256 channels alike
