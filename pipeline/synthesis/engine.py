@@ -125,15 +125,24 @@ def pick_precision(requested: str, device: str, cpu_bf16: Callable[[], bool] = c
 def folded_decoder(model, precision: "torch.dtype") -> tuple:
     """The engine's (generator, frame-rate half, PL-BERT or None) for a loaded model in
     ``precision``: folded (`kokoro_frames.FoldedGenerator`, `FoldedFrameRateHalf`), PL-BERT in
-    bfloat16 too where the decoder is, and in float32 on a CPU the generator's wide convolutions
-    through short DFTs (`voicebus.synthesis.tiled_conv`: fewer multiplications, the same audio)."""
+    bfloat16 too where the decoder is; in float32 on a CPU the generator's wide convolutions
+    through short DFTs and the 3-tap ones of many channels through F(4, 3)
+    (`voicebus.synthesis.tiled_conv`: fewer multiplications, the same audio), and PL-BERT's
+    linear layers prepacked (`kokoro_frames.PrepackedBert`)."""
     import torch
 
-    from voicebus.synthesis import kokoro_frames
+    from voicebus.synthesis import kokoro_frames, torch_ops
 
-    bert = kokoro_frames.Bfloat16Bert(model, precision) if precision == torch.bfloat16 else None
+    bert = None
+    if precision == torch.bfloat16:
+        bert = kokoro_frames.Bfloat16Bert(model, precision)
+    elif model.device.type == "cpu":
+        try:
+            bert = kokoro_frames.PrepackedBert(model)
+        except torch_ops.TorchInternalsMissing as exc:
+            log.warning("PL-BERT runs as kokoro's own, unpacked: %s", exc)
     return (kokoro_frames.FoldedGenerator(model, precision, tiled=True),
-            kokoro_frames.FoldedFrameRateHalf(model, precision), bert)
+            kokoro_frames.FoldedFrameRateHalf(model, precision, tiled=True), bert)
 
 
 # A phoneme alphabet for the tiny random-weight model (the real one comes with the weights).
@@ -254,7 +263,8 @@ class SynthesisEngine:
     engine's precision (`load`, `tiny`); None: kokoro's own."""
     bert: "Callable | None" = field(default=None, repr=False)
     """What encodes the phonemes for prediction: `kokoro_frames.Bfloat16Bert` where the engine's
-    precision is bfloat16 (`load`); None: kokoro's own, in float32."""
+    precision is bfloat16, `kokoro_frames.PrepackedBert` in float32 on a CPU (`load`); None:
+    kokoro's own, in float32."""
     inner_pause_frames: int | None = None
     """With sound-only decoding: the frames of predicted silence kept at most inside a phrase
     (`kokoro_frames.shorten_inner_silence`, before anything is decoded); None: Kokoro's own

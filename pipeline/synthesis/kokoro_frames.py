@@ -33,10 +33,10 @@ crossfaded at the seams.
 
 `FoldedGenerator` is `generate`'s computation built once from the loaded model's weights: 2-D
 convolutions over channels-last tensors, AdaIN and Snake folded into per-channel scales, in
-float32 (the same audio within 1e-5; on a CPU its wide convolutions optionally through short
-DFTs, `voicebus.synthesis.tiled_conv`) or bfloat16 (docs/worker.md, "The generator, folded").
+float32 (the same audio within 1e-5; on a CPU its convolutions optionally through short DFTs
+or F(4, 3), `voicebus.synthesis.tiled_conv`) or bfloat16 (docs/worker.md, "The generator, folded").
 
-Size: about 960 lines, kept whole on purpose: this is the one module that reaches into kokoro's
+Size: about 1 030 lines, kept whole on purpose: this is the one module that reaches into kokoro's
 internals (its predictor, decoder and generator attributes, checked by `check_kokoro_internals`),
 and the folded generator, the windowed decoding and the frame prediction all do. Split apart, a
 kokoro release that renames an attribute would break several modules instead of one.
@@ -53,12 +53,9 @@ if TYPE_CHECKING:
 
     import torch
 
-from voicebus.synthesis.tiled_conv import MIN_TILED_KERNEL, TiledConv
+from voicebus.synthesis import tiled_conv
 
 SAMPLES_PER_FRAME = 600
-# Fewer channels than this on either side, and a tiled convolution's transforms cost more than
-# its channel mixing saves (``conv_post``'s 22 outputs)
-MIN_TILED_CHANNELS = 64
 
 # Predicted energy N (Kokoro's log-energy-like curve) above which a frame may sound. Measured
 # on the offline pack: silent frames are at -8.3 to -9.5 and decode to |sample| <= 3;
@@ -514,14 +511,17 @@ def channel_stats(x: "torch.Tensor", weights: "torch.Tensor") -> tuple["torch.Te
 class _FoldedConv(NamedTuple):
     """A Conv1d (or ConvTranspose1d: ``output_padding`` set) as a channels-last Conv2d."""
 
-    weight: "torch.Tensor"  # [out, in, 1, k] (transposed: [in, out, 1, k]), channels-last
+    weight: "torch.Tensor | None"  # [out, in, 1, k] (transposed: [in, out, 1, k]), channels-last; None: tiled
     bias: "torch.Tensor | None"
     stride: tuple[int, int]
     padding: tuple[int, int]
     dilation: tuple[int, int]
     output_padding: tuple[int, int] | None
     groups: int = 1
-    tiled: "TiledConv | None" = None  # the same convolution through short DFTs (float32, wide kernels)
+    # the same convolution through short DFTs (float32, wide kernels) or F(4, 3) (float32,
+    # 3 taps, many channels)
+    tiled: "tiled_conv.TiledConv | tiled_conv.WinogradConv | None" = None
+    shape: tuple[int, ...] = ()  # the Conv1d's weight's: [out, in, k] (transposed: [in, out, k])
 
 
 class _FoldedAdaIN(NamedTuple):
@@ -552,14 +552,17 @@ class _Folded:
     """What `FoldedGenerator` and `FoldedFrameRateHalf` share: kokoro's convolutions as
     channels-last 2-D ones in ``dtype``, and each AdaIN as a per-channel scale and shift."""
 
-    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False) -> None:
+    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False, winograd: bool | None = None) -> None:
         import torch
 
         self.dtype = dtype or torch.float32
         self.device = next(model.decoder.parameters()).device
-        # wide float32 convolutions through short DFTs (`tiled_conv`): fewer multiplications
-        # where the CPU has no bfloat16 arithmetic; a GPU or bfloat16 runs them directly
-        self.tiled = tiled and self.dtype == torch.float32 and self.device.type == "cpu"
+        # float32 convolutions through short DFTs (``tiled``) and F(4, 3) (``winograd``, by
+        # default as ``tiled``), `tiled_conv`: fewer multiplications where the CPU has no
+        # bfloat16 arithmetic; a GPU or bfloat16 runs them directly
+        cpu32 = self.dtype == torch.float32 and self.device.type == "cpu"
+        self.tiled = tiled and cpu32
+        self.winograd = (tiled if winograd is None else winograd) and cpu32
 
     def _conv(self, conv, in_scale: "torch.Tensor | None" = None, dtype=None) -> _FoldedConv:
         import torch
@@ -571,13 +574,15 @@ class _Folded:
         transpose = isinstance(conv, torch.nn.ConvTranspose1d)
         bias = None if conv.bias is None else conv.bias.detach().to(dtype)
         tiled = None
-        out, cin, k = w.shape
-        if (self.tiled and dtype == torch.float32 and not transpose and conv.stride[0] == 1 and conv.groups == 1
-                and k >= MIN_TILED_KERNEL and min(out, cin) >= MIN_TILED_CHANNELS):
-            tiled = TiledConv(w, conv.dilation[0], conv.padding[0], bias)
-        return _FoldedConv(w.unsqueeze(2).to(dtype).contiguous(memory_format=torch.channels_last), bias,
-                           (1, conv.stride[0]), (0, conv.padding[0]), (1, conv.dilation[0]),
-                           (0, conv.output_padding[0]) if transpose else None, conv.groups, tiled)
+        ways = ("dft",) * self.tiled + ("winograd",) * self.winograd
+        if ways and dtype == torch.float32 and not transpose and conv.stride[0] == 1 and conv.groups == 1:
+            tiled = tiled_conv.tiled(w, conv.dilation[0], conv.padding[0], bias, ways)
+        # a tiled convolution keeps only its transformed kernel: the direct weights would be
+        # ~200 MB more of a float32 decoder that only a batch would use (`_apply_conv` tiles
+        # a batch's items one by one instead)
+        weight = None if tiled is not None else w.unsqueeze(2).to(dtype).contiguous(memory_format=torch.channels_last)
+        return _FoldedConv(weight, bias, (1, conv.stride[0]), (0, conv.padding[0]), (1, conv.dilation[0]),
+                           (0, conv.output_padding[0]) if transpose else None, conv.groups, tiled, tuple(w.shape))
 
     @staticmethod
     def _adain(adain, alpha: "torch.Tensor | None" = None) -> _FoldedAdaIN:
@@ -586,9 +591,12 @@ class _Folded:
 
     @staticmethod
     def _apply_conv(conv: _FoldedConv, x: "torch.Tensor") -> "torch.Tensor":
+        import torch
         import torch.nn.functional as F
 
-        if conv.tiled is not None and x.shape[0] == 1:  # [1, C, 1, T] channels-last is [T, C] in memory
+        if conv.tiled is not None:  # [1, C, 1, T] channels-last is [T, C] in memory
+            if x.shape[0] > 1:
+                return torch.cat([_Folded._apply_conv(conv, item) for item in x.split(1)])
             steps = x.shape[-1]
             y = conv.tiled(x.permute(0, 2, 3, 1).reshape(steps, x.shape[1]))
             return y.reshape(1, 1, y.shape[0], y.shape[1]).permute(0, 3, 1, 2)
@@ -648,10 +656,10 @@ class FoldedGenerator(_Folded):
     The harmonic source's STFT, the last convolution (``conv_post``: the log-magnitude and phase
     of the inverse STFT are sensitive to rounding) and the inverse STFT stay in float32."""
 
-    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False) -> None:
+    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False, winograd: bool | None = None) -> None:
         import torch
 
-        super().__init__(model, dtype, tiled)
+        super().__init__(model, dtype, tiled, winograd)
         gen = model.decoder.generator
         self.gen = gen
         self.num_kernels, self.num_upsamples, self.post_n_fft = gen.num_kernels, gen.num_upsamples, gen.post_n_fft
@@ -756,6 +764,28 @@ class Bfloat16Bert:
         return self.bert(input_ids, attention_mask=attention_mask).float()
 
 
+class PrepackedBert:
+    """A float32 copy of kokoro's PL-BERT with its linear layers prepacked for oneDNN
+    (`voicebus.synthesis.torch_ops.PrepackedLinear`), called as it is: the engine's PL-BERT in
+    float32 on a CPU. The same products summed in another order (output within ~1e-6,
+    relative); over a first sentence's few dozen tokens, where MKL's per-call packing of each
+    weight is a large share of the work, it took 0.6-0.9 of kokoro's time (docs/worker.md,
+    "PL-BERT, prepacked"). Raises `torch_ops.TorchInternalsMissing` where the installed torch
+    lacks the operators. The model's own ``bert`` is left as it is."""
+
+    def __init__(self, model) -> None:
+        import copy
+
+        from voicebus.synthesis import torch_ops
+
+        torch_ops.check_prepacked_linear()
+        self.bert = copy.deepcopy(model.bert).float().eval()
+        self.linears = torch_ops.prepack_linears(self.bert)
+
+    def __call__(self, input_ids: "torch.Tensor", attention_mask: "torch.Tensor") -> "torch.Tensor":
+        return self.bert(input_ids, attention_mask=attention_mask)
+
+
 class FoldedFrameRateHalf(_Folded):
     """`prepare_decoder`'s frame-rate half (kokoro 0.9.4's ``Decoder.forward`` up to the
     generator: ``encode`` and the four ``decode`` blocks, `AdainResBlk1d` of 1024 channels, with
@@ -763,11 +793,12 @@ class FoldedFrameRateHalf(_Folded):
     convolutions in ``dtype``, each AdaIN a per-channel scale and shift with float32 statistics.
     Called with a piece's `Frames`, its span and weights; returns the generator's input
     ``[1, 512, 2 * frames]`` in float32. On the offline pack, 1 thread, 86-157 frames: kokoro's
-    95-138 ms, folded in bfloat16 ~45 ms (docs/worker.md, "The generator, folded").
+    95-138 ms, folded in bfloat16 ~45 ms (docs/worker.md, "The generator, folded"). With
+    ``tiled`` (float32 on a CPU) its 3-tap convolutions go through F(4, 3) (`tiled_conv`).
     The F0 and energy convolutions (one channel each) stay kokoro's."""
 
-    def __init__(self, model, dtype: "torch.dtype | None" = None) -> None:
-        super().__init__(model, dtype)
+    def __init__(self, model, dtype: "torch.dtype | None" = None, tiled: bool = False) -> None:
+        super().__init__(model, dtype, winograd=tiled)  # its convolutions are 1 or 3 taps wide
         dec = model.decoder
         self.dec = dec
         self.blocks = [self._block(b) for b in (dec.encode, *dec.decode)]

@@ -15,8 +15,9 @@ Candidates, each built from the loaded model's weights:
 
 - ``float32``: the folded decoder in float32 (the reference; ``float32-seed``: the same with
   another excitation seed, the gate's noise floor);
-- ``float32-tiled``: the same with the generator's wide convolutions through short DFTs
-  (`voicebus.synthesis.tiled_conv`; the engine's float32 path on a CPU);
+- ``float32-tiled``: the engine's float32 path on a CPU (`engine.folded_decoder`): the same with
+  the generator's wide convolutions through short DFTs, the 3-tap ones of many channels through
+  F(4, 3) (`voicebus.synthesis.tiled_conv`) and PL-BERT prepacked (`kokoro_frames.PrepackedBert`);
 - ``bfloat16``: the folded decoder and PL-BERT in bfloat16 (the default where the CPU has it);
   ``bfloat16-bert32``: the decoder in bfloat16, PL-BERT in float32 (the same frames as float32:
   the decoder's share of the difference);
@@ -62,8 +63,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--no-whisper", action="store_true", help="skip the word error rates (log-mel distances only)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (the code path only)")
     p.add_argument("--layers", action="store_true",
-                   help="instead: each of the generator's convolutions, direct against through short DFTs "
-                        "(`tiled_conv`), over one window of --frames frames")
+                   help="instead: each of the decoder's convolutions, direct against through tiles "
+                        "(`tiled_conv`), the generator's over one window of --frames frames")
     p.add_argument("--frames", type=int, default=28, help="--layers: the window's frames (28: a first window)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
     p.set_defaults(func=run)
@@ -184,6 +185,7 @@ def build_candidates(engine, names: list[str]) -> dict:
 
     import torch
 
+    from voicebus.synthesis.engine import folded_decoder
     from voicebus.synthesis.kokoro_frames import Bfloat16Bert, FoldedFrameRateHalf, FoldedGenerator
 
     torch.backends.quantized.engine = "fbgemm" if "fbgemm" in torch.backends.quantized.supported_engines else "x86"
@@ -197,8 +199,8 @@ def build_candidates(engine, names: list[str]) -> dict:
                 built[name] = (*f32, None, REFERENCE_SEED)
             elif name == "float32-seed":
                 built[name] = (*f32, None, OTHER_SEED)
-            elif name == "float32-tiled":  # the engine's float32 on a CPU: wide convolutions through DFTs
-                built[name] = (FoldedGenerator(model, torch.float32, tiled=True), f32[1], None, REFERENCE_SEED)
+            elif name == "float32-tiled":  # the engine's float32 on a CPU: convolutions through tiles, PL-BERT prepacked
+                built[name] = (*folded_decoder(model, torch.float32), REFERENCE_SEED)
             elif name == "bfloat16":
                 built[name] = (FoldedGenerator(model, torch.bfloat16), FoldedFrameRateHalf(model, torch.bfloat16),
                                Bfloat16Bert(model, torch.bfloat16), REFERENCE_SEED)
@@ -296,19 +298,17 @@ def measure(engine, names: list[str], sentences: list[str], voice: str, repeats:
     return results
 
 
-def layer_times(model, frames: int, repeats: int = 9) -> list[dict]:
-    """Each distinct convolution of the generator's residual blocks (channels, kernel, dilation,
-    steps over a window of ``frames`` frames, how many), timed directly (channels-last, as the
-    folded generator runs it) and through `voicebus.synthesis.tiled_conv`, interleaved, medians
-    of ``repeats``; kernels under `MIN_TILED_KERNEL` are timed both ways too (they stay direct)."""
-    import torch
-    import torch.nn.functional as F
-
-    from voicebus.synthesis.tiled_conv import TiledConv
-
+def _conv_shapes(model, frames: int) -> dict[tuple, int]:
+    """(part, in, out, kernel, dilation, steps) -> how many: each stride-1 convolution of the
+    generator's residual blocks over a window of ``frames`` frames, and each 3-tap one of the
+    frame-rate half (encode and the decode blocks) over a span of as many frames."""
     gen = model.decoder.generator
     steps = 2 * frames  # the frame-rate half's output: two steps a frame
     shapes: dict[tuple, int] = {}
+
+    def count(key: tuple) -> None:
+        shapes[key] = shapes.get(key, 0) + 1
+
     for i, up in enumerate(gen.ups):
         steps = (steps - 1) * up.stride[0] - 2 * up.padding[0] + up.kernel_size[0] + up.output_padding[0]
         if i == len(gen.ups) - 1:
@@ -316,18 +316,37 @@ def layer_times(model, frames: int, repeats: int = 9) -> list[dict]:
         blocks = list(gen.resblocks[i * gen.num_kernels : (i + 1) * gen.num_kernels]) + [gen.noise_res[i]]
         for block in blocks:
             for conv in [*block.convs1, *block.convs2]:
-                key = (conv.in_channels, conv.kernel_size[0], conv.dilation[0], steps)
-                shapes[key] = shapes.get(key, 0) + 1
+                count(("generator", conv.in_channels, conv.out_channels, conv.kernel_size[0], conv.dilation[0], steps))
+    dec = model.decoder
+    for block in (dec.encode, *dec.decode):
+        upsampled = 2 * frames if block.upsample_type != "none" else frames  # its pool doubles the steps
+        for conv in (block.conv1, block.conv2):
+            count(("frame-rate half", conv.in_channels, conv.out_channels, conv.kernel_size[0], conv.dilation[0],
+                   upsampled))
+    return shapes
+
+
+def layer_times(model, frames: int, repeats: int = 9) -> list[dict]:
+    """Each distinct convolution of `_conv_shapes` (part, channels in and out, kernel, dilation,
+    steps, how many), timed directly (channels-last, as the folded decoder runs it) and through
+    `voicebus.synthesis.tiled_conv` (short DFTs for 7 taps or more, F(4, 3) for 3), interleaved,
+    medians of ``repeats``; ``engine`` says which way the engine's float32 path takes (`tiling`:
+    some are timed both ways and stay direct)."""
+    import torch
+    import torch.nn.functional as F
+
+    from voicebus.synthesis.tiled_conv import TiledConv, WinogradConv, tiling
+
     rows = []
     with torch.inference_mode():
-        for (channels, kernel, dilation, length), count in sorted(shapes.items()):
-            weight = torch.randn(channels, channels, kernel) / (channels * kernel) ** 0.5
-            bias = torch.randn(channels)
+        for (part, cin, out, kernel, dilation, length), count in sorted(_conv_shapes(model, frames).items()):
+            weight = torch.randn(out, cin, kernel) / (cin * kernel) ** 0.5
+            bias = torch.randn(out)
             padding = dilation * (kernel - 1) // 2
-            x = torch.randn(1, channels, 1, length).contiguous(memory_format=torch.channels_last)
+            x = torch.randn(1, cin, 1, length).contiguous(memory_format=torch.channels_last)
             folded = weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
-            tiled = TiledConv(weight, dilation, padding, bias)
-            time_major = x.permute(0, 2, 3, 1).reshape(length, channels)
+            tiled = (WinogradConv if kernel == 3 else TiledConv)(weight, dilation, padding, bias)
+            time_major = x.permute(0, 2, 3, 1).reshape(length, cin)
             ways = {"direct": lambda: F.conv2d(x, folded, bias, 1, (0, padding), (1, dilation)),
                     "tiled": lambda: tiled(time_major)}
             spent: dict[str, list[float]] = {name: [] for name in ways}
@@ -337,8 +356,9 @@ def layer_times(model, frames: int, repeats: int = 9) -> list[dict]:
                     way()
                     spent[name].append(time.perf_counter() - t0)
             direct, through = statistics.median(spent["direct"]), statistics.median(spent["tiled"])
-            rows.append({"channels": channels, "kernel": kernel, "dilation": dilation, "steps": length, "count": count,
-                         "direct_ms": direct * 1000, "tiled_ms": through * 1000, "ratio": through / direct})
+            rows.append({"part": part, "channels": cin, "out": out, "kernel": kernel, "dilation": dilation,
+                         "steps": length, "count": count, "direct_ms": direct * 1000, "tiled_ms": through * 1000,
+                         "ratio": through / direct, "engine": tiling(kernel, cin, out) or "direct"})
     return rows
 
 
@@ -346,23 +366,25 @@ def _run_layers(args, settings) -> int:
     import torch
 
     from voicebus.synthesis.engine import SynthesisEngine
-    from voicebus.synthesis.tiled_conv import MIN_TILED_KERNEL
 
     engine = SynthesisEngine.tiny() if args.tiny else SynthesisEngine.load(settings.replace(synthesis_precision="float32"))
     torch.set_num_threads(args.threads)
     rows = layer_times(engine.model, max(1, args.frames), repeats=max(3, 3 * args.repeats))
-    print(f"the generator's convolutions over a window of {args.frames} frames, {args.threads} thread(s), "
-          "direct vs through short DFTs, medians")
-    print(f"{'channels':>8} {'kernel':>6} {'dilation':>8} {'steps':>6} {'layers':>6} {'direct ms':>9} {'tiled ms':>8} "
-          f"{'ratio':>6}  engine")
+    print(f"the decoder's convolutions, the generator's over a window of {args.frames} frames and the frame-rate "
+          f"half's over a span of as many, {args.threads} thread(s), direct vs through tiles "
+          "(short DFTs for 7 taps or more, F(4, 3) for 3), medians")
+    print(f"{'part':<15} {'in':>5} {'out':>5} {'kernel':>6} {'dilation':>8} {'steps':>6} {'layers':>6} {'direct ms':>9} "
+          f"{'tiled ms':>8} {'ratio':>6}  engine")
     for row in rows:
-        way = "tiled" if row["kernel"] >= MIN_TILED_KERNEL else "direct"
-        print(f"{row['channels']:8d} {row['kernel']:6d} {row['dilation']:8d} {row['steps']:6d} {row['count']:6d} "
-              f"{row['direct_ms']:9.2f} {row['tiled_ms']:8.2f} {row['ratio']:6.2f}  {way}")
-    direct = sum(r["direct_ms"] * r["count"] for r in rows)
-    engine_way = sum((r["tiled_ms"] if r["kernel"] >= MIN_TILED_KERNEL else r["direct_ms"]) * r["count"] for r in rows)
-    print(f"all {sum(r['count'] for r in rows)} convolutions: direct {direct:.1f} ms, the engine's way {engine_way:.1f} ms "
-          f"({engine_way / direct:.2f}x)")
+        print(f"{row['part']:<15} {row['channels']:5d} {row['out']:5d} {row['kernel']:6d} {row['dilation']:8d} "
+              f"{row['steps']:6d} {row['count']:6d} {row['direct_ms']:9.2f} {row['tiled_ms']:8.2f} {row['ratio']:6.2f}  "
+              f"{row['engine']}")
+    for part in ("generator", "frame-rate half"):
+        of = [r for r in rows if r["part"] == part]
+        direct = sum(r["direct_ms"] * r["count"] for r in of)
+        engine_way = sum((r["direct_ms"] if r["engine"] == "direct" else r["tiled_ms"]) * r["count"] for r in of)
+        print(f"{part}, all {sum(r['count'] for r in of)} convolutions: direct {direct:.1f} ms, the engine's way "
+              f"{engine_way:.1f} ms ({engine_way / direct:.2f}x)")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"frames": args.frames, "threads": args.threads, "layers": rows}, out, indent=1)

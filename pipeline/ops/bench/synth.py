@@ -22,8 +22,10 @@ every forward pass, as the engine did before `kokoro_frames.bake_weight_norms`; 
 the model is loaded for it), and the generator: ``kokoro`` (kokoro's own, float32, as the engine
 was before `kokoro_frames.FoldedGenerator` and `FoldedFrameRateHalf`), ``fp32`` or ``bf16`` (folded, in that precision,
 bfloat16 with `kokoro_frames.Bfloat16Bert`; without either, the precision `Settings.synthesis_precision`
-gives), ``fp32tiled`` (folded float32 with its wide convolutions through `tiled_conv`, as the engine
-runs float32 on a CPU; ``fp32`` runs them directly); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
+gives), ``fp32tiled`` (the engine's float32 on a CPU, `engine.folded_decoder`: folded, its wide
+convolutions through short DFTs and its 3-tap ones of many channels through F(4, 3),
+`tiled_conv`, PL-BERT prepacked, `kokoro_frames.PrepackedBert`; ``fp32dft``: the short DFTs only,
+kokoro's PL-BERT; ``fp32``: all convolutions direct); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `voicebus.ops.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
@@ -51,7 +53,7 @@ SENTENCES = {
     ),
 }
 
-GENERATORS = ("kokoro", "fp32", "fp32tiled", "bf16")  # the variants' generator options
+GENERATORS = ("kokoro", "fp32", "fp32dft", "fp32tiled", "bf16")  # the variants' generator options
 
 OPENING_CLAUSE_MIN_WORDS = 3  # Settings.opening_clause_min_words' default: what a turn's first sentence gets
 
@@ -65,7 +67,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
     p.add_argument("--variants", default="before,after,windowed",
-                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -fp32tiled, -bf16")
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -fp32dft, -fp32tiled, -bf16")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
     p.add_argument("--pauses", action="store_true",
@@ -83,8 +85,8 @@ def register(bench_subparsers) -> None:
 def _variant(name: str, threads: int) -> dict:
     """Engine attributes and thread count of a variant name: ``before``, ``after`` or
     ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked``,
-    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-fp32tiled``, ``-bf16`` (e.g. ``after-1thread-no_grad``,
-    ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
+    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-fp32dft``, ``-fp32tiled``, ``-bf16`` (e.g.
+    ``after-1thread-no_grad``, ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
     base, *options = name.split("-")
     if base not in {"before", "after", "windowed"}:
         raise SystemExit(f"unknown variant {name!r}")
@@ -156,20 +158,25 @@ def _apply(engine, variant: dict) -> None:
 
 def _generators(engine, named: set[str]) -> dict:
     """The decoders the variants name, built once, as (generator, frame-rate half, bert): the
-    engine's own, kokoro's, or folded in one precision (bfloat16's with the bfloat16 PL-BERT)."""
+    engine's own, kokoro's, folded in one precision (bfloat16's with the bfloat16 PL-BERT), or
+    the engine's float32 path on a CPU (``fp32tiled``: `engine.folded_decoder`)."""
     import torch
 
+    from voicebus.synthesis.engine import folded_decoder
     from voicebus.synthesis.kokoro_frames import Bfloat16Bert, FoldedFrameRateHalf, FoldedGenerator
 
-    def folded(dtype, tiled=False):
+    def folded(dtype, tiled=False, winograd=False):
         bert = Bfloat16Bert(engine.model, dtype) if dtype == torch.bfloat16 else None
-        return FoldedGenerator(engine.model, dtype, tiled), FoldedFrameRateHalf(engine.model, dtype), bert
+        return (FoldedGenerator(engine.model, dtype, tiled, winograd), FoldedFrameRateHalf(engine.model, dtype, winograd),
+                bert)
 
     built = {"default": (engine.generator, engine.frame_rate_half, engine.bert), "kokoro": (None, None, None)}
-    for name, dtype, tiled in (("fp32", torch.float32, False), ("fp32tiled", torch.float32, True),
-                               ("bf16", torch.bfloat16, False)):
+    for name, dtype, tiled, winograd in (("fp32", torch.float32, False, False), ("fp32dft", torch.float32, True, False),
+                                         ("bf16", torch.bfloat16, False, False)):
         if name in named:
-            built[name] = folded(dtype, tiled)
+            built[name] = folded(dtype, tiled, winograd)
+    if "fp32tiled" in named:
+        built["fp32tiled"] = folded_decoder(engine.model, torch.float32)
     return built
 
 

@@ -71,11 +71,21 @@ def test_the_openvino_candidate_decodes_the_same_or_says_how_to_install_it(tiny_
     assert np.abs(audio - reference).max() < 1e-3
 
 
-def test_the_layers_mode_times_each_of_the_generators_convolutions_both_ways(tiny_engine):
+def test_the_layers_mode_times_each_of_the_decoders_convolutions_both_ways(tiny_engine):
     """`--layers`: every residual-block convolution of the generator, by shape, with the steps
-    of a window of that many frames (kokoro's upsampling: 20, then 120 a frame and one)."""
+    of a window of that many frames (kokoro's upsampling: 20, then 120 a frame and one), and
+    the frame-rate half's 3-tap ones over as many frames (twice as many after its upsampling);
+    each says which way the engine takes."""
     rows = precision.layer_times(tiny_engine.model, frames=4, repeats=1)
-    assert sum(row["count"] for row in rows) == 48  # 2 stages x (3 blocks + the noise block) x 6
-    assert {(row["channels"], row["steps"]) for row in rows} == {(256, 80), (128, 481)}
-    assert {row["kernel"] for row in rows} == {3, 7, 11} and {row["dilation"] for row in rows} == {1, 3, 5}
+    generator = [row for row in rows if row["part"] == "generator"]
+    half = [row for row in rows if row["part"] == "frame-rate half"]
+    assert sum(row["count"] for row in generator) == 48  # 2 stages x (3 blocks + the noise block) x 6
+    assert {(row["channels"], row["steps"]) for row in generator} == {(256, 80), (128, 481)}
+    assert {row["kernel"] for row in generator} == {3, 7, 11} and {row["dilation"] for row in generator} == {1, 3, 5}
+    assert sum(row["count"] for row in half) == 10 and {row["kernel"] for row in half} == {3}
+    assert {(row["channels"], row["out"], row["steps"]) for row in half} == {
+        (514, 1024, 4), (1024, 1024, 4), (1090, 1024, 4), (1090, 512, 8), (512, 512, 8)}
+    assert {(row["kernel"], row["channels"], row["engine"]) for row in rows if row["part"] == "generator"} == {
+        (3, 256, "winograd"), (3, 128, "direct"), (7, 256, "dft"), (7, 128, "dft"), (11, 256, "dft"), (11, 128, "dft")}
+    assert {row["engine"] for row in half} == {"winograd"}
     assert all(row["direct_ms"] > 0 and row["tiled_ms"] > 0 and row["ratio"] > 0 for row in rows)

@@ -176,22 +176,44 @@ def test_the_generator_s_precision_is_bfloat16_only_where_the_cpu_multiplies_it(
         pick_precision("int8", "cpu")
 
 
-def test_the_engine_s_float32_generator_runs_its_wide_convolutions_through_short_dfts(tiny_engine: SynthesisEngine):
+def test_the_engine_s_float32_decoder_runs_its_convolutions_through_tiles(tiny_engine: SynthesisEngine):
     """`folded_decoder`, what `SynthesisEngine.load` decodes with: in float32 on a CPU the
-    generator's 7- and 11-tap convolutions go through `tiled_conv` (fewer multiplications, the
-    same audio); in bfloat16 every convolution runs directly, and PL-BERT is bfloat16 too."""
+    generator's 7- and 11-tap convolutions go through short DFTs and the 3-tap ones of 256
+    channels or more (the frame-rate half's too) through F(4, 3), `tiled_conv` (fewer
+    multiplications, the same audio), and PL-BERT is prepacked; in bfloat16 every convolution
+    runs directly, and PL-BERT is bfloat16 too."""
     import torch
 
     from voicebus.synthesis.engine import folded_decoder
+    from voicebus.synthesis.kokoro_frames import Bfloat16Bert, PrepackedBert
 
     def tiled(generator):
         return {conv.tiled is not None for block in generator.resblocks for layer in block for conv in layer[1::2]
-                if conv.weight.shape[-1] >= 7}
+                if conv.shape[-1] >= 7 or conv.shape[0] >= 256}
+
+    def half_tiled(half):
+        return {conv.tiled is not None for block in half.blocks for conv in (block.conv1, block.conv2)}
 
     generator, half, bert = folded_decoder(tiny_engine.model, torch.float32)
-    assert tiled(generator) == {True} and generator.dtype == half.dtype == torch.float32 and bert is None
+    assert tiled(generator) == half_tiled(half) == {True} and generator.dtype == half.dtype == torch.float32
+    assert isinstance(bert, PrepackedBert)
     generator, half, bert = folded_decoder(tiny_engine.model, torch.bfloat16)
-    assert tiled(generator) == {False} and bert is not None
+    assert tiled(generator) == half_tiled(half) == {False} and isinstance(bert, Bfloat16Bert)
+
+
+def test_without_torch_s_prepacked_linear_the_engine_keeps_kokoro_s_bert(tiny_engine: SynthesisEngine, monkeypatch, caplog):
+    """A torch without the private operators `torch_ops` calls: the check at load names what
+    is missing, and the engine runs kokoro's own PL-BERT, with a warning, instead of failing."""
+    import torch
+
+    from voicebus.synthesis import torch_ops
+    from voicebus.synthesis.engine import folded_decoder
+
+    monkeypatch.setattr(torch_ops, "PRIVATE_OPS", (*torch_ops.PRIVATE_OPS, "mkldnn._no_such_operator"))
+    with caplog.at_level("WARNING", logger="voicebus.synthesis.engine"):
+        _, _, bert = folded_decoder(tiny_engine.model, torch.float32)
+    assert bert is None
+    assert "PL-BERT runs as kokoro's own" in caplog.text and "_no_such_operator" in caplog.text
 
 
 def test_the_engine_decodes_with_its_folded_generator():

@@ -388,16 +388,21 @@ def test_the_folded_generator_in_float32_is_kokoros_generator(tiny_engine, tiled
     """`FoldedGenerator` (channels-last 2-D convolutions, AdaIN and Snake folded) computes
     kokoro's generator with this module's weighted norms: on a whole span, without weights, on
     a window of it and on a window with a silence carrier (`window_input`); with its wide
-    convolutions through short DFTs (`tiled_conv`, the engine's float32 path) too."""
+    convolutions through short DFTs and its 3-tap ones of 256 channels through F(4, 3)
+    (`tiled_conv`, the engine's float32 path) too."""
     import torch
 
     from voicebus.synthesis.kokoro_frames import FoldedGenerator, window_input
+    from voicebus.synthesis.tiled_conv import TiledConv, WinogradConv
 
     model = tiny_engine.model
     folded = FoldedGenerator(model, torch.float32, tiled=tiled)
-    wide = [conv for layers in folded.resblocks + folded.noise_res for layer in layers for conv in layer[1::2]]
-    assert [conv.tiled is not None for conv in wide] == [tiled and conv.weight.shape[-1] >= 7 for conv in wide]
-    assert any(conv.weight.shape[-1] >= 7 for conv in wide)
+    convs = [conv for layers in folded.resblocks + folded.noise_res for layer in layers for conv in layer[1::2]]
+    wide = [isinstance(conv.tiled, TiledConv) for conv in convs]
+    winograd = [isinstance(conv.tiled, WinogradConv) for conv in convs]
+    assert wide == [tiled and conv.shape[-1] >= 7 for conv in convs]
+    assert winograd == [tiled and conv.shape[-1] == 3 and conv.shape[0] >= 256 for conv in convs]
+    assert any(wide) and any(winograd) if tiled else not any(wide + winograd)
     with torch.inference_mode():
         prepared = _span(tiny_engine, text=FOLD_TEXT)
         unweighted = kokoro_frames.DecoderInput(prepared.x, prepared.source, prepared.style, None, prepared.silent)
@@ -409,6 +414,27 @@ def test_the_folded_generator_in_float32_is_kokoros_generator(tiny_engine, tiled
             got = folded(window, start, stop)
             assert got.dtype == torch.float32 and got.shape == expected.shape
             assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=0)
+
+
+def test_a_tiled_convolution_keeps_no_direct_weights_and_still_takes_a_batch(tiny_engine):
+    """A convolution through tiles keeps only its transformed kernel (the direct weights would
+    double a float32 decoder's memory); given a batch, it tiles each item: the direct
+    convolution's output."""
+    import torch
+
+    from voicebus.synthesis.kokoro_frames import FoldedGenerator
+
+    model = tiny_engine.model
+    direct, tiled = FoldedGenerator(model, torch.float32), FoldedGenerator(model, torch.float32, tiled=True)
+    for layer in (0, 1):  # a 3-tap and a 7-tap convolution of the first stage's first block
+        ours, theirs = tiled.resblocks[layer][0][1], direct.resblocks[layer][0][1]
+        assert ours.tiled is not None and ours.weight is None and theirs.weight is not None
+        assert ours.shape == tuple(theirs.weight.squeeze(2).shape)
+        x = torch.randn(3, ours.shape[1], 1, 40).contiguous(memory_format=torch.channels_last)
+        with torch.inference_mode():
+            got, expected = FoldedGenerator._apply_conv(ours, x), FoldedGenerator._apply_conv(theirs, x)
+        assert got.shape == expected.shape
+        assert torch.allclose(got, expected, atol=1e-5 * float(expected.abs().max()), rtol=0)
 
 
 def test_the_folded_generator_in_bfloat16_stays_close_to_kokoros(tiny_engine):
@@ -494,6 +520,26 @@ def test_the_bfloat16_bert_stays_close_to_kokoro_s_and_leaves_the_model_s_own(ti
     assert next(model.bert.parameters()).dtype == torch.float32
 
 
+def test_the_prepacked_bert_is_kokoro_s_and_leaves_the_model_s_own(tiny_engine):
+    """`PrepackedBert`: a float32 copy with every linear layer prepacked for oneDNN, the same
+    output as kokoro's PL-BERT to float32 rounding; the model's ``bert`` keeps its own."""
+    import torch
+
+    from voicebus.synthesis.torch_ops import PrepackedLinear
+
+    model = tiny_engine.model
+    (phonemes,) = tiny_engine.phonemize("Good morning, how are you?", "en")
+    ids = kokoro_frames.token_ids(model, phonemes)
+    mask = torch.ones_like(ids, dtype=torch.int)
+    bert = kokoro_frames.PrepackedBert(model)
+    assert bert.linears == sum(isinstance(m, torch.nn.Linear) for m in model.bert.modules()) > 0
+    assert not any(isinstance(m, PrepackedLinear) for m in model.bert.modules())
+    with torch.inference_mode():
+        ours, theirs = bert(ids, mask), model.bert(ids, attention_mask=mask)
+    assert ours.dtype == theirs.dtype == torch.float32 and ours.shape == theirs.shape
+    assert torch.allclose(ours, theirs, atol=1e-5 * float(theirs.abs().max()), rtol=0)
+
+
 def test_the_bfloat16_bert_predicts_kokoro_s_durations(real_engine):
     """On the real weights the bfloat16 PL-BERT (the engine's where its precision is bfloat16)
     predicts the durations kokoro's float32 one does: a token's frames differ by one at most, on
@@ -503,7 +549,7 @@ def test_the_bfloat16_bert_predicts_kokoro_s_durations(real_engine):
     model = real_engine.model
     bert = kokoro_frames.Bfloat16Bert(model)
     generator = real_engine.generator
-    assert (real_engine.bert is not None) == (generator is not None and generator.dtype == torch.bfloat16)
+    assert isinstance(real_engine.bert, kokoro_frames.Bfloat16Bert) == (generator is not None and generator.dtype == torch.bfloat16)
     ref = real_engine.voice_packs[real_engine.resolve_voice("af_heart")]
     differing, tokens = 0, 0
     for text in ("The train to the airport leaves every twenty minutes from the second platform.",
@@ -521,13 +567,18 @@ def test_the_bfloat16_bert_predicts_kokoro_s_durations(real_engine):
 
 def test_the_folded_frame_rate_half_in_float32_is_kokoros(tiny_engine):
     """`FoldedFrameRateHalf` computes kokoro's frame-rate half of the decoder (encode and the
-    decode blocks, the last upsampling) with this module's weighted norms, and in bfloat16
-    stays close to it."""
+    decode blocks, the last upsampling) with this module's weighted norms, its 3-tap
+    convolutions directly or through F(4, 3) (`tiled_conv`, the engine's float32 path), and in
+    bfloat16 stays close to it."""
     import torch
 
     from voicebus.synthesis.kokoro_frames import FoldedFrameRateHalf
+    from voicebus.synthesis.tiled_conv import WinogradConv
 
     model = tiny_engine.model
+    halves = [FoldedFrameRateHalf(model, torch.float32), FoldedFrameRateHalf(model, torch.float32, tiled=True)]
+    through = [sum(isinstance(c.tiled, WinogradConv) for b in half.blocks for c in (b.conv1, b.conv2)) for half in halves]
+    assert through == [0, 10]  # encode's and the four decode blocks' two 3-tap convolutions
     with torch.inference_mode():
         torch.manual_seed(5)
         frames = _tiny_frames(tiny_engine)
@@ -535,9 +586,10 @@ def test_the_folded_frame_rate_half_in_float32_is_kokoros(tiny_engine):
         weights = kokoro_frames.stand_in_weights(start, stop, frames.count, 2, 2)
         for w in (None, weights):
             expected = kokoro_frames.prepare_decoder(model, frames, start, stop, w).x
-            got = FoldedFrameRateHalf(model, torch.float32)(frames, start, stop, w)
-            assert got.dtype == torch.float32 and got.shape == expected.shape
-            assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=0)
+            for half in halves:
+                got = half(frames, start, stop, w)
+                assert got.dtype == torch.float32 and got.shape == expected.shape
+                assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max()), rtol=0)
         near = FoldedFrameRateHalf(model, torch.bfloat16)(frames, start, stop, weights)  # `expected` is the weighted one
     error = float((near - expected).square().mean().sqrt() / expected.square().mean().sqrt())
     assert error < 0.05, error
