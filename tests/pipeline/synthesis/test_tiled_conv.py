@@ -27,6 +27,13 @@ def test_a_tiled_convolution_is_the_direct_one(channels_in, channels_out, kernel
     any size (one tile at a time, a few, all): within float32 rounding."""
     if kernel + 1 > n:
         n = 64 if kernel + 1 <= 64 else kernel + 1
+    _assert_the_direct_one(lambda weight, pad, b: TiledConv(weight, dilation, pad, b, n=n), channels_in,
+                           channels_out, kernel, dilation, steps, padding, bias, seed, spectra_bytes)
+
+
+def _assert_the_direct_one(make, channels_in, channels_out, kernel, dilation, steps, padding, bias, seed, spectra_bytes):
+    """``make(weight, padding, bias)``'s convolution of a random input, its tiles taken
+    ``spectra_bytes`` at a time, against torch's: within float32 rounding."""
     pad = {"same": dilation * (kernel - 1) // 2, "none": 0, "more": dilation * (kernel - 1)}[padding]
     if steps + 2 * pad - dilation * (kernel - 1) < 1:
         return
@@ -36,7 +43,7 @@ def test_a_tiled_convolution_is_the_direct_one(channels_in, channels_out, kernel
     x = torch.randn(steps, channels_in, generator=g)
     default, tiled_conv.SPECTRA_BYTES = tiled_conv.SPECTRA_BYTES, spectra_bytes
     try:
-        got = TiledConv(weight, dilation, pad, b, n=n)(x)
+        got = make(weight, pad, b)(x)
     finally:
         tiled_conv.SPECTRA_BYTES = default
     expected = _direct(x, weight, b, dilation, pad)
@@ -73,22 +80,8 @@ def test_a_kernel_wider_than_its_tile_is_refused():
 def test_a_winograd_convolution_is_the_direct_one(channels_in, channels_out, dilation, steps, padding, bias, seed,
                                                   spectra_bytes):
     """F(4, 3): any dilation, length, padding and chunking, within float32 rounding."""
-    pad = {"same": dilation, "none": 0, "more": 2 * dilation}[padding]
-    if steps + 2 * pad - 2 * dilation < 1:
-        return
-    g = torch.Generator().manual_seed(seed)
-    weight = torch.randn(channels_out, channels_in, 3, generator=g)
-    b = torch.randn(channels_out, generator=g) if bias else None
-    x = torch.randn(steps, channels_in, generator=g)
-    default, tiled_conv.SPECTRA_BYTES = tiled_conv.SPECTRA_BYTES, spectra_bytes
-    try:
-        got = WinogradConv(weight, dilation, pad, b)(x)
-    finally:
-        tiled_conv.SPECTRA_BYTES = default
-    expected = _direct(x, weight, b, dilation, pad)
-    assert got.shape == expected.shape
-    scale = float(x.abs().max() * weight.abs().sum(dim=(1, 2)).max()) + 1.0
-    assert float((got - expected).abs().max()) <= 1e-5 * scale
+    _assert_the_direct_one(lambda weight, pad, b: WinogradConv(weight, dilation, pad, b), channels_in, channels_out,
+                           3, dilation, steps, padding, bias, seed, spectra_bytes)
 
 
 def test_the_decoders_3_tap_layers_through_winograd_match_within_float32_rounding():
