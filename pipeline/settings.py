@@ -315,9 +315,10 @@ class Settings(BaseModel):
     that multiplies it in hardware: AMX or AVX-512 BF16; else float32), ``float32`` or ``bfloat16``.
     bfloat16 made the generator 3.6-4x faster with AMX, the whole synthesis 1.4-1.7x with AVX-512
     BF16 (a Zen 5 EPYC), and Whisper hears the same words (docs/worker.md, "The generator,
-    folded"); float32 is kokoro's arithmetic (the audio within 1e-5), on a CPU with the generator's
-    wide convolutions through short DFTs (`tiled_conv`: fewer multiplications, the same audio within
-    float32's rounding; docs/worker.md, "Wide convolutions through short DFTs")."""
+    folded"); float32 is kokoro's arithmetic (the audio within 1e-5), on a CPU with the decoder's
+    wide convolutions through short DFTs and its 3-tap ones of many channels through F(4, 3)
+    (`tiled_conv`: fewer multiplications, the same audio within float32's rounding; docs/worker.md,
+    "Wide convolutions through short DFTs") and PL-BERT prepacked (`kokoro_frames.PrepackedBert`)."""
     synthesis_threads: int = Field(1, ge=1)
     """torch intra-op threads of a worker that loads the real model. 1 (the default) on a node
     whose cores are shared with brokers and other stages: there 2 threads made a forward pass 3-4x
