@@ -17,16 +17,30 @@ from tests.players.edge_helpers import SECRET, running_edge
 from tests.players.test_browser_e2e import CHROMIUM, CHROMIUM_ARGS, wait_in_page
 from tests.players.test_edge_kafka import read_topic
 
-pytestmark = [pytest.mark.kafka, pytest.mark.browser]
-
 CHUNK_SAMPLES = 3600  # 150 ms at 24 kHz
 CHUNKS_PER_SENTENCE = 10  # 1.5 s a sentence
 WORD_SAMPLES = 6000  # 250 ms a word: six words a sentence
 POSTED_MAX_MS = 2 * 128 / 24  # the worklet posts its position every two render quanta (128 frames at 24 kHz)
-# The page's main thread, watched: a 5 ms heartbeat that records every gap of 20 ms or more
-# between two beats ([from, to] in performance.now() ms), i.e. when no task of this page ran
+# The page's main thread, watched: a 5 ms heartbeat that records every gap of 10 ms or more
+# between two beats ([from, to] in performance.now() ms), i.e. when no task of this page ran or
+# another task held the thread
 HEARTBEAT = """window.__stalls = []; let __beat = performance.now(); setInterval(() => {
-  const now = performance.now(); if (now - __beat >= 20) window.__stalls.push([__beat, now]); __beat = now; }, 5);"""
+  const now = performance.now(); if (now - __beat >= 10) window.__stalls.push([__beat, now]); __beat = now; }, 5);"""
+# Of a word's delivery (the worklet's position waiting for the main thread), how much may pass
+# with the heartbeat seeing the thread free: a few beats, and the tasks queued before the message
+SEEN_FREE_MAX_MS = 35
+
+
+def stalled_ms(stalls: list[list[float]], start: float, end: float) -> float:
+    """How much of [start, end] the heartbeat saw the page's main thread held (the gaps are disjoint)."""
+    return sum(max(0.0, min(to, end) - max(since, start)) for since, to in stalls)
+
+
+def late_and_unexplained(captions: list[dict], stalls: list[list[float]]) -> list[dict]:
+    """The words shown more than 100 ms after their start was rendered whose delay the main thread's
+    stalls do not explain: more than SEEN_FREE_MAX_MS of their delivery passed with the thread free."""
+    return [c for c in captions if c["lagMs"] > 100
+            and c["deliveryMs"] - stalled_ms(stalls, c["shownAtMs"] - c["deliveryMs"], c["shownAtMs"]) > SEEN_FREE_MAX_MS]
 SENTENCES = [
     "Your order shipped this morning, friend.".split(),
     "It should arrive on Monday afternoon.".split(),
@@ -45,6 +59,20 @@ def worded_tone_turn(session: str, turn: str) -> list[AudioChunk]:
     return chunks
 
 
+def test_a_late_word_is_explained_only_by_the_main_thread_held_through_its_delivery():
+    word = {"lagMs": 101.3, "deliveryMs": 95.0, "shownAtMs": 600.0}  # delivered over [505, 600]
+    # one stall through it, or two with a beat between them: the thread was held
+    assert not late_and_unexplained([word], [[500.0, 598.0]])
+    assert not late_and_unexplained([word], [[490.0, 523.0], [524.0, 561.0], [562.0, 590.0]])
+    # held for a third of it and free for the rest: the player (or the test) is late, not the thread
+    assert late_and_unexplained([word], [[523.0, 561.0]]) == [word]
+    assert late_and_unexplained([word], [[100.0, 480.0], [640.0, 700.0]]) == [word]
+    # within 100 ms nothing needs explaining
+    assert not late_and_unexplained([{**word, "lagMs": 99.0}], [])
+
+
+@pytest.mark.kafka
+@pytest.mark.browser
 async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_reports_what_was_heard(
         make_settings, screenshot_path):
     from playwright.async_api import async_playwright
@@ -100,16 +128,16 @@ async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_repor
             assert delay_ms <= 200, delay_ms
             # every caption word was shown within 100 ms of its start being rendered, in order; the
             # lag's own part (the word's start to the position the worklet posted) is at most two
-            # render quanta, and a word later than 100 ms was held only by the page's main thread
-            # not running (CI once: 112 ms on a loaded 2-core machine), seen by the heartbeat
+            # render quanta, and a word later than 100 ms was held by the page's main thread not
+            # running for all but SEEN_FREE_MAX_MS of its delivery, seen by the heartbeat (CI: 112 ms
+            # in one long stall; 101 ms for a first word that no single stall covered)
             assert len(captions) >= len(SENTENCES[0]) + 2
             assert all(-10 <= c["postedMs"] <= POSTED_MAX_MS + 0.5 for c in captions), captions
             assert all(c["lagMs"] >= -10 for c in captions), captions  # -10: a render quantum of clock skew
             stalls = await page.evaluate("window.__stalls")
-            late = [c for c in captions if c["lagMs"] > 100]
-            unexplained = [c for c in late if not any(
-                start <= c["shownAtMs"] - (c["deliveryMs"] - 25) and end >= c["shownAtMs"] - 10 for start, end in stalls)]
-            assert not unexplained, (unexplained, stalls)
+            unexplained = late_and_unexplained(captions, stalls)
+            assert not unexplained, [(c, [s for s in stalls if s[1] >= c["shownAtMs"] - c["deliveryMs"] - 50
+                                          and s[0] <= c["shownAtMs"]]) for c in unexplained]
             assert sorted(c["lagMs"] for c in captions)[len(captions) // 2] <= 50, captions
             assert [(c["sentence"], c["index"]) for c in captions] == sorted((c["sentence"], c["index"]) for c in captions)
             assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
