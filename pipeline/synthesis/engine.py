@@ -145,6 +145,23 @@ def folded_decoder(model, precision: "torch.dtype") -> tuple:
             kokoro_frames.FoldedFrameRateHalf(model, precision, tiled=True), bert)
 
 
+def noise_drawer(model) -> "Callable | None":
+    """What draws the harmonic source's noise (`kokoro_frames.harmonic_source`) for a loaded
+    model: `torch_ops.randn_like_strided` on a CPU (torch's values, less than half the time),
+    where the installed torch draws as it expects; None: kokoro's own ``m_source`` (on CUDA,
+    or logged: the torch it found)."""
+    from voicebus.synthesis import torch_ops
+
+    if model.device.type != "cpu":
+        return None
+    try:
+        torch_ops.check_randn_like_strided()
+    except torch_ops.TorchInternalsMissing as exc:
+        log.warning("the harmonic source's noise is drawn as kokoro draws it: %s", exc)
+        return None
+    return torch_ops.randn_like_strided
+
+
 # A phoneme alphabet for the tiny random-weight model (the real one comes with the weights).
 _TINY_SYMBOLS = (
     ";:,.!?—…\"()“” "
@@ -261,6 +278,9 @@ class SynthesisEngine:
     frame_rate_half: "Callable | None" = field(default=None, repr=False)
     """What computes the decoder's frame-rate half: `kokoro_frames.FoldedFrameRateHalf` in the
     engine's precision (`load`, `tiny`); None: kokoro's own."""
+    randn_like: "Callable | None" = field(default=None, repr=False)
+    """What draws the harmonic source's noise (`noise_drawer`: `torch_ops.randn_like_strided` on a
+    CPU, `load`, `tiny`); None: kokoro's own ``m_source``. The same values either way."""
     bert: "Callable | None" = field(default=None, repr=False)
     """What encodes the phonemes for prediction: `kokoro_frames.Bfloat16Bert` where the engine's
     precision is bfloat16, `kokoro_frames.PrepackedBert` in float32 on a CPU (`load`); None:
@@ -326,6 +346,7 @@ class SynthesisEngine:
             model=model, voice_packs=voices, device=device, source=resolved.source, fallback_voice=fallback,
             silence_margins_ms=(settings.max_lead_silence_ms, settings.max_trail_silence_ms),
             windowed=settings.windowed_decoding, generator=generator, frame_rate_half=half, bert=bert,
+            randn_like=noise_drawer(model) if folded else None,
             inner_pause_frames=kokoro_frames.MAX_INNER_SILENCE_FRAMES if settings.shorten_inner_pauses else None,
         )
 
@@ -346,7 +367,7 @@ class SynthesisEngine:
         noise = torch.Generator().manual_seed(seed)
         voices = {name: torch.randn(510, 1, 256, generator=noise) * 0.5 for name in TINY_VOICES}
         return cls(model=model, voice_packs=voices, device=device, source="tiny", fallback_voice=TINY_VOICES[0], seed=seed,
-                   generator=FoldedGenerator(model), frame_rate_half=FoldedFrameRateHalf(model))
+                   generator=FoldedGenerator(model), frame_rate_half=FoldedFrameRateHalf(model), randn_like=noise_drawer(model))
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -527,7 +548,8 @@ class SynthesisEngine:
         frames = self._predict(phonemes, ref_s, speed)
         lead_frames = -(-max(0, lead_ms) * self.sample_rate // 1000 // kokoro_frames.SAMPLES_PER_FRAME)
         audio, start, stop = kokoro_frames.decode_sound(self.model, frames, lead=max(kokoro_frames.CONTEXT_FRAMES, lead_frames),
-                                                        generator=self.generator, half=self.frame_rate_half)
+                                                        generator=self.generator, half=self.frame_rate_half,
+                                                        randn_like=self.randn_like)
         self.last_decoded_frames = (stop - start, frames.count)
         pcm = float_to_pcm16(audio)
         undecoded_trail = (frames.count - stop) * kokoro_frames.SAMPLES_PER_FRAME
@@ -583,7 +605,7 @@ class SynthesisEngine:
             start, stop = kf.sound_span(energy, lead=lead)
             whole = (start, stop) == (0, frames.count)
             weights = None if whole else kf.stand_in_weights(start, stop, frames.count, lead, kf.CONTEXT_FRAMES)
-            prepared = kf.prepare_decoder(self.model, frames, start, stop, weights, self.frame_rate_half)
+            prepared = kf.prepare_decoder(self.model, frames, start, stop, weights, self.frame_rate_half, self.randn_like)
             self.last_decoded_frames = (stop - start, frames.count)
             self.last_seams = []
         undecoded = (frames.count - stop) * kf.SAMPLES_PER_FRAME

@@ -73,6 +73,11 @@ _REQUIRED = (
     # windowed decoding: the decoder's halves (`prepare_decoder`, `generate`)
     "decoder.encode", "decoder.decode", "decoder.F0_conv", "decoder.N_conv", "decoder.asr_res",
     "decoder.generator.m_source", "decoder.generator.f0_upsamp", "decoder.generator.stft",
+    # the harmonic source (`harmonic_source`): SourceModuleHnNSF and its SineGen
+    "decoder.generator.m_source.l_sin_gen", "decoder.generator.m_source.l_linear", "decoder.generator.m_source.l_tanh",
+    "decoder.generator.m_source.l_sin_gen._f02sine", "decoder.generator.m_source.l_sin_gen._f02uv",
+    "decoder.generator.m_source.l_sin_gen.harmonic_num", "decoder.generator.m_source.l_sin_gen.sine_amp",
+    "decoder.generator.m_source.l_sin_gen.noise_std",
     "decoder.generator.noise_convs", "decoder.generator.noise_res", "decoder.generator.ups",
     "decoder.generator.resblocks", "decoder.generator.conv_post", "decoder.generator.reflection_pad",
     "decoder.generator.num_upsamples", "decoder.generator.num_kernels", "decoder.generator.post_n_fft",
@@ -270,18 +275,19 @@ def sound_span(
 
 def decode_sound(
     model, frames: Frames, lead: int = CONTEXT_FRAMES, trail: int = CONTEXT_FRAMES, generator: "Callable | None" = None,
-    half: "Callable | None" = None,
+    half: "Callable | None" = None, randn_like: "Callable | None" = None,
 ) -> tuple["torch.Tensor", int, int]:
     """The audio of ``frames`` from ``lead`` frames before the predicted sound to ``trail``
     after it (`sound_span`), the silent frames cut standing in the normalization statistics
     through the kept silent ones (`stand_in_weights`). Returns (audio, start, stop). With a
     ``generator`` (`FoldedGenerator`), the decoder's frame-rate half is ``half`` (or kokoro's)
-    and the generator that one; else the whole decoder is kokoro's."""
+    and the generator that one, the harmonic source's noise drawn by ``randn_like`` (or
+    kokoro's); else the whole decoder is kokoro's."""
     start, stop = sound_span(frames.frame_energy(), lead=lead, trail=trail)
     whole = (start, stop) == (0, frames.count)
     weights = None if whole else stand_in_weights(start, stop, frames.count, lead, trail)
     if generator is not None:
-        return generator(prepare_decoder(model, frames, start, stop, weights, half)), start, stop
+        return generator(prepare_decoder(model, frames, start, stop, weights, half, randn_like)), start, stop
     return decode_frames(model, frames, start, stop, weights), start, stop
 
 
@@ -403,9 +409,29 @@ class DecoderInput:
         return int(self.x.shape[-1]) // 2
 
 
+def harmonic_source(gen, upsampled: "torch.Tensor", randn_like: "Callable") -> "torch.Tensor":
+    """kokoro 0.9.4's ``SourceModuleHnNSF.forward`` with its ``SineGen``: the generator's harmonic
+    source [1, samples, 1] for the upsampled F0 ``upsampled`` [1, samples, 1], the overtones'
+    noise drawn by ``randn_like`` (`torch_ops.randn_like_strided`: torch's own values, faster).
+    Every draw kokoro makes is made in kokoro's order, its unused noise branch too, so a seeded
+    decode is kokoro's and the generator ends where kokoro's leaves it."""
+    import torch
+
+    module = gen.m_source
+    sine = module.l_sin_gen
+    harmonics = torch.arange(1, sine.harmonic_num + 2, dtype=torch.float32, device=upsampled.device).reshape(1, -1)
+    sine_waves = sine._f02sine(upsampled * harmonics) * sine.sine_amp  # [1, samples, harmonics], a transposed view
+    uv = sine._f02uv(upsampled)
+    noise_amp = uv * sine.noise_std + (1 - uv) * sine.sine_amp / 3
+    sine_waves = sine_waves * uv + noise_amp * randn_like(sine_waves)
+    merged = module.l_tanh(module.l_linear(sine_waves))
+    torch.randn_like(uv)  # kokoro's noise branch, which the generator never reads
+    return merged
+
+
 def prepare_decoder(
     model, frames: Frames, start: int = 0, stop: int | None = None, weights: "torch.Tensor | None" = None,
-    half: "Callable | None" = None,
+    half: "Callable | None" = None, randn_like: "Callable | None" = None,
 ) -> DecoderInput:
     """`kokoro.istftnet.Decoder.forward` (kokoro 0.9.4) up to, not including, the generator's
     upsampling, for frames ``start:stop``, plus the generator's harmonic source for the span.
@@ -415,9 +441,8 @@ def prepare_decoder(
     whole span: a window of the generator starts from exactly the features a whole decode
     would. The harmonic source (random initial phase of each overtone, random noise) is drawn
     once for the span and sliced per window, so the two windows carry the same excitation.
-    ``half`` computes the frame-rate half instead (`FoldedFrameRateHalf`)."""
-    import torch
-
+    ``half`` computes the frame-rate half instead (`FoldedFrameRateHalf`); with ``randn_like``
+    the source is `harmonic_source`'s, else kokoro's ``m_source``."""
     stop = frames.count if stop is None else stop
     dec = model.decoder
     if half is not None:
@@ -426,7 +451,7 @@ def prepare_decoder(
         x = _frame_rate_half(dec, frames, start, stop, weights)
     gen = dec.generator
     upsampled = gen.f0_upsamp(frames.f0[:, 2 * start : 2 * stop][:, None]).transpose(1, 2)
-    source, _, _ = gen.m_source(upsampled)
+    source = gen.m_source(upsampled)[0] if randn_like is None else harmonic_source(gen, upsampled, randn_like)
     silent = edge_silence(frames.frame_energy()[start:stop])
     return DecoderInput(x=x, source=source.transpose(1, 2).squeeze(1), style=frames.style, weights=weights, silent=silent)
 

@@ -25,7 +25,9 @@ bfloat16 with `kokoro_frames.Bfloat16Bert`; without either, the precision `Setti
 gives), ``fp32tiled`` (the engine's float32 on a CPU, `engine.folded_decoder`: folded, its wide
 convolutions through short DFTs and its 3-tap ones of many channels through F(4, 3),
 `tiled_conv`, PL-BERT prepacked, `kokoro_frames.PrepackedBert`; ``fp32dft``: the short DFTs only,
-kokoro's PL-BERT; ``fp32``: all convolutions direct); ``bert32`` keeps kokoro's float32 PL-BERT with any of them.
+kokoro's PL-BERT; ``fp32``: all convolutions direct); ``bert32`` keeps kokoro's float32 PL-BERT with any of them,
+``kokoronoise`` kokoro's own draws of the harmonic source's noise (the same values as the engine's
+`torch_ops.randn_like_strided`, one at a time).
 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `voicebus.ops.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
@@ -67,7 +69,7 @@ def register(bench_subparsers) -> None:
     p.add_argument("--tiny", action="store_true", help="tiny random-weight engine (code path only, no weights)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads of the variants that name none (0: VOICEBUS_SYNTHESIS_THREADS, default 1)")
     p.add_argument("--variants", default="before,after,windowed",
-                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32 and/or one of -kokoro, -fp32, -fp32dft, -fp32tiled, -bf16")
+                   help="comma-separated: before|after|windowed, each optionally -<N>thread(s), -no_grad, -fixed, -unbaked, -bert32, -kokoronoise and/or one of -kokoro, -fp32, -fp32dft, -fp32tiled, -bf16")
     p.add_argument("--quality", action="store_true", help="also the windowed decoding's quality gates (Whisper tiny.en, seams)")
     p.add_argument("--seam-png", default=None, help="write a spectrogram of a seam (the first quality sentence) to this PNG")
     p.add_argument("--pauses", action="store_true",
@@ -85,8 +87,8 @@ def register(bench_subparsers) -> None:
 def _variant(name: str, threads: int) -> dict:
     """Engine attributes and thread count of a variant name: ``before``, ``after`` or
     ``windowed``, then optionally ``-<N>thread(s)``, ``-no_grad``, ``-fixed``, ``-unbaked``,
-    ``-bert32`` and/or one of ``-kokoro``, ``-fp32``, ``-fp32dft``, ``-fp32tiled``, ``-bf16`` (e.g.
-    ``after-1thread-no_grad``, ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
+    ``-bert32``, ``-kokoronoise`` and/or one of ``-kokoro``, ``-fp32``, ``-fp32dft``, ``-fp32tiled``,
+    ``-bf16`` (e.g. ``after-1thread-no_grad``, ``windowed-kokoro``, ``windowed-bf16-bert32``)."""
     base, *options = name.split("-")
     if base not in {"before", "after", "windowed"}:
         raise SystemExit(f"unknown variant {name!r}")
@@ -101,6 +103,8 @@ def _variant(name: str, threads: int) -> dict:
             variant["adaptive"] = False
         elif option == "bert32":
             variant["bert32"] = True
+        elif option == "kokoronoise":
+            variant["kokoronoise"] = True
         elif option in GENERATORS:
             variant["generator"] = option
         elif option.rstrip("s").endswith("thread") and option.rstrip("s")[: -len("thread")].isdigit():
@@ -154,6 +158,7 @@ def _apply(engine, variant: dict) -> None:
     engine.generator, engine.frame_rate_half, engine.bert = variant["generators"][variant["generator"]]
     if variant.get("bert32"):
         engine.bert = None
+    engine.randn_like = None if variant.get("kokoronoise") else variant["randn_like"]
 
 
 def _generators(engine, named: set[str]) -> dict:
@@ -288,7 +293,9 @@ def run(args, settings) -> int:
     generators = {id(e): _generators(e, named) for e in {id(e): e for e in engines.values()}.values()}
     for name, variant in variants.items():
         variant["generators"] = generators[id(engines[name])]
+        variant["randn_like"] = engines[name].randn_like
     default_generator, default_half, default_bert = engine.generator, engine.frame_rate_half, engine.bert
+    default_randn_like = engine.randn_like
     voice = engine.resolve_voice(args.voice or settings.default_voice)
     for name, variant in ([] if args.quality_only else variants.items()):  # warm up each variant: G2P load, first-call costs
         _apply(engines[name], variant)
@@ -307,6 +314,7 @@ def run(args, settings) -> int:
 
     engine.decode_sound_only, engine.windowed, engine.grad_mode = True, True, "inference"
     engine.generator, engine.frame_rate_half, engine.bert = default_generator, default_half, default_bert
+    engine.randn_like = default_randn_like
     if variants:
         frames = {s: _frames_of(engine, t, args.language, voice) for s, t in SENTENCES.items()}
         load = os.getloadavg()[0]

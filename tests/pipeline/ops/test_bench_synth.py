@@ -22,6 +22,16 @@ def test_a_variant_name_sets_the_engine_s_options():
         synth._variant("windowed-fp16", threads=1)
 
 
+def test_kokoronoise_draws_the_noise_as_kokoro_does_and_the_rest_as_the_engine(tiny_engine):
+    from voicebus.synthesis.torch_ops import randn_like_strided
+
+    generators, engine_s = synth._generators(tiny_engine, set()), tiny_engine.randn_like
+    for name, expected in (("windowed-kokoronoise", None), ("windowed", randn_like_strided)):
+        variant = {**synth._variant(name, threads=1), "generators": generators, "randn_like": engine_s}
+        synth._apply(tiny_engine, variant)
+        assert tiny_engine.randn_like is expected
+
+
 def test_the_float32_variants_differ_by_what_they_tile(tiny_engine):
     """``fp32``: every convolution direct; ``fp32dft``: the wide ones through short DFTs, kokoro's
     PL-BERT (the float32 path before F(4, 3) and prepacking); ``fp32tiled``: the engine's float32

@@ -216,6 +216,20 @@ def test_without_torch_s_prepacked_linear_the_engine_keeps_kokoro_s_bert(tiny_en
     assert "PL-BERT runs as kokoro's own" in caplog.text and "_no_such_operator" in caplog.text
 
 
+def test_the_engine_draws_the_harmonic_source_s_noise_faster_unless_torch_draws_otherwise(
+        tiny_engine: SynthesisEngine, monkeypatch, caplog):
+    """On a CPU the engine draws the noise with `torch_ops.randn_like_strided`; where the check
+    finds torch drawing otherwise, kokoro's own ``m_source``, with a warning, instead of failing."""
+    from voicebus.synthesis import torch_ops
+    from voicebus.synthesis.engine import noise_drawer
+
+    assert tiny_engine.randn_like is torch_ops.randn_like_strided
+    monkeypatch.setattr(torch_ops, "RNG_STATE_BYTES", torch_ops.RNG_STATE_BYTES + 8)
+    with caplog.at_level("WARNING", logger="voicebus.synthesis.engine"):
+        assert noise_drawer(tiny_engine.model) is None
+    assert "the harmonic source's noise is drawn as kokoro draws it" in caplog.text
+
+
 def test_the_engine_decodes_with_its_folded_generator():
     """The engine's windows and its whole-span decodes go through `SynthesisEngine.generator`
     and `frame_rate_half` (the folded ones), and with them unset through kokoro's own: the same

@@ -54,6 +54,37 @@ def test_the_split_forward_pass_is_kokoros_forward_pass(tiny_engine):
     assert len(audio) == frames.count * kokoro_frames.SAMPLES_PER_FRAME
 
 
+def test_the_harmonic_source_with_the_faster_draws_is_kokoro_s_and_draws_all_it_draws(tiny_engine):
+    """`harmonic_source` with `torch_ops.randn_like_strided` is kokoro's ``m_source`` for a seed,
+    and leaves the generator where kokoro's does (its unused noise branch drawn too): the
+    sentence after is the same as well. A seeded whole decode through it is kokoro's audio."""
+    import torch
+
+    from voicebus.synthesis.torch_ops import randn_like_strided
+
+    gen = tiny_engine.model.decoder.generator
+    f0 = torch.rand(1, 1, 160) * 300 * (torch.rand(1, 1, 160) > 0.3)  # voiced frames and unvoiced ones
+    upsampled = gen.f0_upsamp(f0).transpose(1, 2)
+    with torch.inference_mode():
+        torch.manual_seed(3)
+        expected, expected_state = gen.m_source(upsampled)[0], torch.get_rng_state()
+        torch.manual_seed(3)
+        got, state = kokoro_frames.harmonic_source(gen, upsampled, randn_like_strided), torch.get_rng_state()
+    assert torch.equal(got, expected) and torch.equal(state, expected_state)
+
+    model = tiny_engine.model
+    phonemes = tiny_engine.phonemize("Good morning, how are you?", "en")[0]
+    ref_s = tiny_engine.voice_packs["af_heart"][len(phonemes) - 1]
+    with torch.inference_mode():
+        torch.manual_seed(7)
+        frames = kokoro_frames.predict_frames(model, phonemes, ref_s, 1.1)
+        kokoro_s = kokoro_frames.generate(model, kokoro_frames.prepare_decoder(model, frames))
+        torch.manual_seed(7)
+        frames = kokoro_frames.predict_frames(model, phonemes, ref_s, 1.1)
+        faster = kokoro_frames.generate(model, kokoro_frames.prepare_decoder(model, frames, randn_like=randn_like_strided))
+    assert torch.equal(faster, kokoro_s)
+
+
 def _weight_normed(model) -> list[str]:
     return [name for name, _ in model.named_parameters() if name.endswith(("weight_g", "weight_v"))]
 
