@@ -41,6 +41,8 @@ def late_and_unexplained(captions: list[dict], stalls: list[list[float]]) -> lis
     stalls do not explain: more than SEEN_FREE_MAX_MS of their delivery passed with the thread free."""
     return [c for c in captions if c["lagMs"] > 100
             and c["deliveryMs"] - stalled_ms(stalls, c["shownAtMs"] - c["deliveryMs"], c["shownAtMs"]) > SEEN_FREE_MAX_MS]
+
+
 SENTENCES = [
     "Your order shipped this morning, friend.".split(),
     "It should arrive on Monday afternoon.".split(),
@@ -61,7 +63,7 @@ def worded_tone_turn(session: str, turn: str) -> list[AudioChunk]:
 
 def test_a_late_word_is_explained_only_by_the_main_thread_held_through_its_delivery():
     word = {"lagMs": 101.3, "deliveryMs": 95.0, "shownAtMs": 600.0}  # delivered over [505, 600]
-    # one stall through it, or two with a beat between them: the thread was held
+    # one stall through it, or several with a beat between them: the thread was held
     assert not late_and_unexplained([word], [[500.0, 598.0]])
     assert not late_and_unexplained([word], [[490.0, 523.0], [524.0, 561.0], [562.0, 590.0]])
     # held for a third of it and free for the rest: the player (or the test) is late, not the thread
