@@ -90,9 +90,9 @@ def prepack_linears(module: torch.nn.Module) -> int:
 
 # torch.get_rng_state() of the CPU generator: the legacy layout's 5056 bytes, in which the
 # float64 Gaussian the serial kernel keeps for its next call (the second of a Box-Muller pair)
-# sits at NORMAL_Y_AT, and whether there is one at NORMAL_VALID_AT (an int)
+# sits at byte 5024, and whether there is one at NORMAL_VALID_AT (an int)
 RNG_STATE_BYTES = 5056
-NORMAL_Y_AT, NORMAL_VALID_AT = 5024, 5040
+NORMAL_VALID_AT = 5040
 _MASK53 = (1 << 53) - 1  # uniform_real_distribution<double>: the low 53 bits of a random64, times 2^-53
 
 
