@@ -34,7 +34,7 @@ from importlib import resources
 import numpy as np
 
 from voicebus.ops.bench import seams
-from voicebus.ops.bench.seams import HOP, PAUSE_S, pcm_to_float, quiet_bins, silent_runs, word_errors
+from voicebus.ops.bench.seams import FAINT_DB, HOP, PAUSE_S, pcm_to_float, quiet_bins, silent_runs, word_errors
 
 LANGUAGES = ("en", "es", "pt", "fr", "it", "hi", "ja", "zh")
 BY_CHARACTER = frozenset({"ja", "zh"})  # written without spaces between words: CER
@@ -152,7 +152,8 @@ def _silences(audio: np.ndarray, pause_s: float = PAUSE_S) -> list[tuple[int, in
         return []
     quiet = quiet_bins(audio)
     loud = np.flatnonzero(~quiet)
-    return [(start * HOP, end * HOP) for start, end in silent_runs(quiet, int(loud[0]), int(loud[-1]) + 1, pause_s)]
+    runs = silent_runs(quiet, int(loud[0]), int(loud[-1]) + 1, pause_s, faint=quiet_bins(audio, FAINT_DB))
+    return [(start * HOP, end * HOP) for start, end in runs]
 
 
 def _punctuated(group: str, following: str | None) -> bool:

@@ -194,32 +194,42 @@ LONG_PHRASES = {
 
 PAUSE_S = 0.2  # a mid-phrase pause: a silence of at least 200 ms
 QUIET_DB = 40.0  # a 10 ms bin this far under the loudest is silent
+FAINT_DB = 35.0  # and one this far under it does not end a silence it falls back into (`silent_runs`)
+MURMUR_BINS = 2  # if no more than this many such bins in a row
 
 
-def quiet_bins(audio: np.ndarray) -> np.ndarray:
+def quiet_bins(audio: np.ndarray, below_db: float = QUIET_DB) -> np.ndarray:
     """Per 10 ms of float ``audio`` (24 kHz, at least 10 ms of it): whether its level is at least
-    ``QUIET_DB`` under the loudest 10 ms."""
+    ``below_db`` under the loudest 10 ms."""
     level = 20 * np.log10(np.sqrt(np.mean(audio[: len(audio) // HOP * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
-    return level < level.max() - QUIET_DB
+    return level < level.max() - below_db
 
 
-def silent_runs(quiet: np.ndarray, first: int, last: int, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
+def silent_runs(
+    quiet: np.ndarray, first: int, last: int, pause_s: float = PAUSE_S, faint: np.ndarray | None = None
+) -> list[tuple[int, int]]:
     """(start, end) bins of each run of `quiet_bins` of at least ``pause_s`` that starts at or
-    after bin ``first`` and ends before bin ``last`` (a run still open there is not counted)."""
-    runs, run = [], None
+    after bin ``first`` and ends before bin ``last`` (a run still open there is not counted).
+    With ``faint`` (`quiet_bins` at `FAINT_DB`), a run goes on through up to `MURMUR_BINS` faint
+    bins that fall back to quiet ones, and ends at its last quiet bin: a 10 ms murmur at -39 dB
+    inside a silence at -50 is no end of the pause to the ear, and a run cut there at -40 would be
+    measured in halves. A longer faint stretch is a quiet sound (a nasal's tail: Mandarin
+    zm_yunxia hums the "n" of 店 90 ms at -36 to -40 dB) and ends the run."""
+    runs, run, end = [], None, None
     for i in range(first, last):
-        if quiet[i] and run is None:
-            run = i
-        elif not quiet[i] and run is not None:
-            if i - run >= pause_s * 100:
-                runs.append((run, i))
+        if quiet[i]:
+            run = i if run is None else run
+            end = i + 1
+        elif run is not None and (faint is None or not faint[i] or i - end >= MURMUR_BINS):
+            if end - run >= pause_s * 100:
+                runs.append((run, end))
             run = None
     return runs
 
 
 def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
-    """Silent stretches of at least ``pause_s`` (every 10 ms at least 40 dB below the loudest
-    10 ms) between the start of the first word and the end of the last word ``whisper`` hears
+    """Silent stretches of at least ``pause_s`` (10 ms bins at least 40 dB below the loudest
+    10 ms, through faint bins between them: `silent_runs`) between the start of the first word and the end of the last word ``whisper`` hears
     in float ``audio`` (24 kHz), as (start ms from the first sound, length ms). In a phrase with
     no inner punctuation, each is a mid-phrase pause. (Whisper's own word gaps are no measure
     alone: it stretches words over short silences and opens gaps on long vowels; the audio says
@@ -231,7 +241,8 @@ def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float 
     quiet = quiet_bins(audio)
     onset = int(np.argmax(~quiet))
     first, last = int(heard[0].start * 100), min(len(quiet), int(heard[-1].end * 100))
-    return [((start - onset) * 10, (end - start) * 10) for start, end in silent_runs(quiet, first, last, pause_s)]
+    runs = silent_runs(quiet, first, last, pause_s, faint=quiet_bins(audio, FAINT_DB))
+    return [((start - onset) * 10, (end - start) * 10) for start, end in runs]
 
 
 def pcm_to_float(pcm: bytes) -> np.ndarray:

@@ -207,9 +207,11 @@ def _quality(engine, voice: str) -> None:
 def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     """Kokoro's pauses inside a phrase kept (``inner_pause_frames`` None) and
     shortened (the engine's): the mid-phrase pauses in each language's long phrase over
-    ``seeds`` decoder seeds, and Whisper base's word error rate over the es and pt sentences of
-    `voicebus.ops.bench.seams` (fixed window sizes, seeded per sentence: the same audio each run)."""
+    ``seeds`` decoder seeds, spoken by ``voice`` and by the language's own default voice, and
+    Whisper base's word error rate over the es and pt sentences of `voicebus.ops.bench.seams`
+    spoken by ``voice`` (fixed window sizes, seeded per sentence: the same audio each run)."""
     from voicebus.ops.bench import seams
+    from voicebus.ops.bench.languages import default_voice
     from voicebus.ops.bench.words import base_whisper
 
     t0 = time.perf_counter()
@@ -218,16 +220,18 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     modes = {"kept": None, "shortened": shortened}
     engine.adaptive_windows = False  # window sizes from the decode speed would differ run to run
     try:
-        print("mid-phrase pauses (>= 200 ms, every 10 ms 40 dB under the loudest, between the words Whisper base hears), "
-              f"{seeds} seeds: (start ms, length ms) of each")
+        print("mid-phrase pauses (>= 200 ms, 10 ms bins 40 dB under the loudest through 20 ms murmurs, between the words "
+              f"Whisper base hears), {seeds} seeds: (start ms, length ms) of each")
         for language, text in seams.LONG_PHRASES.items():
-            for mode, frames in modes.items():
-                engine.inner_pause_frames = frames
-                found = []
-                for s in range(seeds):
-                    engine.seed = s
-                    found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(b"".join(engine.stream(text, language, voice))), language))
-                print(f"  {language} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
+            for speaker in dict.fromkeys((voice, default_voice(language))):
+                for mode, frames in modes.items():
+                    engine.inner_pause_frames = frames
+                    found = []
+                    for s in range(seeds):
+                        engine.seed = s
+                        pcm = b"".join(engine.stream(text, language, speaker))
+                        found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(pcm), language))
+                    print(f"  {language} {speaker:<8} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
         for language, sentences in (("es", seams.SPANISH), ("pt", seams.PORTUGUESE)):
             rates = {}
             for mode, frames in modes.items():
