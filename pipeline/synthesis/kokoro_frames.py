@@ -308,9 +308,9 @@ INNER_SILENCE_ENERGY = -1.4
 # decodes to under -40 dB but for 10 ms; split at the bump, neither half was longer than
 # `MAX_INNER_SILENCE_FRAMES`, and a 260-290 ms pause was kept whole (where the window plan put
 # the bump's 10 ms under -40 dB too, the pause test heard it). pf_dora holds "nove | para" 9,
-# with a bump to -0.69 in them: 260 ms under -35 dB, a 100 ms murmur in it. Of the 149 pieces of the languages bench's sentences, its held-out
-# ones and the tests' phrases (each language's default voice), any level from -0.5 to 0 changes
-# those two silences only.
+# with a bump to -0.69 in them: 260 ms under -35 dB. Of the 149 pieces of the languages bench's
+# sentences, its held-out ones and the tests' phrases (each language's default voice), any level
+# from -0.5 to 0 changes those two silences only.
 INNER_SILENCE_RELEASE_ENERGY = -0.5
 
 # Frames kept of a longer silence inside a phrase: 75 ms of predicted silence, which decodes to

@@ -229,11 +229,12 @@ def silent_runs(
 
 def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float = PAUSE_S) -> list[tuple[int, int]]:
     """Silent stretches of at least ``pause_s`` (10 ms bins at least 40 dB below the loudest
-    10 ms, through faint bins between them: `silent_runs`) between the start of the first word and the end of the last word ``whisper`` hears
-    in float ``audio`` (24 kHz), as (start ms from the first sound, length ms). In a phrase with
-    no inner punctuation, each is a mid-phrase pause. (Whisper's own word gaps are no measure
-    alone: it stretches words over short silences and opens gaps on long vowels; the audio says
-    where the silence is, Whisper where the words are.)"""
+    10 ms, through murmurs between them: `silent_runs`) between the start of the first word and
+    the end of the last word ``whisper`` hears in float ``audio`` (24 kHz), as (start ms from
+    the first sound, length ms). In a phrase with no inner punctuation, each is a mid-phrase
+    pause. (Whisper's own word gaps are no measure alone: it stretches words over short
+    silences and opens gaps on long vowels; the audio says where the silence is, Whisper where
+    the words are.)"""
     segments, _ = whisper.transcribe(to_16k(audio), language=language, beam_size=1, word_timestamps=True, temperature=GREEDY)
     heard = [w for s in segments for w in s.words]
     if not heard:

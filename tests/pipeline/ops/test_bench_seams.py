@@ -8,7 +8,8 @@ from voicebus.ops.bench.seams import FAINT_DB, HOP, MURMUR_BINS, QUIET_DB, quiet
 
 # The level of each 10 ms (dB under the loudest) of the engine's Spanish long phrase at
 # "nueve | para", ef_dora, seeded, before its silences were shortened through faint bumps: one
-# stretch of ~270 ms a listener hears as one pause, with bins at -39 dB in three places (to the dB; those that rounded to -40 were over it).
+# stretch of ~270 ms a listener hears as one pause, with bins at -39 dB in three places (to the
+# dB; those that rounded to -40 were over it).
 NUEVE_PARA = [-12, -16, -17, -20, -27, -38, -41, -48, -48, -50, -48, -42, -46, -41, -41, -39, -41, -39, -41,
               -41, -44, -44, -45, -45, -49, -49, -39, -43, -44, -53, -54, -60, -52, -21, -12, -4, -4, -5]
 
@@ -30,7 +31,7 @@ def test_a_pause_with_faint_bins_in_it_is_measured_whole():
     audio = audio_at([0] + NUEVE_PARA)
     quiet, faint = quiet_bins(audio), quiet_bins(audio, FAINT_DB)
     whole = silent_runs(quiet, 0, len(quiet), 0.2, faint=faint)
-    assert [(end - start) * 10 for start, end in whole] == [270]  # from the first bin at -41 to the last at -43..-52
+    assert [(end - start) * 10 for start, end in whole] == [270]  # from the first bin under -40 to the last
     # at -40 dB alone, the bins at -39 cut it into pieces, none of them 200 ms long
     assert silent_runs(quiet, 0, len(quiet), 0.2) == []
 
