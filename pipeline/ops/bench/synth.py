@@ -32,9 +32,10 @@ kokoro's PL-BERT; ``fp32``: all convolutions direct); ``bert32`` keeps kokoro's 
 ``--quality``: the gates of windowed decoding on the 20 English sentences of
 `voicebus.ops.bench.seams.ENGLISH`: Whisper tiny.en's word error rate over the whole-piece and the
 windowed decodes of the same prediction and excitation, and the seam measure at every seam.
-``--pauses``: the mid-phrase pauses (item 7) of `voicebus.ops.bench.seams.LONG_PHRASES` and the
-es/pt intelligibility to multilingual Whisper base, with Kokoro's pauses inside a phrase kept
-and shortened (`Settings.shorten_inner_pauses`).
+``--pauses``: the mid-phrase pauses of `voicebus.ops.bench.seams.LONG_PHRASES` (the voice and
+each language's own), the longest silence in them over the engine's window plans, and the es/pt
+intelligibility to multilingual Whisper base, with Kokoro's pauses inside a phrase kept and
+shortened (`Settings.shorten_inner_pauses`).
 ``--languages``: per language (en, es, pt, fr, it, hi, ja, zh) with its default voice, and English
 with ``jf_alpha`` too, over ten natural sentences each: multilingual Whisper base's WER (CER for
 ja, zh), the mid-phrase pauses and the real-time factor (`voicebus.ops.bench.languages`).
@@ -207,7 +208,8 @@ def _quality(engine, voice: str) -> None:
 def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     """Kokoro's pauses inside a phrase kept (``inner_pause_frames`` None) and
     shortened (the engine's): the mid-phrase pauses in each language's long phrase over
-    ``seeds`` decoder seeds, spoken by ``voice`` and by the language's own default voice, and
+    ``seeds`` decoder seeds, spoken by ``voice`` and by the language's own default voice, the
+    longest silence in them over the engine's window plans (`_longest_silences`), and
     Whisper base's word error rate over the es and pt sentences of `voicebus.ops.bench.seams`
     spoken by ``voice`` (fixed window sizes, seeded per sentence: the same audio each run)."""
     from voicebus.ops.bench import seams
@@ -232,6 +234,7 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
                         pcm = b"".join(engine.stream(text, language, speaker))
                         found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(pcm), language))
                     print(f"  {language} {speaker:<8} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
+        _longest_silences(engine, whisper, voice, shortened)
         for language, sentences in (("es", seams.SPANISH), ("pt", seams.PORTUGUESE)):
             rates = {}
             for mode, frames in modes.items():
@@ -249,6 +252,38 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     finally:
         engine.inner_pause_frames, engine.adaptive_windows, engine.seed = shortened, adaptive, seed
     print(f"  ({time.perf_counter() - t0:.0f} s)")
+
+
+# Decode speeds (generator seconds per frame) the window plans of `_longest_silences` are made
+# for: none measured yet, then from a fast CPU to a loaded one
+PLAN_SPEEDS = (None, 0.004, 0.008, 0.013, 0.02, 0.03)
+
+
+def _longest_silences(engine, whisper, voice: str, shortened: int | None) -> None:
+    """The longest silence inside each language's long phrase (``voice`` and the language's own),
+    its pauses shortened, over the window plans the engine makes for each of `PLAN_SPEEDS` (seed
+    0): how far under `seams.PAUSE_S` the worst plan stays. The plans follow the clock too, so
+    this line moves a little run to run; a plan that puts a faint bump of a pause at a seam can
+    make it whole (docs/worker.md, "Mid-phrase pauses")."""
+    from voicebus.ops.bench import seams
+    from voicebus.ops.bench.languages import default_voice
+
+    measured = engine.decode_s_per_frame
+    engine.inner_pause_frames, engine.adaptive_windows, engine.seed = shortened, True, 0
+    print(f"  longest silence inside the phrase, shortened, window plans for {len(PLAN_SPEEDS)} decode speeds "
+          "(none, 4-30 ms a frame), seed 0: ms in each plan")
+    try:
+        for language, text in seams.LONG_PHRASES.items():
+            for speaker in dict.fromkeys((voice, default_voice(language))):
+                longest = []
+                for speed in PLAN_SPEEDS:
+                    engine.decode_s_per_frame = speed
+                    audio = seams.pcm_to_float(b"".join(engine.stream(text, language, speaker)))
+                    found = seams.mid_phrase_pauses(whisper, audio, language, pause_s=0.01)
+                    longest.append(max((length for _, length in found), default=0))
+                print(f"  {language} {speaker:<8} max {max(longest)} ms: {longest}")
+    finally:
+        engine.decode_s_per_frame, engine.adaptive_windows = measured, False
 
 
 def _languages(engine, settings) -> None:
