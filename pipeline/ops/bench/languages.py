@@ -34,7 +34,7 @@ from importlib import resources
 import numpy as np
 
 from voicebus.ops.bench import seams
-from voicebus.ops.bench.seams import FAINT_DB, HOP, PAUSE_S, pcm_to_float, quiet_bins, silent_runs, word_errors
+from voicebus.ops.bench.seams import HOP, PAUSE_S, pcm_to_float, silence_bins, silent_runs, word_errors
 
 LANGUAGES = ("en", "es", "pt", "fr", "it", "hi", "ja", "zh")
 BY_CHARACTER = frozenset({"ja", "zh"})  # written without spaces between words: CER
@@ -150,9 +150,9 @@ def _silences(audio: np.ndarray, pause_s: float = PAUSE_S) -> list[tuple[int, in
     ``audio`` (24 kHz), as (start, end) in samples."""
     if len(audio) < HOP:
         return []
-    quiet = quiet_bins(audio)
+    quiet, faint = silence_bins(audio)
     loud = np.flatnonzero(~quiet)
-    runs = silent_runs(quiet, int(loud[0]), int(loud[-1]) + 1, pause_s, faint=quiet_bins(audio, FAINT_DB))
+    runs = silent_runs(quiet, int(loud[0]), int(loud[-1]) + 1, pause_s, faint=faint)
     return [(start * HOP, end * HOP) for start, end in runs]
 
 

@@ -198,11 +198,23 @@ FAINT_DB = 35.0  # and one this far under it does not end a silence it falls bac
 MURMUR_BINS = 2  # if no more than this many such bins in a row
 
 
+def _levels(audio: np.ndarray) -> np.ndarray:
+    """dB of each 10 ms of float ``audio`` (24 kHz, at least 10 ms of it)."""
+    return 20 * np.log10(np.sqrt(np.mean(audio[: len(audio) // HOP * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
+
+
 def quiet_bins(audio: np.ndarray, below_db: float = QUIET_DB) -> np.ndarray:
     """Per 10 ms of float ``audio`` (24 kHz, at least 10 ms of it): whether its level is at least
     ``below_db`` under the loudest 10 ms."""
-    level = 20 * np.log10(np.sqrt(np.mean(audio[: len(audio) // HOP * HOP].reshape(-1, HOP) ** 2, axis=1)) + 1e-9)
+    level = _levels(audio)
     return level < level.max() - below_db
+
+
+def silence_bins(audio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`quiet_bins` at `QUIET_DB` and at `FAINT_DB`, from one reading of the levels: what
+    `silent_runs` reads a silence from."""
+    level = _levels(audio)
+    return level < level.max() - QUIET_DB, level < level.max() - FAINT_DB
 
 
 def silent_runs(
@@ -210,7 +222,7 @@ def silent_runs(
 ) -> list[tuple[int, int]]:
     """(start, end) bins of each run of `quiet_bins` of at least ``pause_s`` that starts at or
     after bin ``first`` and ends before bin ``last`` (a run still open there is not counted).
-    With ``faint`` (`quiet_bins` at `FAINT_DB`), a run goes on through up to `MURMUR_BINS` faint
+    With ``faint`` (`silence_bins`), a run goes on through up to `MURMUR_BINS` faint
     bins that fall back to quiet ones, and ends at its last quiet bin: a 10 ms murmur at -39 dB
     inside a silence at -50 is no end of the pause to the ear, and a run cut there at -40 would be
     measured in halves. A longer faint stretch is a quiet sound (a nasal's tail: Mandarin
@@ -239,10 +251,10 @@ def mid_phrase_pauses(whisper, audio: np.ndarray, language: str, pause_s: float 
     heard = [w for s in segments for w in s.words]
     if not heard:
         return []
-    quiet = quiet_bins(audio)
+    quiet, faint = silence_bins(audio)
     onset = int(np.argmax(~quiet))
     first, last = int(heard[0].start * 100), min(len(quiet), int(heard[-1].end * 100))
-    runs = silent_runs(quiet, first, last, pause_s, faint=quiet_bins(audio, FAINT_DB))
+    runs = silent_runs(quiet, first, last, pause_s, faint=faint)
     return [((start - onset) * 10, (end - start) * 10) for start, end in runs]
 
 

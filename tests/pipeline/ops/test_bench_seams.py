@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from voicebus.ops.bench.seams import FAINT_DB, HOP, MURMUR_BINS, QUIET_DB, quiet_bins, silent_runs
+from voicebus.ops.bench.seams import FAINT_DB, HOP, MURMUR_BINS, QUIET_DB, quiet_bins, silence_bins, silent_runs
 
 # The level of each 10 ms (dB under the loudest) of the engine's Spanish long phrase at
 # "nueve | para", ef_dora, seeded, before its silences were shortened through faint bumps: one
@@ -24,12 +24,14 @@ def test_levels_are_read_per_10_ms():
     audio = audio_at([0, -30, -39, -41, -60])
     assert quiet_bins(audio).tolist() == [False, False, False, True, True]
     assert quiet_bins(audio, FAINT_DB).tolist() == [False, False, True, True, True]
+    quiet, faint = silence_bins(audio)
+    assert (quiet.tolist(), faint.tolist()) == (quiet_bins(audio).tolist(), quiet_bins(audio, FAINT_DB).tolist())
     assert QUIET_DB > FAINT_DB
 
 
 def test_a_pause_with_faint_bins_in_it_is_measured_whole():
     audio = audio_at([0] + NUEVE_PARA)
-    quiet, faint = quiet_bins(audio), quiet_bins(audio, FAINT_DB)
+    quiet, faint = silence_bins(audio)
     whole = silent_runs(quiet, 0, len(quiet), 0.2, faint=faint)
     assert [(end - start) * 10 for start, end in whole] == [270]  # from the first bin under -40 to the last
     # at -40 dB alone, the bins at -39 cut it into pieces, none of them 200 ms long
@@ -38,7 +40,7 @@ def test_a_pause_with_faint_bins_in_it_is_measured_whole():
 
 def test_a_louder_bin_ends_the_silence_and_the_run_ends_at_its_last_quiet_bin():
     levels = [0] + [-50] * 12 + [-38, -37] + [-50] * 12 + [-20] + [-50] * 25 + [-36, -30, 0]
-    quiet, faint = quiet_bins(audio_at(levels)), quiet_bins(audio_at(levels), FAINT_DB)
+    quiet, faint = silence_bins(audio_at(levels))
     # the -37 and -38 murmur is inside the first pause; -20 ends it; the last run ends at its
     # last quiet bin, not at the -36 faint one after it
     assert silent_runs(quiet, 0, len(levels), 0.2, faint=faint) == [(1, 27), (28, 53)]
@@ -52,7 +54,7 @@ DIAN_MEI = [-6, -12, -24, -35, -47, -50, -41, -39, -38, -36, -37, -37, -38, -38,
 
 def test_a_quiet_sound_longer_than_a_murmur_ends_the_silence():
     audio = audio_at([0] + DIAN_MEI)
-    quiet, faint = quiet_bins(audio), quiet_bins(audio, FAINT_DB)
+    quiet, faint = silence_bins(audio)
     assert silent_runs(quiet, 0, len(quiet), 0.2, faint=faint) == []
     assert [(end - start) * 10 for start, end in silent_runs(quiet, 0, len(quiet), 0.03, faint=faint)] == [30, 80]
     assert MURMUR_BINS < 9
