@@ -213,7 +213,6 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     Whisper base's word error rate over the es and pt sentences of `voicebus.ops.bench.seams`
     spoken by ``voice`` (fixed window sizes, seeded per sentence: the same audio each run)."""
     from voicebus.ops.bench import seams
-    from voicebus.ops.bench.languages import default_voice
     from voicebus.ops.bench.words import base_whisper
 
     t0 = time.perf_counter()
@@ -224,16 +223,15 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     try:
         print("mid-phrase pauses (>= 200 ms, 10 ms bins 40 dB under the loudest through 20 ms murmurs, between the words "
               f"Whisper base hears), {seeds} seeds: (start ms, length ms) of each")
-        for language, text in seams.LONG_PHRASES.items():
-            for speaker in dict.fromkeys((voice, default_voice(language))):
-                for mode, frames in modes.items():
-                    engine.inner_pause_frames = frames
-                    found = []
-                    for s in range(seeds):
-                        engine.seed = s
-                        pcm = b"".join(engine.stream(text, language, speaker))
-                        found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(pcm), language))
-                    print(f"  {language} {speaker:<8} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
+        for language, text, speaker in _long_phrases(voice):
+            for mode, frames in modes.items():
+                engine.inner_pause_frames = frames
+                found = []
+                for s in range(seeds):
+                    engine.seed = s
+                    pcm = b"".join(engine.stream(text, language, speaker))
+                    found.append(seams.mid_phrase_pauses(whisper, seams.pcm_to_float(pcm), language))
+                print(f"  {language} {speaker:<8} {mode:<9} {sum(map(len, found))} in {seeds} runs: {found}")
         _longest_silences(engine, whisper, voice, shortened)
         for language, sentences in (("es", seams.SPANISH), ("pt", seams.PORTUGUESE)):
             rates = {}
@@ -254,6 +252,17 @@ def _pauses(engine, voice: str, settings, seeds: int = 3) -> None:
     print(f"  ({time.perf_counter() - t0:.0f} s)")
 
 
+def _long_phrases(voice: str):
+    """(language, phrase, speaker) for each of `voicebus.ops.bench.seams.LONG_PHRASES`, spoken by
+    ``voice`` and by the language's own default voice (once where they are the same)."""
+    from voicebus.ops.bench import seams
+    from voicebus.ops.bench.languages import default_voice
+
+    for language, text in seams.LONG_PHRASES.items():
+        for speaker in dict.fromkeys((voice, default_voice(language))):
+            yield language, text, speaker
+
+
 # Decode speeds (generator seconds per frame) the window plans of `_longest_silences` are made
 # for: none measured yet, then from a fast CPU to a loaded one
 PLAN_SPEEDS = (None, 0.004, 0.008, 0.013, 0.02, 0.03)
@@ -264,26 +273,24 @@ def _longest_silences(engine, whisper, voice: str, shortened: int | None) -> Non
     its pauses shortened, over the window plans the engine makes for each of `PLAN_SPEEDS` (seed
     0): how far under `seams.PAUSE_S` the worst plan stays. The plans follow the clock too, so
     this line moves a little run to run; a plan that puts a faint bump of a pause at a seam can
-    make it whole (docs/worker.md, "Mid-phrase pauses")."""
+    make it whole (docs/worker.md, "Mid-phrase pauses"). The engine is left as it was."""
     from voicebus.ops.bench import seams
-    from voicebus.ops.bench.languages import default_voice
 
-    measured = engine.decode_s_per_frame
+    kept = engine.decode_s_per_frame, engine.inner_pause_frames, engine.adaptive_windows, engine.seed
     engine.inner_pause_frames, engine.adaptive_windows, engine.seed = shortened, True, 0
     print(f"  longest silence inside the phrase, shortened, window plans for {len(PLAN_SPEEDS)} decode speeds "
           "(none, 4-30 ms a frame), seed 0: ms in each plan")
     try:
-        for language, text in seams.LONG_PHRASES.items():
-            for speaker in dict.fromkeys((voice, default_voice(language))):
-                longest = []
-                for speed in PLAN_SPEEDS:
-                    engine.decode_s_per_frame = speed
-                    audio = seams.pcm_to_float(b"".join(engine.stream(text, language, speaker)))
-                    found = seams.mid_phrase_pauses(whisper, audio, language, pause_s=0.01)
-                    longest.append(max((length for _, length in found), default=0))
-                print(f"  {language} {speaker:<8} max {max(longest)} ms: {longest}")
+        for language, text, speaker in _long_phrases(voice):
+            longest = []
+            for speed in PLAN_SPEEDS:
+                engine.decode_s_per_frame = speed
+                audio = seams.pcm_to_float(b"".join(engine.stream(text, language, speaker)))
+                found = seams.mid_phrase_pauses(whisper, audio, language, pause_s=0.01)
+                longest.append(max((length for _, length in found), default=0))
+            print(f"  {language} {speaker:<8} max {max(longest)} ms: {longest}")
     finally:
-        engine.decode_s_per_frame, engine.adaptive_windows = measured, False
+        engine.decode_s_per_frame, engine.inner_pause_frames, engine.adaptive_windows, engine.seed = kept
 
 
 def _languages(engine, settings) -> None:

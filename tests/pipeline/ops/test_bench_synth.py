@@ -56,18 +56,24 @@ def test_the_float32_variants_differ_by_what_they_tile(tiny_engine):
 def test_the_longest_silence_is_printed_per_window_plan_and_the_engine_left_as_it_was(tiny_engine, whisper, monkeypatch,
                                                                                       capsys):
     """`_longest_silences` decodes each phrase once per `PLAN_SPEEDS` plan (adaptive windows,
-    seed 0) and puts back the engine's measured speed; `_pauses`'s caller restores the rest."""
+    seed 0) and puts the engine back as it was."""
     from voicebus.ops.bench import seams
 
     monkeypatch.setattr(seams, "LONG_PHRASES", {"en": "The technician will call."})
     tiny_engine.decode_s_per_frame = 0.011
-    seeds_seen: list = []
+    before = (tiny_engine.inner_pause_frames, tiny_engine.adaptive_windows, tiny_engine.seed)
+    seen: list = []
     stream = tiny_engine.stream
-    monkeypatch.setattr(tiny_engine, "stream", lambda *a, **k: (seeds_seen.append(
-        (tiny_engine.seed, tiny_engine.adaptive_windows, tiny_engine.decode_s_per_frame)), stream(*a, **k))[1])
+
+    def recorded_stream(*args, **kwargs):
+        seen.append((tiny_engine.seed, tiny_engine.adaptive_windows, tiny_engine.decode_s_per_frame))
+        return stream(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "stream", recorded_stream)
     synth._longest_silences(tiny_engine, whisper, "af_heart", tiny_engine.inner_pause_frames)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[1].split()[:3] == ["en", "af_heart", "max"]
     assert len(lines[1].split(": ")[1].strip("[]").split(", ")) == len(synth.PLAN_SPEEDS)
-    assert seeds_seen == [(0, True, speed) for speed in synth.PLAN_SPEEDS]
+    assert seen == [(0, True, speed) for speed in synth.PLAN_SPEEDS]
     assert tiny_engine.decode_s_per_frame == 0.011
+    assert (tiny_engine.inner_pause_frames, tiny_engine.adaptive_windows, tiny_engine.seed) == before
