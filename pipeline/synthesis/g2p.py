@@ -18,7 +18,8 @@ def build_g2p(lang_code: str):
     time; here it gets the installed one (`voicebus.synthesis.weights.load_spacy_english`).
     Spanish, French, Hindi, Italian and Portuguese go through espeak-ng (the data bundled with
     ``espeakng-loader``), Japanese through misaki's cutlet G2P on the bundled UniDic-lite
-    dictionary (`_offline_japanese_g2p`), Mandarin through misaki's jieba + pypinyin G2P."""
+    dictionary (`_offline_japanese_g2p`), Mandarin through misaki's jieba + pypinyin G2P with
+    the tone changes of speech (`MandarinG2P`)."""
     from kokoro import KPipeline
 
     if lang_code in "ab":
@@ -29,8 +30,7 @@ def build_g2p(lang_code: str):
     elif lang_code == "j":
         g2p = _offline_japanese_g2p()
     elif lang_code == "z":
-        _quiet_jieba()
-        return KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
+        g2p = MandarinG2P()
     else:
         pipeline = KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
         if lang_code == "h":
@@ -83,6 +83,78 @@ def unidic_lite_tagger():
     from fugashi import Tagger
 
     return Tagger(f'-d "{unidic_lite.DICDIR}" -r "{os.path.join(unidic_lite.DICDIR, "mecabrc")}"')
+
+
+class MandarinG2P:
+    """misaki's Mandarin G2P as Kokoro-82M v1.0 takes it (``ZHG2P()``: numbers to characters,
+    jieba's words, pypinyin's syllables, each to IPA with its tone mark, words apart by spaces),
+    with the tone changes every speaker makes and a dictionary's readings leave out: 一 and 不
+    rise before a fourth tone (一定 yí dìng, 不是 bú shì), 一 falls before the others (一天
+    yì tiān), a third tone before a third rises (往左拐 wǎng zuó guǎi), reduplications and
+    particles go neutral (妹妹 mèimei). The rules are misaki's own (`misaki.tone_sandhi`, from
+    PaddleSpeech), which its Kokoro 1.1 front end applies and its v1.0 path does not; without
+    them the model says 一所 as yī suǒ, and Whisper base hears 衣索.
+
+    The words and syllables are misaki's (jieba's words, apart by spaces: the model was trained
+    on them); the rules read a part of speech and whole words, so the tones they change are
+    found on jieba's tagged words, merged as the rules expect (一 and 不 with the word after
+    them, runs of third tones), and only those tones are put on misaki's syllables."""
+
+    def __init__(self):
+        from misaki.tone_sandhi import ToneSandhi
+
+        _quiet_jieba()
+        self.sandhi = ToneSandhi()
+
+    def __call__(self, text: str) -> tuple[str, None]:
+        import cn2an
+        from misaki.zh import ZHG2P
+
+        if not text.strip():
+            return "", None
+        text = ZHG2P.map_punctuation(cn2an.transform(text, "an2cn"))
+        # Han runs are spoken word by word; the rest (punctuation, Latin) is kept as it is
+        spoken = (" ".join(self.word_phonemes(run)) if _HAN.match(run) else run for run in _HAN_OR_NOT.findall(text))
+        return "".join(spoken).replace(chr(815), ""), None  # misaki drops the IPA's "non-syllabic" mark too
+
+    def word_phonemes(self, han: str):
+        """The IPA of each word of a run of Han characters, its tones as spoken."""
+        import jieba
+        from misaki.zh import ZHG2P
+        from pypinyin import Style, lazy_pinyin
+
+        tones = self.spoken_tones(han)
+        at = 0
+        for word in jieba.lcut(han, cut_all=False):
+            syllables = lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True)
+            if len(syllables) == len(word):  # one syllable per character
+                syllables = [s[:-1] + tones[at + i] if at + i in tones and s[-1:].isdigit() else s
+                             for i, s in enumerate(syllables)]
+            at += len(word)
+            yield "".join(ZHG2P.py2ipa(s) for s in syllables)
+
+    def spoken_tones(self, han: str) -> dict[int, str]:
+        """{character index: tone digit, 5 neutral} of the characters of ``han`` (Han only) whose
+        tone the rules change."""
+        import jieba.posseg
+        from pypinyin import Style, lazy_pinyin
+
+        words = self.sandhi.pre_merge_for_modify([(w.word, w.flag) for w in jieba.posseg.lcut(han)])
+        if "".join(word for word, _ in words) != han:
+            return {}  # the merges only join neighbours; should one not, no tone is placed wrong
+        changed, at = {}, 0
+        for word, part in words:
+            written = lazy_pinyin(word, style=Style.FINALS_TONE3, neutral_tone_with_five=True)
+            if len(written) == len(word):
+                spoken = self.sandhi.modified_tone(word, part, list(written))
+                changed.update({at + i: s[-1] for i, (w, s) in enumerate(zip(written, spoken))
+                                if w[-1:] != s[-1:] and s[-1:].isdigit()})
+            at += len(word)
+        return changed
+
+
+_HAN = re.compile("[\u4e00-\u9fff]")
+_HAN_OR_NOT = re.compile("[\u4e00-\u9fff]+|[^\u4e00-\u9fff]+")
 
 
 def _quiet_jieba() -> None:

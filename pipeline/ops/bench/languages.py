@@ -60,6 +60,14 @@ def heldout_sentences() -> dict[str, list[str]]:
     return json.loads(data.read_text(encoding="utf-8"))
 
 
+def tone_sentences() -> dict[str, list[str]]:
+    """Twenty Mandarin sentences whose syllables change tone in speech (一 and 不 before another
+    tone, third tones in a row: 一定, 不是, 往左拐) (``data/mandarin_tones.json``), none of them
+    in the other sets or the tests: the third set `sweep` measures Mandarin's voices on."""
+    data = resources.files("voicebus.ops.bench") / "data" / "mandarin_tones.json"
+    return json.loads(data.read_text(encoding="utf-8"))
+
+
 def voices_of(language: str) -> list[str]:
     """Every Kokoro voice of ``language``, by name."""
     from voicebus.schemas.contract import KOKORO_VOICES, kokoro_code
@@ -265,10 +273,11 @@ def run(engine, whisper, languages=LANGUAGES, extra_voices: dict[str, list[str]]
 
 def sweep(engine, whisper, languages: list[str]) -> list[dict]:
     """`measure` for every voice of each of ``languages``, on the bench's sentences and on the
-    held-out ones where the language has them (`heldout_sentences`); prints one line per voice
+    held-out ones and the tone changes where the language has them (`heldout_sentences`,
+    `tone_sentences`); prints one line per voice
     and set, then the voice `pick_default` picks per language: how ``hf_beta`` and
     ``zm_yunxia`` were chosen (docs/benchmarks.md)."""
-    sets = {"bench": sentences(), "held-out": heldout_sentences()}
+    sets = {"bench": sentences(), "held-out": heldout_sentences(), "tones": tone_sentences()}
     rows = []
     print(f"{'language':<8} {'voice':<14} {'set':<8} {'WER/CER':>11} {'CER':>6} {'reading':>7} {'pauses':>6} {'RTF':>6}")
     for language in languages:

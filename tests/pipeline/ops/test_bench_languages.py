@@ -42,6 +42,9 @@ def test_the_held_out_sentences_are_new_and_the_sweep_covers_every_voice_of_a_la
     assert sorted(held_out) == ["hi", "ja", "zh"] and all(len(texts) == 10 for texts in held_out.values())
     for language, texts in held_out.items():
         assert not set(texts) & set(bench[language])  # a second set, not the first again
+    tones = languages.tone_sentences()
+    assert sorted(tones) == ["zh"] and len(tones["zh"]) == 20
+    assert not set(tones["zh"]) & (set(bench["zh"]) | set(held_out["zh"]))  # a third
     assert languages.voices_of("zh") == ["zf_xiaobei", "zf_xiaoni", "zf_xiaoxiao", "zf_xiaoyi", "zm_yunjian",
                                          "zm_yunxi", "zm_yunxia", "zm_yunyang"]
     assert languages.voices_of("hi") == ["hf_alpha", "hf_beta", "hm_omega", "hm_psi"]
