@@ -166,6 +166,31 @@ def test_a_sentence_is_heard_back_in_its_language(real_engine, whisper_base, lan
     assert info.language == language and info.language_probability >= 0.8, (info.language, info.language_probability)
 
 
+# language -> (a number with separators, what Whisper base writes on hearing it, in words or digits)
+NUMBERS = {
+    "es": ("Son 1.000 personas y cuesta 2,5 euros.", ("mil", "1000", "1.000"), ("2,5", "dos coma cinco")),
+    "pt": ("São 1.000 pessoas e custa 2,5 reais.", ("mil", "1000", "1.000"), ("2,5", "dois vírgula cinco")),
+    "ja": ("1,000人で2.5キロです。", ("1000人", "1,000人", "千人"), ("2.5", "2点5")),
+    "zh": ("有1,000人。", ("1000人", "1,000人", "千人"), ()),
+}
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("language", sorted(NUMBERS))
+def test_a_number_with_separators_is_heard_as_that_number(real_engine, whisper_base, language):
+    """Read as punctuation, 1.000 was heard as "unos 00" (es), "000" (pt), 1,000人 as 10人 (ja)
+    and 910人 (zh); 2,5 as "dos cinco"."""
+    text, thousand, decimal = NUMBERS[language]
+    real_engine.seed, real_engine.adaptive_windows = 0, False
+    try:
+        audio, _, _ = languages.speak(real_engine, text, language, languages.default_voice(language))
+    finally:
+        real_engine.seed, real_engine.adaptive_windows = None, True
+    heard = languages.heard(whisper_base, audio, language).lower()
+    assert any(said in heard for said in thousand), heard
+    assert not decimal or any(said in heard for said in decimal), heard
+
+
 def test_synth_speaks_a_language_with_its_own_voice_unless_told(tmp_path, monkeypatch, capsys):
     """`voicebus synth --language fr` with no voice: the configured default (af_heart) is not
     French, so the language's default voice speaks, as the gate picks one for a turn."""
