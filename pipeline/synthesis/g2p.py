@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import re
 
+from voicebus.synthesis.spoken import SpokenText
+
 REPO_ID = "hexgrad/Kokoro-82M"  # only used by kokoro for naming; nothing is downloaded
 
 def build_g2p(lang_code: str):
@@ -19,7 +21,9 @@ def build_g2p(lang_code: str):
     Spanish, French, Hindi, Italian and Portuguese go through espeak-ng (the data bundled with
     ``espeakng-loader``), Japanese through misaki's cutlet G2P on the bundled UniDic-lite
     dictionary (`_offline_japanese_g2p`), Mandarin through misaki's jieba + pypinyin G2P with
-    the tone changes of speech (`MandarinG2P`)."""
+    the tone changes of speech (`MandarinG2P`). Every language but English (misaki reads
+    numbers and abbreviations itself) reads the text as `voicebus.synthesis.spoken` writes it
+    out."""
     from kokoro import KPipeline
 
     if lang_code in "ab":
@@ -28,14 +32,14 @@ def build_g2p(lang_code: str):
         g2p = _offline_english_g2p(british=lang_code == "b", fallback=espeak.EspeakFallback(british=lang_code == "b"))
         assert isinstance(g2p, en.G2P)
     elif lang_code == "j":
-        g2p = SpokenNumbers(_offline_japanese_g2p(), lang_code)
+        g2p = SpokenText(_offline_japanese_g2p(), lang_code)
     elif lang_code == "z":
-        g2p = SpokenNumbers(MandarinG2P(), lang_code)
+        g2p = SpokenText(MandarinG2P(), lang_code)
     else:
         pipeline = KPipeline(lang_code=lang_code, repo_id=REPO_ID, model=False)
         if lang_code == "h":
             pipeline.g2p = _DandaAsStop(pipeline.g2p)
-        pipeline.g2p = SpokenNumbers(pipeline.g2p, lang_code)
+        pipeline.g2p = SpokenText(pipeline.g2p, lang_code)
         return pipeline
     # KPipeline's constructor would build misaki's G2P itself (English: downloading spaCy;
     # Japanese: importing pyopenjtalk, which the cutlet G2P never calls); these are all the
@@ -47,54 +51,6 @@ def build_g2p(lang_code: str):
     pipeline.voices = {}
     pipeline.g2p = g2p
     return pipeline
-
-
-# Kokoro code -> (decimal separator, how it is said, the other mark between digits and how it is
-# said where it does not group thousands, the characters that group thousands)
-NUMBER_FORMATS = {
-    "e": (",", "coma", ".", "punto", "."),
-    "f": (",", "virgule", ".", "point", ".\u00a0\u202f"),
-    "i": (",", "virgola", ".", "punto", "."),
-    "p": (",", "vírgula", ".", "ponto", "."),
-    "h": (".", "दशमलव", None, None, ","),
-    "j": (".", "点", None, None, ","),
-    "z": (None, None, None, None, ","),  # cn2an, in misaki's G2P, reads 2.5 itself
-}
-
-
-class SpokenNumbers:
-    """A G2P that reads numbers written with separators as numbers: ``1.000`` in Spanish is
-    mil, ``2,5`` dos coma cinco, ``1,00,000`` in Hindi एक लाख. Every G2P but English's (misaki
-    reads numbers itself) took the marks between digits for punctuation: phonemizer hands
-    espeak-ng the text between punctuation marks, so "Son 1.000 personas" was said uno, a
-    full stop, cero cero cero; cutlet and jieba did the same with 1,000 (ichi, zero).
-
-    Before the G2P, thousands separators in groups of three (Hindi's lakh grouping too) are
-    dropped, and a decimal separator between two runs of digits is said as the language says it
-    (`NUMBER_FORMATS`); in Spanish, French, Italian and Portuguese a point between two runs of
-    digits that does not group thousands is read as a point (2.5 in Mexican Spanish: dos punto
-    cinco). A chain of marks between digits that is not a number (a date, 12.05.2026; a list,
-    1,2,3) is left as it was."""
-
-    def __init__(self, g2p, lang_code: str):
-        self.g2p = g2p
-        decimal, said, other, other_said, grouping = NUMBER_FORMATS[lang_code]
-        groups = "[" + re.escape(grouping) + "]"
-        lakh = r"\d{1,2}(?:,\d{2})+,\d{3}|" if lang_code == "h" else ""
-        self.thousands = re.compile(rf"(?<![\d.,])(?:{lakh}\d{{1,3}}(?:{groups}\d{{3}})+)(?!\d|{groups}\d)")
-        self.grouping = re.compile(groups)
-        self.separators = [(re.compile(rf"(?<![\d.,])(\d+){re.escape(mark)}(\d+)(?!\d|[.,]\d)"), rf"\1 {word} \2")
-                           for mark, word in ((decimal, said), (other, other_said)) if mark]
-
-    def spoken(self, text: str) -> str:
-        """``text`` with its numbers as the G2P is to read them."""
-        text = self.thousands.sub(lambda m: self.grouping.sub("", m[0]), text)
-        for mark, word in self.separators:
-            text = mark.sub(word, text)
-        return text
-
-    def __call__(self, text: str, *args, **kwargs):
-        return self.g2p(self.spoken(text), *args, **kwargs)
 
 
 class _DandaAsStop:
