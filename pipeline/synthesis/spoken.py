@@ -1,5 +1,5 @@
-"""What a sentence says, written out before a G2P reads it: numbers with separators and
-abbreviations, per Kokoro language code (`SpokenText`).
+"""What a sentence says, written out before a G2P reads it: numbers with separators, times of
+day and abbreviations, per Kokoro language code (`SpokenText`).
 
 espeak-ng (through phonemizer), cutlet and jieba read the marks in written numbers and
 abbreviations as punctuation: phonemizer hands espeak the text between punctuation marks, so
@@ -26,6 +26,20 @@ NUMBER_FORMATS = {
     "j": (".", "点", None, None, ","),
     "z": (None, None, None, None, ","),  # cn2an, in misaki's G2P, reads 2.5 itself
 }
+
+# Kokoro code -> how a time of day (hours, minutes) is said; the minutes are left out at :00
+TIMES = {
+    "e": lambda h, m: f"{h} y {m}" if m else f"{h}",
+    "f": lambda h, m: ("une heure" if h == 1 else f"{h} heures") + (f" {m}" if m else ""),
+    "i": lambda h, m: f"{h} e {m}" if m else f"{h}",
+    "p": lambda h, m: f"{h} e {m}" if m else f"{h}",
+    "h": lambda h, m: f"{h} बजकर {m} मिनट" if m else f"{h} बजे",
+    "j": lambda h, m: f"{h}時{m}分" if m else f"{h}時",
+    "z": lambda h, m: f"{h}点{m}分" if m else f"{h}点",
+}
+# a time of day: 9:05, 10:30, 23:59 (not 10:30:15, 2:1 or 1:30:00); in Hindi with the बजे after
+# it, which the spoken form says itself
+_TIME = re.compile(r"(?<![\d:.,])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(\s*बजे)?")
 
 # Kokoro code -> {abbreviation as written, lower case, without its final period: what is said}.
 # Titles are written out before any word; abbreviations of a word that counts (page, number,
@@ -83,6 +97,8 @@ class SpokenText:
       of digits that does not group thousands is read as a point (2.5 in Mexican Spanish: dos
       punto cinco). A chain of marks between digits that is not a number (a date, 12.05.2026; a
       list, 1,2,3; a version, 2.14.1) is left as it was.
+    - **Times of day.** 10:30 is said as the language says a time (diez y treinta, dix heures
+      trente, 10時30分, `TIMES`), not two numbers with the colon's pause between them.
     - **Abbreviations.** A title before a word (Sr., Mme, Dott.ssa, डॉ.), a page or number
       before a digit (pág. 4), etc. before a lower-case word or a digit, is written out
       (`TITLES`, `NUMERIC`, `GENERAL`); elsewhere its period may end the sentence and is kept.
@@ -97,6 +113,7 @@ class SpokenText:
         self.grouping = re.compile(groups)
         self.separators = [(re.compile(rf"(?<![\d.,])(\d+){re.escape(mark)}(\d+)(?!\d|[.,]\d)"), rf"\1 {word} \2")
                            for mark, word in ((decimal, said), (other, other_said)) if mark]
+        self.time = TIMES[lang_code]
         self.words = {name: word for table in (TITLES, NUMERIC, GENERAL) for name, word in table.get(lang_code, {}).items()}
         # (pattern, a one-letter name only with a capital): "5 m. de large" is metres, not monsieur
         self.abbreviations = [(pattern, capital) for pattern, capital in (
@@ -106,7 +123,8 @@ class SpokenText:
         ) if pattern is not None]
 
     def spoken(self, text: str) -> str:
-        """``text`` with its numbers and abbreviations as the G2P is to read them."""
+        """``text`` with its numbers, times and abbreviations as the G2P is to read them."""
+        text = _TIME.sub(lambda m: self.time(int(m[1]), int(m[2])), text)
         text = self.thousands.sub(lambda m: self.grouping.sub("", m[0]), text)
         for mark, word in self.separators:
             text = mark.sub(word, text)

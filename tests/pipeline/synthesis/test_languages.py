@@ -81,6 +81,9 @@ def test_a_hindi_danda_ends_the_sentence_as_a_full_stop():
     ("f", "M. Dupont, p. 4.", "monsieur Dupont, page 4."),
     ("i", "La Dott.ssa Bianchi e il Sig. Rossi.", "La dottoressa Bianchi e il signor Rossi."),
     ("h", "डॉ. शर्मा आज आएँगे।", "डॉक्टर शर्मा आज आएँगे।"),
+    # a time of day, not two numbers with a pause between them
+    ("e", "Llega a las 10:30.", "Llega a las 10 y 30."),
+    ("j", "10:30に着きます。", "10時30分に着きます。"),
 ])
 def test_numbers_and_abbreviations_are_read_as_what_they_say(code, written, said):
     """phonemizer hands espeak-ng the text between punctuation marks, so "1.000 personas" was

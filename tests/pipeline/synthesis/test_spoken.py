@@ -1,4 +1,4 @@
-"""`voicebus.synthesis.spoken`: numbers and abbreviations written out, and what is left alone."""
+"""`voicebus.synthesis.spoken`: numbers, times and abbreviations written out, and what is left alone."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ from voicebus.synthesis.spoken import SpokenText
     ("e", "Compré pan, leche, etc. y me fui.", "Compré pan, leche, etcétera y me fui."),
     ("i", "la Sig.ra Verdi, il dott. Neri, pag. 4, n. 5", "la signora Verdi, il dottor Neri, pagina 4, numero 5"),
     ("f", "M. Dupont, Mme Martin, p. 4", "monsieur Dupont, Mme Martin, page 4"),
+    ("e", "A las 10:30, a las 9:05 y a las 10:00.", "A las 10 y 30, a las 9 y 5 y a las 10."),
+    ("f", "À 10:30 et 1:05.", "À 10 heures 30 et une heure 5."),
+    ("h", "10:30 बजे और 9:00 बजे।", "10 बजकर 30 मिनट और 9 बजे।"),
+    ("j", "10:30に", "10時30分に"),
+    ("z", "9:05见", "9点5分见"),
 ])
 def test_numbers_and_abbreviations_are_written_out(code, written, said):
     assert SpokenText(None, code).spoken(written) == said
@@ -34,6 +39,7 @@ def test_numbers_and_abbreviations_are_written_out(code, written, said):
     ("e", "Llegó el Sr."),  # a title at the end: its period ends the text
     ("f", "Un mur de 5 m. de large."),  # metres, not monsieur: a one-letter title takes a capital
     ("e", "Vea la pág. siguiente."),  # a page abbreviation before a word, not a number
+    ("e", "En 16:9, a las 10:30:15, 2:1."),  # a ratio, a time with seconds, a score: no time of day
 ])
 def test_what_is_no_number_or_abbreviation_of_a_word_is_left_as_written(code, text):
     assert SpokenText(None, code).spoken(text) == text
