@@ -1,5 +1,5 @@
-"""What a sentence says, written out before a G2P reads it: numbers with separators, times of
-day and abbreviations, per Kokoro language code (`SpokenText`).
+"""What a sentence says, written out before a G2P reads it: numbers with separators, prices,
+times of day and abbreviations, per Kokoro language code (`SpokenText`).
 
 espeak-ng (through phonemizer), cutlet and jieba read the marks in written numbers and
 abbreviations as punctuation: phonemizer hands espeak the text between punctuation marks, so
@@ -26,6 +26,25 @@ NUMBER_FORMATS = {
     "j": (".", "点", None, None, ","),
     "z": (None, None, None, None, ","),  # cn2an, in misaki's G2P, reads 2.5 itself
 }
+
+# Kokoro code -> {currency symbol: (its name for one, for more)}; Japanese and Mandarin write the
+# currency after the number as a word (円, 元) already
+CURRENCIES = {
+    "e": {"$": ("dólar", "dólares"), "US$": ("dólar", "dólares"), "€": ("euro", "euros"),
+          "£": ("libra", "libras"), "R$": ("real", "reales"), "₹": ("rupia", "rupias")},
+    "f": {"$": ("dollar", "dollars"), "US$": ("dollar", "dollars"), "€": ("euro", "euros"),
+          "£": ("livre", "livres"), "R$": ("réal", "réais"), "₹": ("roupie", "roupies")},
+    "i": {"$": ("dollaro", "dollari"), "US$": ("dollaro", "dollari"), "€": ("euro", "euro"),
+          "£": ("sterlina", "sterline"), "R$": ("real", "real"), "₹": ("rupia", "rupie")},
+    "p": {"$": ("dólar", "dólares"), "US$": ("dólar", "dólares"), "€": ("euro", "euros"),
+          "£": ("libra", "libras"), "R$": ("real", "reais"), "₹": ("rupia", "rupias")},
+    "h": {"$": ("डॉलर", "डॉलर"), "US$": ("डॉलर", "डॉलर"), "€": ("यूरो", "यूरो"), "£": ("पाउंड", "पाउंड"),
+          "₹": ("रुपया", "रुपये")},
+}
+_SYMBOL = r"US\$|R\$|\$|€|£|₹"
+_AMOUNT = r"\d(?:[\d.,\u00a0\u202f]*\d)?"
+# a symbol before its amount ($5, R$ 10,50) or after it (5 €, 5 $)
+_PRICE = re.compile(rf"(?<![\w$])({_SYMBOL})\s?({_AMOUNT})|(?<![\d.,])({_AMOUNT})\s?({_SYMBOL})(?!\w)")
 
 # Kokoro code -> how a time of day (hours, minutes) is said; the minutes are left out at :00
 TIMES = {
@@ -97,6 +116,9 @@ class SpokenText:
       of digits that does not group thousands is read as a point (2.5 in Mexican Spanish: dos
       punto cinco). A chain of marks between digits that is not a number (a date, 12.05.2026; a
       list, 1,2,3; a version, 2.14.1) is left as it was.
+    - **Prices.** A currency symbol is said by its name, after the amount as speech has it:
+      $5 is cinco dólares (was dólar cinco), 5 € cinco euros (was euro), R$ 10 dez reais (was
+      erre dólar dez), ₹500 पाँच सौ रुपये (the rupee was dropped) (`CURRENCIES`).
     - **Times of day.** 10:30 is said as the language says a time (diez y treinta, dix heures
       trente, 10時30分, `TIMES`), not two numbers with the colon's pause between them.
     - **Abbreviations.** A title before a word (Sr., Mme, Dott.ssa, डॉ.), a page or number
@@ -114,6 +136,7 @@ class SpokenText:
         self.separators = [(re.compile(rf"(?<![\d.,])(\d+){re.escape(mark)}(\d+)(?!\d|[.,]\d)"), rf"\1 {word} \2")
                            for mark, word in ((decimal, said), (other, other_said)) if mark]
         self.time = TIMES[lang_code]
+        self.currencies = CURRENCIES.get(lang_code, {})
         self.words = {name: word for table in (TITLES, NUMERIC, GENERAL) for name, word in table.get(lang_code, {}).items()}
         # (pattern, a one-letter name only with a capital): "5 m. de large" is metres, not monsieur
         self.abbreviations = [(pattern, capital) for pattern, capital in (
@@ -123,7 +146,9 @@ class SpokenText:
         ) if pattern is not None]
 
     def spoken(self, text: str) -> str:
-        """``text`` with its numbers, times and abbreviations as the G2P is to read them."""
+        """``text`` with its prices, times, numbers and abbreviations as the G2P is to read them."""
+        if self.currencies:
+            text = _PRICE.sub(self._price, text)
         text = _TIME.sub(lambda m: self.time(int(m[1]), int(m[2])), text)
         text = self.thousands.sub(lambda m: self.grouping.sub("", m[0]), text)
         for mark, word in self.separators:
@@ -131,6 +156,13 @@ class SpokenText:
         for pattern, capital in self.abbreviations:
             text = pattern.sub(lambda m: self._word(m[1] or m[2], m[0], capital), text)
         return text
+
+    def _price(self, m: re.Match) -> str:
+        symbol, amount = (m[1], m[2]) if m[1] else (m[4], m[3])
+        if symbol not in self.currencies:
+            return m[0]
+        one, more = self.currencies[symbol]
+        return f"{amount} {one if amount == '1' else more}"
 
     def _word(self, name: str, written: str, capital: bool) -> str:
         return written if capital and len(name) == 1 and name.islower() else self.words[name.lower()]

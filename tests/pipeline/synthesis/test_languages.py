@@ -81,6 +81,10 @@ def test_a_hindi_danda_ends_the_sentence_as_a_full_stop():
     ("f", "M. Dupont, p. 4.", "monsieur Dupont, page 4."),
     ("i", "La Dott.ssa Bianchi e il Sig. Rossi.", "La dottoressa Bianchi e il signor Rossi."),
     ("h", "डॉ. शर्मा आज आएँगे।", "डॉक्टर शर्मा आज आएँगे।"),
+    # a price: "dólar cinco", "erre dólar dez", the rupee dropped
+    ("e", "Cuesta $5.", "Cuesta 5 dólares."),
+    ("p", "Custa R$ 10.", "Custa 10 reais."),
+    ("h", "यह ₹500 का है।", "यह 500 रुपये का है।"),
     # a time of day, not two numbers with a pause between them
     ("e", "Llega a las 10:30.", "Llega a las 10 y 30."),
     ("j", "10:30に着きます。", "10時30分に着きます。"),

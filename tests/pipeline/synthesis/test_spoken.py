@@ -1,4 +1,5 @@
-"""`voicebus.synthesis.spoken`: numbers, times and abbreviations written out, and what is left alone."""
+"""`voicebus.synthesis.spoken`: numbers, prices, times and abbreviations written out, and what is
+left alone."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from voicebus.synthesis.spoken import SpokenText
     ("e", "Vale 1.250,75 euros.", "Vale 1250 coma 75 euros."),
     ("e", "En 1.234.567 casos.", "En 1234567 casos."),
     ("e", "Versión 2.5.", "Versión 2 punto 5."),
-    ("f", "1\u202f234,5 m et 10.000 €.", "1234 virgule 5 m et 10000 €."),
-    ("p", "Custa R$ 1.234,56.", "Custa R$ 1234 vírgula 56."),
+    ("f", "1\u202f234,5 m et 10.000 €.", "1234 virgule 5 m et 10000 euros."),
+    ("p", "Custa R$ 1.234,56.", "Custa 1234 vírgula 56 reais."),
     ("h", "1,00,000 और 1,000 और 2.5", "100000 और 1000 और 2 दशमलव 5"),
     ("j", "1,000人で2.5キロ", "1000人で2 点 5キロ"),
     ("z", "12,345,678元", "12345678元"),
@@ -25,6 +26,10 @@ from voicebus.synthesis.spoken import SpokenText
     ("h", "10:30 बजे और 9:00 बजे।", "10 बजकर 30 मिनट और 9 बजे।"),
     ("j", "10:30に", "10時30分に"),
     ("z", "9:05见", "9点5分见"),
+    ("e", "Cuesta $5, 1 € o US$ 1.250,50.", "Cuesta 5 dólares, 1 euro o 1250 coma 50 dólares."),
+    ("p", "Custa R$ 10 ou R$1.", "Custa 10 reais ou 1 real."),
+    ("f", "Il coûte 5 € ou 5 $.", "Il coûte 5 euros ou 5 dollars."),
+    ("h", "यह ₹500 का है।", "यह 500 रुपये का है।"),
 ])
 def test_numbers_and_abbreviations_are_written_out(code, written, said):
     assert SpokenText(None, code).spoken(written) == said
@@ -40,6 +45,8 @@ def test_numbers_and_abbreviations_are_written_out(code, written, said):
     ("f", "Un mur de 5 m. de large."),  # metres, not monsieur: a one-letter title takes a capital
     ("e", "Vea la pág. siguiente."),  # a page abbreviation before a word, not a number
     ("e", "En 16:9, a las 10:30:15, 2:1."),  # a ratio, a time with seconds, a score: no time of day
+    ("e", "El $HOME y A$5."),  # a variable, another dollar: no price to say
+    ("j", "5円です。"),  # Japanese and Mandarin write the currency as a word
 ])
 def test_what_is_no_number_or_abbreviation_of_a_word_is_left_as_written(code, text):
     assert SpokenText(None, code).spoken(text) == text
