@@ -274,9 +274,8 @@ def run(engine, whisper, languages=LANGUAGES, extra_voices: dict[str, list[str]]
 def sweep(engine, whisper, languages: list[str]) -> list[dict]:
     """`measure` for every voice of each of ``languages``, on the bench's sentences and on the
     held-out ones and the tone changes where the language has them (`heldout_sentences`,
-    `tone_sentences`); prints one line per voice
-    and set, then the voice `pick_default` picks per language: how ``hf_beta`` and
-    ``zm_yunxia`` were chosen (docs/benchmarks.md)."""
+    `tone_sentences`); prints one line per voice and set, then the voice `pick_default` picks
+    per language: how ``hf_beta`` and ``zm_yunxia`` were chosen (docs/benchmarks.md)."""
     sets = {"bench": sentences(), "held-out": heldout_sentences(), "tones": tone_sentences()}
     rows = []
     print(f"{'language':<8} {'voice':<14} {'set':<8} {'WER/CER':>11} {'CER':>6} {'reading':>7} {'pauses':>6} {'RTF':>6}")
