@@ -1,5 +1,5 @@
 """What a sentence says, written out before a G2P reads it: numbers with separators, prices,
-times of day and abbreviations, per Kokoro language code (`SpokenText`).
+times of day, ordinals and abbreviations, per Kokoro language code (`SpokenText`).
 
 espeak-ng (through phonemizer), cutlet and jieba read the marks in written numbers and
 abbreviations as punctuation: phonemizer hands espeak the text between punctuation marks, so
@@ -59,6 +59,16 @@ TIMES = {
 # a time of day: 9:05, 10:30, 23:59 (not 10:30:15, 2:1 or 1:30:00); in Hindi with the बजे after
 # it, which the spoken form says itself
 _TIME = re.compile(r"(?<![\d:.,])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(\s*बजे)?")
+
+# Kokoro code -> (an ordinal as written, as espeak-ng reads it): 1.º and 2.ª with a period (the
+# spelling the RAE recommends) were uno, a full stop, o (Portuguese: "ordinal masculino");
+# espeak reads 1º and 2ª. French 2e was deux, e; espeak reads 2ème.
+ORDINALS = {
+    "e": (re.compile(r"(?<=\d)\.(?=[ºª])"), ""),
+    "p": (re.compile(r"(?<=\d)\.(?=[ºª])"), ""),
+    "i": (re.compile(r"(?<=\d)\.(?=[ºª])"), ""),
+    "f": (re.compile(r"(?<![\d.,])([2-9]|[1-9]\d+)e\b"), r"\1ème"),
+}
 
 # Kokoro code -> {abbreviation as written, lower case, without its final period: what is said}.
 # Titles are written out before any word; abbreviations of a word that counts (page, number,
@@ -121,6 +131,8 @@ class SpokenText:
       erre dólar dez), ₹500 पाँच सौ रुपये (the rupee was dropped) (`CURRENCIES`).
     - **Times of day.** 10:30 is said as the language says a time (diez y treinta, dix heures
       trente, 10時30分, `TIMES`), not two numbers with the colon's pause between them.
+    - **Ordinals.** 1.º, 2.ª (es, it, pt) and 2e (fr) in the forms espeak-ng reads as ordinals
+      (`ORDINALS`).
     - **Abbreviations.** A title before a word (Sr., Mme, Dott.ssa, डॉ.), a page or number
       before a digit (pág. 4), etc. before a lower-case word or a digit, is written out
       (`TITLES`, `NUMERIC`, `GENERAL`); elsewhere its period may end the sentence and is kept.
@@ -137,6 +149,7 @@ class SpokenText:
                            for mark, word in ((decimal, said), (other, other_said)) if mark]
         self.time = TIMES[lang_code]
         self.currencies = CURRENCIES.get(lang_code, {})
+        self.ordinals = ORDINALS.get(lang_code)
         self.words = {name: word for table in (TITLES, NUMERIC, GENERAL) for name, word in table.get(lang_code, {}).items()}
         # (pattern, a one-letter name only with a capital): "5 m. de large" is metres, not monsieur
         self.abbreviations = [(pattern, capital) for pattern, capital in (
@@ -146,10 +159,13 @@ class SpokenText:
         ) if pattern is not None]
 
     def spoken(self, text: str) -> str:
-        """``text`` with its prices, times, numbers and abbreviations as the G2P is to read them."""
+        """``text`` with its prices, times, ordinals, numbers and abbreviations as the G2P is to
+        read them."""
         if self.currencies:
             text = _PRICE.sub(self._price, text)
         text = _TIME.sub(lambda m: self.time(int(m[1]), int(m[2])), text)
+        if self.ordinals:
+            text = self.ordinals[0].sub(self.ordinals[1], text)
         text = self.thousands.sub(lambda m: self.grouping.sub("", m[0]), text)
         for mark, word in self.separators:
             text = mark.sub(word, text)

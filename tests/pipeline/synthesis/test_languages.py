@@ -85,6 +85,11 @@ def test_a_hindi_danda_ends_the_sentence_as_a_full_stop():
     ("e", "Cuesta $5.", "Cuesta 5 dólares."),
     ("p", "Custa R$ 10.", "Custa 10 reais."),
     ("h", "यह ₹500 का है।", "यह 500 रुपये का है।"),
+    # an ordinal as espeak-ng reads one (primero, primeiro, deuxième); it was "uno, a stop, o",
+    # "um, a stop, ordinal masculino", "deux, e"
+    ("e", "El 1.º de mayo.", "El 1º de mayo."),
+    ("p", "O 1.º lugar.", "O 1º lugar."),
+    ("f", "La 2e fois.", "La 2ème fois."),
     # a time of day, not two numbers with a pause between them
     ("e", "Llega a las 10:30.", "Llega a las 10 y 30."),
     ("j", "10:30に着きます。", "10時30分に着きます。"),

@@ -1,5 +1,5 @@
-"""`voicebus.synthesis.spoken`: numbers, prices, times and abbreviations written out, and what is
-left alone."""
+"""`voicebus.synthesis.spoken`: numbers, prices, times, ordinals and abbreviations written out, and
+what is left alone."""
 
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from voicebus.synthesis.spoken import SpokenText
     ("p", "Custa R$ 10 ou R$1.", "Custa 10 reais ou 1 real."),
     ("f", "Il coûte 5 € ou 5 $.", "Il coûte 5 euros ou 5 dollars."),
     ("h", "यह ₹500 का है।", "यह 500 रुपये का है।"),
+    ("e", "El 1.º de mayo, la 2.ª vez, el 3º piso.", "El 1º de mayo, la 2ª vez, el 3º piso."),
+    ("f", "Le 1er mai, la 2e fois, au 21e siècle.", "Le 1er mai, la 2ème fois, au 21ème siècle."),
 ])
 def test_numbers_and_abbreviations_are_written_out(code, written, said):
     assert SpokenText(None, code).spoken(written) == said
