@@ -63,10 +63,11 @@ _TIME = re.compile(r"(?<![\d:.,])([01]?\d|2[0-3]):([0-5]\d)(?![\d:])(\s*बज�
 # Kokoro code -> (an ordinal as written, as espeak-ng reads it): 1.º and 2.ª with a period (the
 # spelling the RAE recommends) were uno, a full stop, o (Portuguese: "ordinal masculino");
 # espeak reads 1º and 2ª. French 2e was deux, e; espeak reads 2ème.
+_DOTTED_ORDINAL = (re.compile(r"(?<=\d)\.(?=[ºª])"), "")  # 1.º -> 1º
 ORDINALS = {
-    "e": (re.compile(r"(?<=\d)\.(?=[ºª])"), ""),
-    "p": (re.compile(r"(?<=\d)\.(?=[ºª])"), ""),
-    "i": (re.compile(r"(?<=\d)\.(?=[ºª])"), ""),
+    "e": _DOTTED_ORDINAL,
+    "p": _DOTTED_ORDINAL,
+    "i": _DOTTED_ORDINAL,
     "f": (re.compile(r"(?<![\d.,])([2-9]|[1-9]\d+)e\b"), r"\1ème"),
 }
 
