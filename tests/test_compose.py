@@ -17,6 +17,7 @@ import yaml
 from voicebus.ops.broker import cluster_properties
 from voicebus.settings import ENV_PREFIX, Settings
 from voicebus.topics import durability
+from tests.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -370,7 +371,6 @@ def test_the_compose_registry_settings_make_apicurio_refuse_anonymous_requests(c
     import os
     import re
     import subprocess
-    import time
     import urllib.error
     import urllib.request
 
@@ -394,17 +394,16 @@ def test_the_compose_registry_settings_make_apicurio_refuse_anonymous_requests(c
         process = popen_dying_with_parent(registry.command(management), stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, cwd=tmp_path, env=env)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, log.read_text(errors="replace")[-4000:]
+        def ready() -> bool:
+            assert process.poll() is None, log.read_text(errors="replace")[-4000:]  # died: say why at once
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{management}/health/ready", timeout=2) as ready:
-                    if ready.status == 200:
-                        break
+                with urllib.request.urlopen(f"http://127.0.0.1:{management}/health/ready", timeout=2) as answer:
+                    return answer.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            assert time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
-            time.sleep(0.3)
+                return False
+
+        eventually_sync(ready, timeout_s=180, interval_s=0.3, what="the registry's /health/ready answers 200",
+                        detail=lambda: log.read_text(errors="replace")[-4000:])
         for auth in (None, f"{user}:wrong-password"):
             request = urllib.request.Request(registry.url + "/subjects")
             if auth:

@@ -8,6 +8,7 @@ import pytest
 
 from voicebus.bus import ensure_topics, make_consumer
 from voicebus.kafka_compat import check_aiokafka_internals
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -49,7 +50,8 @@ async def test_a_stop_that_is_itself_cancelled_still_raises(make_settings):
     await asyncio.sleep(0)
     consumer._fetcher._pending_tasks.add(fetch)
     stopping = asyncio.create_task(consumer.stop())
-    await asyncio.sleep(0.1)
+    # the stop has reached the fetcher's close once that close has cancelled the pending fetch
+    await eventually(lambda: fetch.cancelling(), what="stop() cancelled the pending fetch")
     stopping.cancel()
     release.set()
     try:

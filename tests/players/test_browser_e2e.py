@@ -1,7 +1,6 @@
 """End to end in Debian's headless chromium: a turn published on Kafka plays in the web player,
 its audible start comes back as a PlaybackReport on the bus, and barge-in silences it."""
 
-import asyncio
 import time
 
 import pytest
@@ -75,9 +74,11 @@ async def test_a_turn_from_kafka_plays_reports_audible_start_and_barge_in_silenc
             assert stats["loudQuantaSinceStop"] == 0 and stats["peak"] == 0, stats  # silent from the next quantum
             events = await read_topic(settings, settings.control_topic, "ControlEvent", lambda v: v)
             assert events[0]["session_id"] == "S" and events[0]["turn_id"] == "turn-1"
-            await asyncio.sleep(0.3)
-            stats = await page.evaluate("window.voicebusPlayer.stats")
-            assert stats["loudQuantaSinceStop"] == 0 and stats["peak"] == 0, stats  # and stays silent
+            # and stays silent over the next 112 rendered quanta of 128 frames (about 0.3 s of audio)
+            later = stats["quantaSinceStop"] + 112
+            stats = await wait_in_page(page, f"window.voicebusPlayer.stats.quantaSinceStop >= {later} && "
+                                             "window.voicebusPlayer.stats")
+            assert stats["loudQuantaSinceStop"] == 0 and stats["peak"] == 0, stats
             assert not errors and not await page.evaluate("window.voicebusPlayer.errors")
         finally:
             await browser.close()
