@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import re
@@ -58,7 +59,7 @@ import sys
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from aiokafka.abc import ConsumerRebalanceListener
 
@@ -123,6 +124,23 @@ def _tp(topic: str, partition: int) -> Any:
     from aiokafka.structs import TopicPartition
 
     return TopicPartition(topic, partition)
+
+
+def in_produced_order(fetched: dict) -> Iterator[tuple[Any, Any]]:
+    """A fetch's records as (partition, record): each partition's in offset order, the partitions
+    interleaved by record timestamp (the producer's clock; ties in fetch order).
+
+    A session's turns come from several agents' topics. Applied partition by partition, a batch
+    holding two agents' turns (a gate catching up after a restart, topics discovered late, any
+    backlog) would open the second agent's turn after the first had ended, or before the first
+    had opened: the floor would go in fetch order, not in the order the turns opened, as it does
+    on a quiet gate that sees one record at a time. A producer that stamps its records wrongly
+    moves only its own records within one batch; every record is still applied."""
+    def stamped(tp, records):
+        return ((-1 if r.timestamp is None else r.timestamp, tp, r) for r in records)
+
+    for _, tp, record in heapq.merge(*(stamped(tp, rs) for tp, rs in fetched.items()), key=lambda t: t[0]):
+        yield tp, record
 
 
 @dataclass
@@ -486,22 +504,25 @@ class GateWorker:
                     await self._process_text_batch(fetched)
 
     async def _process_text_batch(self, fetched: dict) -> None:
-        """(Under the lock.) Every text record fetched, applied in order per partition, then their
-        effects in one go: all requests sent and acked, then each touched session's state and each
+        """(Under the lock.) Every text record fetched, applied in the order the agents produced
+        them (`in_produced_order`), then their effects in one go: all requests sent and acked, then each touched session's state and each
         partition's positions written once. At one record per fetch (a quiet gate) that is the
         per-event order; under load it turns two broker round trips per event into two per
         batch, so the gate keeps up instead of falling behind."""
         batch = _Batch()
-        for tp, records in fetched.items():
+        dropped: set[tuple[str, int]] = set()
+        for tp, record in in_produced_order(fetched):
             key = (tp.topic, tp.partition)
-            for record in records:
-                if tp.partition not in self._owned or key not in self._positions:
-                    break  # fetched before a revoke
-                if record.offset < batch.positions.get(key, self._positions[key]):
-                    continue  # applied already (a seek back after a reassignment)
-                await self.policy.process(record, "TextEvent",
-                                          lambda decoded: self._apply_in_batch(decoded, record, tp.partition, batch))
-                batch.positions[key] = record.offset + 1
+            if key in dropped:
+                continue
+            if tp.partition not in self._owned or key not in self._positions:
+                dropped.add(key)  # fetched before a revoke: none of the rest of it either
+                continue
+            if record.offset < batch.positions.get(key, self._positions[key]):
+                continue  # applied already (a seek back after a reassignment)
+            await self.policy.process(record, "TextEvent",
+                                      lambda decoded: self._apply_in_batch(decoded, record, tp.partition, batch))
+            batch.positions[key] = record.offset + 1
         try:
             await self._commit_batch(batch)
         except BaseException as exc:

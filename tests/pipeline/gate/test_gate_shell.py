@@ -672,3 +672,45 @@ async def test_a_zombie_gate_resumed_after_its_partitions_moved_publishes_nothin
         zombie.wait(30)
     assert requests.of("z") == [("t1", 0, "First one.", False), ("t1", 1, "Second one.", False),
                                 ("t1", 2, "Third one.", True)], "".join(lines[-30:])
+
+
+def test_a_fetch_is_applied_in_the_order_its_records_were_produced():
+    from types import SimpleNamespace as R
+
+    from voicebus.gate.app import in_produced_order
+
+    fetched = {"host": [R(offset=0, timestamp=10), R(offset=1, timestamp=30), R(offset=2, timestamp=50)],
+               "expert": [R(offset=0, timestamp=20), R(offset=1, timestamp=30), R(offset=2, timestamp=None)],
+               "skewed": [R(offset=0, timestamp=99), R(offset=1, timestamp=5)]}  # a wrong clock
+    order = [(tp, r.offset) for tp, r in in_produced_order(fetched)]
+    assert order == [("host", 0), ("expert", 0), ("host", 1), ("expert", 1), ("expert", 2), ("host", 2),
+                     ("skewed", 0), ("skewed", 1)]  # ties in fetch order; each partition in offset order
+
+
+async def test_a_backlog_of_two_agents_turns_gives_the_floor_in_the_order_they_opened(make_settings, workers):
+    """Before: a fetched batch was applied topic by topic, so a gate reading a backlog (here: started
+    after both agents spoke) opened the expert's turn after the host's had ended (granted, never
+    queued) or before the host's had opened (the expert heard first), as the fetch came."""
+    settings = make_settings(partitions=1)
+    await ensure_topics(settings)
+    await ensure_topics(settings, [text_topic(settings, "host"), text_topic(settings, "expert")])
+    host, expert = Turn("host-1", "s-backlog", agent="host"), Turn("expert-1", "s-backlog", agent="expert")
+    # The host opens, the expert opens 20 ms later, then the host ends and the expert ends.
+    timeline = [("host", e) for e in host.tokens("Welcome to the show. We talk", size=6)] + \
+               [("expert", e) for e in expert.tokens("Thanks for having me. The sea", size=6)] + \
+               [("host", e) for e in host.tokens(" about the sea.", size=6) + [host.end()]] + \
+               [("expert", e) for e in expert.tokens(" is deep.", size=6) + [expert.end()]]
+    codec, t0 = Codec(), 1_700_000_000_000
+    async with make_producer(settings) as producer:
+        for i, (agent, event) in enumerate(timeline):
+            await producer.send_and_wait(text_topic(settings, agent), codec.encode("TextEvent", event.to_record()),
+                                         key=session_key(event.session_id), timestamp_ms=t0 + 10 * i)
+    async with Requests(settings) as requests:
+        await workers(settings)
+        await requests.until(ended(2), "both turns ended")
+    assert [(turn, seq) for turn, seq, _, _ in requests.of("s-backlog")] == [
+        ("host-1", 0), ("host-1", 1), ("expert-1", 0), ("expert-1", 1)]
+    floor = [Codec().decode(r.value, expect="FloorEvent").value for r in
+             await read_to_end(settings, [settings.floor_topic])]
+    assert [(f["turn_id"], f["event"]) for f in floor] == [
+        ("host-1", "GRANTED"), ("expert-1", "QUEUED"), ("expert-1", "GRANTED")]
