@@ -97,9 +97,10 @@ class PipelineStack(Owned):
             self.lanes[name] = Lane(name, lane_settings.replace(bootstrap=bootstrap))
         step("topics")
         for lane in self.lanes.values():
-            # The known agents' text topics exist before the gate starts, so it subscribes to them
-            # at once; a topic that appears later is found by the gate's periodic discovery, which
-            # costs that agent's first turn a rebalance (~2-4 s).
+            # The known agents' text topics exist before the gate starts, so it reads them from its
+            # first fetch; a topic that appears later is read once the gate's discovery finds it
+            # (the agent registry), so that agent's first events may reach the gate after events
+            # other agents produced later.
             await ensure_topics(lane.settings, [*fixed_topics(lane.settings),
                                                 *(text_topic(lane.settings, a) for a in self._agent_ids)])
         step("gate workers")

@@ -160,9 +160,12 @@ EXPERT = "Thanks for having me. The sea covers most of the planet. Its depths ar
 @pytest.mark.long  # queueing whole turns: the priority test below and test_bench_floor's short run
 async def test_two_agents_overlapping_in_a_session_are_heard_one_whole_turn_after_the_other(make_settings, engine):
     """The floor (queue, the default): a host and an expert start 4-sentence turns 0.5 s apart;
-    the listener gets every sentence of the host's turn, then every sentence of the expert's."""
+    the listener gets every sentence of the host's turn, then every sentence of the expert's.
+    Both agents' topics exist before the gate starts (as for agents that have spoken before): a
+    topic the gate discovers while the turns run may reach it after the other agent's first token,
+    under load, and the floor goes in the order the gate sees turns open."""
     settings = make_settings(edge_port=free_port(), worker_max_in_flight=2, first_clause_min_words=0)
-    async with PipelineStack(settings, engine) as stack:
+    async with PipelineStack(settings, engine, agent_ids=("host", "expert")) as stack:
         async with Listener(stack.edge_url, "s-floor", settings.edge_secret) as listener, \
                 Publisher(stack.settings, agent_id="expert") as expert, FloorFollower(expert) as floor:
             host = asyncio.create_task(_say(stack.settings, "host", "s-floor", "host-1", HOST))
