@@ -8,7 +8,8 @@
 - new agents at no cost: a registered topic is read without a rebalance, an
   unregistered one is found by the listing, a topic that cannot be co-partitioned is refused;
 - start in any order (16.3): a worker on a bare broker creates what it uses, no error loop;
-- a record on the wrong partition for its session is dead-lettered.
+- a record on the wrong partition for its session is dead-lettered;
+- a backlog of two agents' turns read in one fetch: the floor goes in the order they opened.
 """
 
 from __future__ import annotations
