@@ -505,10 +505,11 @@ class GateWorker:
 
     async def _process_text_batch(self, fetched: dict) -> None:
         """(Under the lock.) Every text record fetched, applied in the order the agents produced
-        them (`in_produced_order`), then their effects in one go: all requests sent and acked, then each touched session's state and each
-        partition's positions written once. At one record per fetch (a quiet gate) that is the
-        per-event order; under load it turns two broker round trips per event into two per
-        batch, so the gate keeps up instead of falling behind."""
+        them (`in_produced_order`), then their effects in one go: all requests sent and acked,
+        then each touched session's state and each partition's positions written once. At one
+        record per fetch (a quiet gate) that is the per-event order; under load it turns two
+        broker round trips per event into two per batch, so the gate keeps up instead of falling
+        behind."""
         batch = _Batch()
         dropped: set[tuple[str, int]] = set()
         for tp, record in in_produced_order(fetched):
