@@ -136,11 +136,8 @@ def in_produced_order(fetched: dict) -> Iterator[tuple[Any, Any]]:
     had opened: the floor would go in fetch order, not in the order the turns opened, as it does
     on a quiet gate that sees one record at a time. A producer that stamps its records wrongly
     moves only its own records within one batch; every record is still applied."""
-    def stamped(tp, records):
-        return ((-1 if r.timestamp is None else r.timestamp, tp, r) for r in records)
-
-    for _, tp, record in heapq.merge(*(stamped(tp, rs) for tp, rs in fetched.items()), key=lambda t: t[0]):
-        yield tp, record
+    return heapq.merge(*([(tp, r) for r in records] for tp, records in fetched.items()),
+                       key=lambda item: -1 if item[1].timestamp is None else item[1].timestamp)
 
 
 @dataclass
