@@ -46,6 +46,8 @@ def register(bench_subparsers) -> None:
     p.add_argument("--rounds", type=int, default=None, help="rounds of each policy")
     p.add_argument("--token-ms", type=float, default=60.0, help="interval between tokens (default 60 ms)")
     p.add_argument("--offset-ms", type=float, default=500.0, help="the expert starts this long after the host")
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="uncounted queue rounds first: the stages' first use of each path (default 1)")
     p.add_argument("--tiny", action="store_true", help="tiny random-weight model instead of Kokoro-82M")
     add_json_argument(p)
     add_stage_log_level(p)
@@ -132,14 +134,16 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
         agents_topic=f"bench-{tag}.agents", gate_app_id=f"bench-{tag}", gate_changelog_topic=f"bench-{tag}-changelog")
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     token_s, offset_s = args.token_ms / 1000, args.offset_ms / 1000
-    results: dict = {"rounds": rounds, "token_ms": args.token_ms, "offset_ms": args.offset_ms,
+    results: dict = {"rounds": rounds, "warmup_rounds": getattr(args, "warmup_rounds", 1),
+                     "token_ms": args.token_ms, "offset_ms": args.offset_ms,
                      "model": "tiny" if args.tiny else "kokoro-82m"}
     started = time.monotonic()
     async with PipelineStack(base, engine, agent_ids=("host", "expert"), start_broker=not bootstrap_given(args),
                              gate_log_level=getattr(args, "log_level", None) or "WARNING") as stack, \
             Publisher(stack.settings, agent_id="host") as host, Publisher(stack.settings, agent_id="expert") as expert, \
             FloorFollower(expert) as floor:
-        await _round(stack, host, expert, floor, "queue", token_s, offset_s)  # warm-up, not counted
+        for _ in range(getattr(args, "warmup_rounds", 1)):  # not counted
+            await _round(stack, host, expert, floor, "queue", token_s, offset_s)
         samples: dict[str, list[dict]] = {"queue": [], "preempt": []}
         for n in range(rounds):
             for policy in ("queue", "preempt") if n % 2 == 0 else ("preempt", "queue"):

@@ -26,7 +26,7 @@ def test_a_player_plays_each_frame_on_arrival_or_when_the_audio_before_it_ends()
 @pytest.mark.kafka
 async def test_a_short_bench_floor_run_reports_every_figure(make_settings):
     settings = make_settings()
-    args = argparse.Namespace(rounds=1, quick=False, token_ms=40.0, offset_ms=300.0, tiny=True,
+    args = argparse.Namespace(rounds=1, warmup_rounds=0, quick=False, token_ms=40.0, offset_ms=300.0, tiny=True,
                               bootstrap=settings.bootstrap, log_level=None)
     result = await _bench(args, settings, Console(stderr=True, quiet=True))
     assert result["queue"]["spliced"] == 0 and result["queue"]["gap_ms"]["n"] == 1
