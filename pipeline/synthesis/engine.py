@@ -175,9 +175,8 @@ def tiny_config() -> dict:
     32 with one layer, one predictor/text-encoder layer, max_dur 4. ``hidden_dim`` 512,
     ``style_dim`` 128 and the decoder's channels are fixed by the kokoro code: the decoder
     costs what the real one does per frame. Random weights give a token about half of
-    ``max_dur``: 2 frames, a fast speaker (the released model: about 3.5). That halves the
-    audio to decode against max_dur 8, and the default test run is about 3.5 minutes shorter
-    on 2 vCPUs."""
+    ``max_dur``: 2 frames, a fast speaker (the released model: about 3.5), so tests and demos
+    decode short audio."""
     from voicebus.synthesis.weights import KOKORO_CONFIG
 
     vocab = {s: i + 1 for i, s in enumerate(dict.fromkeys(_TINY_SYMBOLS))}

@@ -126,6 +126,7 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
     from voicebus.ops.runtime import PipelineStack
 
     rounds = args.rounds or (3 if args.quick else 8)
+    warmup_rounds = args.warmup_rounds
     tag = uuid.uuid4().hex[:6]
     base = settings.replace(
         edge_port=free_port(), first_clause_min_words=0, control_topic=f"bench-{tag}.control",
@@ -134,7 +135,7 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
         agents_topic=f"bench-{tag}.agents", gate_app_id=f"bench-{tag}", gate_changelog_topic=f"bench-{tag}-changelog")
     engine = await asyncio.to_thread(load_engine, settings, args.tiny, console)
     token_s, offset_s = args.token_ms / 1000, args.offset_ms / 1000
-    results: dict = {"rounds": rounds, "warmup_rounds": getattr(args, "warmup_rounds", 1),
+    results: dict = {"rounds": rounds, "warmup_rounds": warmup_rounds,
                      "token_ms": args.token_ms, "offset_ms": args.offset_ms,
                      "model": "tiny" if args.tiny else "kokoro-82m"}
     started = time.monotonic()
@@ -142,7 +143,7 @@ async def _bench(args: argparse.Namespace, settings: Settings, console) -> dict:
                              gate_log_level=getattr(args, "log_level", None) or "WARNING") as stack, \
             Publisher(stack.settings, agent_id="host") as host, Publisher(stack.settings, agent_id="expert") as expert, \
             FloorFollower(expert) as floor:
-        for _ in range(getattr(args, "warmup_rounds", 1)):  # not counted
+        for _ in range(warmup_rounds):  # not counted
             await _round(stack, host, expert, floor, "queue", token_s, offset_s)
         samples: dict[str, list[dict]] = {"queue": [], "preempt": []}
         for n in range(rounds):
