@@ -40,6 +40,7 @@ from livekit.agents.types import TimedString
 from voicebus.agents.sdk import AgentError, Publisher, new_session_id, new_turn_id
 from voicebus.players import protocol
 from voicebus.players.listener import AUDIO, CLOSED, Listener
+from voicebus.schemas.contract import CancelReason
 from voicebus.settings import Settings
 
 KOKORO_SAMPLE_RATE = 24000
@@ -260,6 +261,7 @@ async def _speak(voicebus: VoicebusTTS, turn_id: str, texts: AsyncIterator[str],
     publishing = asyncio.create_task(publish(), name=f"voicebus-publish-{turn_id}")
     receiving = asyncio.create_task(receive(), name=f"voicebus-receive-{turn_id}")
     settled = False
+    reason = CancelReason.BARGE_IN  # left early without an error of its own: aclose, the agent interrupted
     try:
         await asyncio.wait({publishing, receiving}, return_when=asyncio.FIRST_COMPLETED)
         if publishing.done():
@@ -275,6 +277,12 @@ async def _speak(voicebus: VoicebusTTS, turn_id: str, texts: AsyncIterator[str],
         await receiving  # the turn's end (or its stop) at the edge
         settled = True
         return True
+    except APITimeoutError:
+        reason = CancelReason.IDLE_TIMEOUT
+        raise
+    except Exception:
+        reason = CancelReason.FAILED
+        raise
     finally:
         for task in (publishing, receiving):
             if not task.done():
@@ -283,7 +291,7 @@ async def _speak(voicebus: VoicebusTTS, turn_id: str, texts: AsyncIterator[str],
         listener.unfollow(turn_id)
         if not settled and turn.events.next_seq:
             # left before the turn's end with some of it published (aclose: the agent was
-            # interrupted; or a failure): cancel it everywhere. Shielded: a second cancellation
-            # of this task cannot lose it.
+            # interrupted; or a failure): cancel it everywhere, saying which. Shielded: a second
+            # cancellation of this task cannot lose it.
             with contextlib.suppress(Exception):
-                await asyncio.shield(publisher.cancel(voicebus.session_id, turn_id, reason="barge-in"))
+                await asyncio.shield(publisher.cancel(voicebus.session_id, turn_id, reason=reason))

@@ -33,7 +33,7 @@ from pipecat.transcriptions.language import Language
 from voicebus.agents.sdk import Publisher, Turn, new_session_id
 from voicebus.players import protocol
 from voicebus.players.listener import AUDIO, CLOSED, Listener, TurnEvent
-from voicebus.schemas.contract import LANGUAGES
+from voicebus.schemas.contract import LANGUAGES, CancelReason
 from voicebus.settings import Settings
 
 KOKORO_SAMPLE_RATE = 24000
@@ -231,17 +231,17 @@ class VoicebusTTSService(TTSService):
         state = self._turns.get(context_id)
         if state is not None and state.interrupted_at is None:
             state.interrupted_at = time.monotonic()
-            task = self.create_task(self._cancel_turn(state), name=f"voicebus-cancel-{context_id}")
+            task = self.create_task(self._cancel_turn(state, CancelReason.BARGE_IN), name=f"voicebus-cancel-{context_id}")
             self._cancels.add(task)
             task.add_done_callback(self._cancels.discard)
         await super().on_audio_context_interrupted(context_id)
 
-    async def _cancel_turn(self, state: _TurnState) -> None:
+    async def _cancel_turn(self, state: _TurnState, reason: CancelReason) -> None:
         try:
             if not state.turn.ended:
-                await state.turn.cancel(reason="barge-in")
+                await state.turn.cancel(reason=reason)
             elif self._publisher is not None:  # its text had ended; its audio had not
-                await self._publisher.cancel(self.session_id, state.turn.turn_id, reason="barge-in")
+                await self._publisher.cancel(self.session_id, state.turn.turn_id, reason=reason)
         except Exception as exc:
             await self.push_error(error_msg=f"voicebus: could not cancel turn {state.turn.turn_id}: {exc}",
                                   exception=exc)
@@ -289,7 +289,7 @@ class VoicebusTTSService(TTSService):
 
     async def _give_up(self, context_id: str, state: _TurnState) -> None:
         state.interrupted_at = time.monotonic()
-        await self._cancel_turn(state)
+        await self._cancel_turn(state, CancelReason.IDLE_TIMEOUT)
         await self.push_error(error_msg=f"voicebus: nothing of turn {context_id} came from the edge "
                                         f"for {self._turn_idle_timeout_s:g} s; given up")
         if self.audio_context_available(context_id):

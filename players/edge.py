@@ -51,7 +51,7 @@ from voicebus.players.metrics import EdgeMetrics
 from voicebus.players.channel import ClientChannel, ClientClosed, OutFrame
 from voicebus.players.router import ConnectionRefused, SessionRouter
 from voicebus.players.shard import redirect_origins
-from voicebus.schemas.contract import PlaybackKind
+from voicebus.schemas.contract import CancelReason, PlaybackKind
 from voicebus.schemas.messages import ControlEvent, Message, PlaybackReport
 
 log = logging.getLogger(__name__)
@@ -434,7 +434,7 @@ async def _handle_client_message(app: web.Application, channel: ClientChannel, m
         turn_ids = router.known_turns(channel.session_id) if turn_id is None else []
         router.cancel(channel.session_id, turn_id, turn_ids, source="edge")  # locally at once
         await _publish(link, channel, settings.control_topic, "ControlEvent", ControlEvent.cancel(
-            channel.session_id, turn_id, reason=str(message.get("reason") or "barge-in")[:200], source="edge",
+            channel.session_id, turn_id, reason=str(message.get("reason") or CancelReason.BARGE_IN)[:200], source="edge",
             issued_at_us=now_us(), turn_ids=turn_ids))
     elif mtype == protocol.REPORT:
         report = PlaybackReport(

@@ -22,6 +22,7 @@ from voicebus.clock import now_us
 from voicebus.lifecycle import Owned
 from voicebus.players import protocol
 from voicebus.players.auth import issue_token
+from voicebus.schemas.contract import CancelReason
 
 
 MAX_REDIRECTS = 4
@@ -187,7 +188,7 @@ class Listener(Owned):
         if self._http is not None:
             await self._http.close()
 
-    async def cancel(self, turn_id: str | None = None, reason: str = "barge-in") -> None:
+    async def cancel(self, turn_id: str | None = None, reason: str = CancelReason.BARGE_IN) -> None:
         """Barge in: from now on this listener discards the turn's audio (all unfinished turns
         when `turn_id` is None), then asks the edge to cancel it."""
         cancelled_at = now_us()

@@ -76,6 +76,18 @@ FloorEventKind = _enum("FloorEventKind", "FloorEvent", "event")
 EVIDENCE_KINDS = frozenset({TextEventKind.EVIDENCE_PENDING, TextEventKind.EVIDENCE_READY,
                             TextEventKind.EVIDENCE_FAILED})
 
+
+class CancelReason(str, enum.Enum):
+    """The ``reason`` voicebus itself writes on a CANCEL (the field is free text: an agent may
+    write any): what an operator reading the control topic, a trace or a player's ``stop`` is told."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    BARGE_IN = "barge-in"  # the listener interrupted (a player's cancel, a framework's interruption)
+    IDLE_TIMEOUT = "idle-timeout"  # a framework plugin heard nothing of the turn from the edge for too long
+    FAILED = "failed"  # a framework plugin's turn failed before its end (the edge lost, an error)
+
 # --- languages -----------------------------------------------------------------------------------
 
 # Language as an agent writes it (ISO code, or Kokoro's own one-letter code) -> Kokoro code.

@@ -11,6 +11,7 @@ import pytest_asyncio
 
 pytest.importorskip("livekit.agents", reason="the livekit extra: pip install 'voicebus[livekit]'")
 
+from livekit.agents import APIConnectionError, APIConnectOptions, APITimeoutError  # noqa: E402
 from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT  # noqa: E402
 
 from voicebus.agents.livekit_tts import VoicebusTTS  # noqa: E402
@@ -64,6 +65,46 @@ async def test_a_stream_speaks_pushed_text_with_an_aligned_transcript_and_synthe
     assert spoken.duration > 0.2
 
 
+async def test_a_turn_the_edge_never_answers_times_out_and_is_cancelled(stack):
+    """Nothing of a turn comes from the edge for `turn_idle_timeout_s` after its text (here no gate
+    reads the topic it is published to): the synthesis fails with APITimeoutError, saying so, and
+    the turn is cancelled on the control topic (no stage is left holding it)."""
+    unread = stack.settings.replace(text_topic_prefix=f"unread{stack.settings.text_topic_prefix}")
+    async with VoicebusTTS(settings=unread, session_id="lk-idle", turn_idle_timeout_s=1.0) as tts:
+        speaking = tts.synthesize("Is anyone there?", conn_options=APIConnectOptions(max_retry=0))
+        with pytest.raises(APITimeoutError, match=r"nothing of turn \S+ came from the edge for 1 s"):
+            await asyncio.wait_for(speaking.collect(), 60)
+    cancels = await eventually(lambda: cancels_of(stack, "lk-idle"), timeout_s=30,
+                               what="the timed-out turn's cancel on the control topic")
+    assert [c["reason"] for c in cancels] == ["idle-timeout"], "an operator reads why: not a barge-in"
+
+
+async def test_a_turn_whose_edge_connection_is_lost_fails_and_is_cancelled_as_failed(stack):
+    """The edge connection closes mid-turn: the stream fails with APIConnectionError and the turn
+    is cancelled everywhere with the reason ``failed`` (no interruption happened)."""
+    words = " ".join(f"Sentence number {n} is right here." for n in range(12)).split(" ")
+    async with VoicebusTTS(settings=stack.settings, session_id="lk-lost") as tts:
+        stream = tts.stream(conn_options=APIConnectOptions(max_retry=0))
+
+        async def llm() -> None:  # an LLM's pace
+            for word in words:
+                stream.push_text(word + " ")
+                await asyncio.sleep(0.05)
+            stream.end_input()
+
+        speaking = asyncio.create_task(llm())
+        received = []
+        with pytest.raises(APIConnectionError, match="during turn"):
+            async for ev in stream:
+                received.append(ev)
+                if len(received) == 1:
+                    await tts._listener._ws.close()  # what a lost edge looks like from here
+        speaking.cancel()
+    cancels = await eventually(lambda: cancels_of(stack, "lk-lost"), timeout_s=30,
+                               what="the failed turn's cancel on the control topic")
+    assert [(c["turn_id"], c["reason"]) for c in cancels] == [(received[0].segment_id, "failed")]
+
+
 async def test_aclose_mid_stream_cancels_the_turn_and_no_more_audio_arrives(stack):
     words = " ".join(f"Sentence number {n} is right here." for n in range(12)).split(" ")
     async with VoicebusTTS(settings=stack.settings, session_id="lk-barge") as tts, \
@@ -88,7 +129,7 @@ async def test_aclose_mid_stream_cancels_the_turn_and_no_more_audio_arrives(stac
 
         cancels = await eventually(lambda: cancels_of(stack, "lk-barge"), timeout_s=30,
                                    what="the turn's cancel on the control topic")
-        assert [c["turn_id"] for c in cancels] == [turn_id]
+        assert [(c["turn_id"], c["reason"]) for c in cancels] == [(turn_id, "barge-in")]
         heard = await player.wait_turn_end(turn_id, timeout=30)
         assert heard.stopped, "the edge stopped the turn"
         await eventually(stack.drained, timeout_s=60, interval_s=0.2, what="the pipeline drained",

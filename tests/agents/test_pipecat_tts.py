@@ -12,6 +12,7 @@ import pytest_asyncio
 pytest.importorskip("pipecat", reason="the pipecat extra: pip install 'voicebus[pipecat]'")
 
 from pipecat.frames.frames import (  # noqa: E402
+    ErrorFrame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
@@ -26,11 +27,13 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed  # noqa: E
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker  # noqa: E402
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
+from pipecat.transcriptions.language import Language  # noqa: E402
 from pipecat.workers.runner import WorkerRunner  # noqa: E402
 
 from voicebus.agents.pipecat_tts import VoicebusTTSService  # noqa: E402
 from voicebus.bus import read_to_end  # noqa: E402
 from voicebus.codecs import Codec  # noqa: E402
+from voicebus.settings import Settings  # noqa: E402
 from tests.agents.plugin_helpers import cancels_of, module_stack  # noqa: E402
 from tests.waiting import eventually  # noqa: E402
 
@@ -82,10 +85,15 @@ class Running:
         self.runner = WorkerRunner(handle_sigint=False)
         self.started = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.errors: list[ErrorFrame] = []  # what reached the pipeline's source as errors
 
         @self.worker.event_handler("on_pipeline_started")
         async def _started(_worker, _frame):
             self.started.set()
+
+        @self.worker.event_handler("on_pipeline_error")
+        async def _error(_worker, frame):
+            self.errors.append(frame)
 
     async def __aenter__(self) -> "Running":
         await self.runner.add_workers(self.worker)
@@ -100,6 +108,15 @@ class Running:
 
 def tts_for(stack, **kwargs) -> VoicebusTTSService:
     return VoicebusTTSService(settings=stack.settings, **kwargs)
+
+
+async def test_a_pipecat_language_is_the_voicebus_language_of_its_tag_or_its_primary_subtag():
+    tts = VoicebusTTSService(settings=Settings())
+    speaks = {lang: tts.language_to_service_language(lang) for lang in
+              (Language.EN_GB, Language.PT_BR, Language.FR_CA, Language.IT, Language.HI, Language.JA, Language.ZH,
+               Language.ES, Language.DE)}
+    assert speaks == {Language.EN_GB: "en-gb", Language.PT_BR: "pt-br", Language.FR_CA: "fr", Language.IT: "it",
+                      Language.HI: "hi", Language.JA: "ja", Language.ZH: "zh", Language.ES: "es", Language.DE: None}
 
 
 async def test_llm_text_comes_out_as_audio_frames_and_timed_words(stack):
@@ -140,6 +157,30 @@ async def test_llm_text_comes_out_as_audio_frames_and_timed_words(stack):
     assert (times[5] - times[0]) / 1e9 > first_sentence * 0.8
 
 
+async def test_a_turn_the_edge_never_answers_is_given_up_cancelled_and_its_context_ended(stack):
+    """A turn whose text has ended and of which nothing comes from the edge for
+    `turn_idle_timeout_s` (here no gate reads the topic it is published to) is given up: cancelled
+    on the control topic, an ErrorFrame saying so, its context ended with a TTSStoppedFrame."""
+    unread = stack.settings.replace(text_topic_prefix=f"unread{stack.settings.text_topic_prefix}")
+    tts = VoicebusTTSService(settings=unread, session_id="pc-idle", turn_idle_timeout_s=1.0)
+    async with Running(tts) as run:
+        await run.worker.queue_frame(TTSSpeakFrame("Is anyone there?"))
+        await eventually(lambda: run.sink.of(TTSStoppedFrame), timeout_s=30, what="the given-up turn's TTSStoppedFrame",
+                         detail=lambda: f"frames: {[type(f).__name__ for f in run.sink.frames][-20:]}")
+        [started] = run.sink.of(TTSStartedFrame)
+        cancels = await eventually(lambda: cancels_of(stack, "pc-idle"), timeout_s=30,
+                                   what="the given-up turn's cancel on the control topic")
+        assert [(c["turn_id"], c["reason"]) for c in cancels] == [(started.context_id, "idle-timeout")]
+        await eventually(lambda: not tts._turns, timeout_s=10, what="the service let go of the turn")
+
+    # the service's error first; pipecat adds its own for a context that ended with no audio
+    errors = [e.error for e in run.errors]
+    assert errors[0] == f"voicebus: nothing of turn {started.context_id} came from the edge for 1 s; given up", errors
+    assert len(errors) <= 2 and all(started.context_id in e for e in errors), errors
+    assert not run.sink.of(TTSAudioRawFrame)
+
+
+@pytest.mark.usefixtures("settled_heap")
 async def test_an_interruption_stops_the_audio_within_100_ms_and_cancels_the_turn(stack):
     tts = tts_for(stack, session_id="pc-barge")
     words = " ".join(f"Sentence number {n} is right here." for n in range(12)).split(" ")
@@ -160,7 +201,7 @@ async def test_an_interruption_stops_the_audio_within_100_ms_and_cancels_the_tur
 
         cancels = await eventually(lambda: cancels_of(stack, "pc-barge"), timeout_s=30,
                                    what="the turn's cancel on the control topic")
-        assert [c["turn_id"] for c in cancels] == [turn_id]
+        assert [(c["turn_id"], c["reason"]) for c in cancels] == [(turn_id, "barge-in")]
         # the edge's stop reached the service (it stops following the turn then), and
         # everything the pipeline had in flight went through
         await eventually(lambda: not tts._turns, timeout_s=30, what="the edge's stop for the turn")

@@ -73,6 +73,7 @@ def test_a_late_word_is_explained_only_by_the_main_thread_held_through_its_deliv
     assert not late_and_unexplained([{**word, "lagMs": 99.0}], [])
 
 
+@pytest.mark.usefixtures("settled_heap")
 @pytest.mark.kafka
 @pytest.mark.browser
 async def test_captions_follow_playback_and_a_barge_in_mid_second_sentence_reports_what_was_heard(

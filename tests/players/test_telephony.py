@@ -202,6 +202,7 @@ async def served(router: SessionRouter, session: str) -> None:
     await eventually(lambda: router.clients_of(session), timeout_s=5, what=f"the call joined session {session}")
 
 
+@pytest.mark.usefixtures("settled_heap")
 async def test_a_turn_reaches_the_call_as_20_ms_mulaw_frames_at_real_time_pace():
     async with telephony_edge(FakeLink()) as (app, client):
         router = app[ROUTER_KEY]
@@ -277,6 +278,7 @@ async def test_mark_echoes_make_the_turn_heard_and_a_call_that_never_echoes_hear
         await listening.close()
 
 
+@pytest.mark.usefixtures("settled_heap")
 async def test_a_cancel_mid_turn_clears_the_call_and_no_frame_of_that_turn_follows():
     link = FakeLink()
     async with telephony_edge(link) as (app, client):

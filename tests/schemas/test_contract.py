@@ -303,6 +303,7 @@ def test_the_phoneme_symbols_are_kokoros_vocabulary():
         assert set(json.loads(config.read_text())["vocab"]) == set(contract.KOKORO_VOCAB_SYMBOLS)
 
 
+@pytest.mark.usefixtures("settled_heap")
 def test_a_hostile_lexicon_costs_no_time():
     import time
 
